@@ -1,0 +1,420 @@
+"""Profile schema: one TOML file = one GPU host and one pipeline.
+
+Every value that can reach a shell, a unit name or a path is checked here, once, so the rest of the code
+may rely on it. Errors name the file, the key path and what was expected; all problems of a file are
+reported together so an operator fixes them in one pass.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import tomli_w
+
+# --- value checks -----------------------------------------------------------------------------------
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_IPV6 = re.compile(r"^[0-9A-Fa-f:]+$")
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+_UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}$")
+_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_PATH_CHARS = re.compile(r"^[A-Za-z0-9_./@+:~-]+$")
+_MODEL_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./@+:-]{0,255}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_JUMP = re.compile(r"^(?:(?P<user>[a-z_][a-z0-9_.-]{0,31})@)?(?P<host>[A-Za-z0-9.-]+)(?::(?P<port>\d{1,5}))?$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_hostname(v: str) -> str | None:
+    if v.startswith("-"):
+        return "a host name or address (it must not start with '-')"
+    if _HOSTNAME.match(v) or (":" in v and _IPV6.match(v)):
+        return None
+    return "a host name such as gpu-host.example (letters, digits, '-' and '.')"
+
+
+def check_user(v: str) -> str | None:
+    return None if _USER.match(v) else "a user name such as ubuntu (lower-case letters, digits, '_', '-', '.')"
+
+
+def check_unit(v: str) -> str | None:
+    if not _UNIT.match(v):
+        return "a systemd unit name such as vllm-kimi (letters, digits, '_', '.', '@', ':', '-'; no spaces)"
+    return None
+
+
+def check_session(v: str) -> str | None:
+    return None if _SESSION.match(v) else "a tmux session name (letters, digits, '_' and '-' only)"
+
+
+def check_path(v: str, *, absolute: bool = True) -> str | None:
+    if not _PATH_CHARS.match(v) or v.startswith("-"):
+        return "a path of letters, digits and _ . / @ + : ~ - (no spaces or shell characters)"
+    if ".." in v.split("/"):
+        return "a path without '..' components"
+    if absolute and not v.startswith("/"):
+        return "an absolute path (starting with '/')"
+    if not absolute and not (v.startswith("/") or v.startswith("~/")):
+        return "an absolute path or one starting with '~/'"
+    return None
+
+
+def check_local_path(v: str) -> str | None:
+    return check_path(v, absolute=False)
+
+
+def check_model(v: str) -> str | None:
+    if v.startswith("/"):
+        return check_path(v)
+    return None if _MODEL_ID.match(v) else "a model path or id (letters, digits and _ . / @ + : -)"
+
+
+def check_env_name(v: str) -> str | None:
+    return None if _ENV_NAME.match(v) else "an environment variable name such as VLLM_API_KEY"
+
+
+def check_jump(v: str) -> str | None:
+    m = _JUMP.match(v)
+    if not m or check_hostname(m["host"]) or (m["port"] and not 0 < int(m["port"]) < 65536):
+        return "a jump host as [user@]host[:port]"
+    return None
+
+
+def check_arg(v: str) -> str | None:
+    return "a string without control characters (newlines, NUL)" if _CONTROL.search(v) else None
+
+
+def check_argv(v: list[str]) -> str | None:
+    if not v:
+        return "a non-empty list of strings"
+    for item in v:
+        if check_arg(item):
+            return "a list of strings without control characters (newlines, NUL)"
+    return None
+
+
+def check_args(v: list[str]) -> str | None:
+    return check_argv(v) if v else None
+
+
+# --- schema machinery -------------------------------------------------------------------------------
+
+def knob(default: Any = dataclasses.MISSING, *, check: Callable[[Any], str | None] | None = None,
+         min: float | None = None, max: float | None = None, choices: tuple[Any, ...] | None = None,
+         doc: str = "") -> Any:
+    """A profile key: its default, and the constraint shown in error messages."""
+    meta = {"check": check, "min": min, "max": max, "choices": choices, "doc": doc}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class ProfileError(Exception):
+    """All problems found in one profile file."""
+
+    def __init__(self, file: str, problems: list[tuple[str, str]]):
+        self.file = file
+        self.problems = problems
+        lines = [f"{file}: {key}: {msg}" if key else f"{file}: {msg}" for key, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is list:
+        return "a list of " + {str: "strings", int: "integers"}.get(typing.get_args(tp)[0], "values")
+    if origin is dict:
+        return "a table"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(tp, str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_matches(v, inner) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is bool:
+        return isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _build(cls: type, table: Any, prefix: str, problems: list[tuple[str, str]]) -> Any:
+    if not isinstance(table, dict):
+        problems.append((prefix, f"expected a table, got {_describe(table)}"))
+        table = {}
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in known:
+            hint = ""
+            if "key" in key or "secret" in key or "token" in key or "password" in key:
+                hint = " (secrets never go in a profile: use api_key_env or api_key_file)"
+            problems.append((f"{prefix}.{key}", f"unknown key{hint}; expected one of: {', '.join(sorted(known))}"))
+    values: dict[str, Any] = {}
+    for name, f in known.items():
+        key = f"{prefix}.{name}"
+        tp = hints[name]
+        nested = tp if dataclasses.is_dataclass(tp) else None
+        if name not in table:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                if nested:
+                    values[name] = _build(nested, {}, key, problems)
+                else:
+                    problems.append((key, f"missing; expected {_type_name(tp)}{_doc(f)}"))
+            continue
+        value = table[name]
+        if nested:
+            values[name] = _build(nested, value, key, problems)
+            continue
+        if not _matches(value, tp):
+            problems.append((key, f"expected {_type_name(tp)}, got {_describe(value)}"))
+            continue
+        meta = f.metadata
+        if isinstance(value, float) and typing.get_origin(tp) is None and tp is float:
+            value = float(value)
+        if meta.get("choices") and value not in meta["choices"]:
+            problems.append((key, f"expected one of {', '.join(map(repr, meta['choices']))}, got {_describe(value)}"))
+            continue
+        lo, hi = meta.get("min"), meta.get("max")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                rng = f"from {lo} to {hi}" if lo is not None and hi is not None else (f">= {lo}" if lo is not None else f"<= {hi}")
+                problems.append((key, f"expected a number {rng}, got {_describe(value)}"))
+                continue
+        check = meta.get("check")
+        if check is not None and value is not None:
+            err = check(value)
+            if err:
+                problems.append((key, f"expected {err}, got {_describe(value)}"))
+                continue
+        values[name] = value
+    try:
+        return cls(**values)
+    except TypeError:
+        return None  # problems already name the missing keys
+
+
+def _doc(f: dataclasses.Field) -> str:
+    return f" ({f.metadata['doc']})" if f.metadata.get("doc") else ""
+
+
+def _to_table(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value is None:
+            continue  # TOML has no null: an absent key means "not set"
+        out[f.name] = _to_table(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+# --- the schema -------------------------------------------------------------------------------------
+
+DEFAULT_GPU_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw",
+    "--format=csv,noheader,nounits",
+]
+
+
+@dataclass
+class HostSection:
+    name: str = knob(check=check_hostname, doc="the GPU host's name, e.g. gpu-host.example")
+    transport: str = knob("ssh", choices=("ssh", "local"))
+    user: str | None = knob(None, check=check_user)
+    port: int = knob(22, min=1, max=65535)
+    identity_file: str | None = knob(None, check=check_local_path)
+    jump_host: str | None = knob(None, check=check_jump)
+    known_hosts: str | None = knob(None, check=check_local_path,
+                                   doc="default ~/.ssh/known_hosts; checking is never switched off")
+    simulated: bool = knob(False, doc="a demo host: every view is labelled SIMULATED")
+
+
+@dataclass
+class ServerSection:
+    model_path: str = knob(check=check_model, doc="the --model path or id vLLM serves")
+    manager: str = knob("systemd", choices=("systemd", "tmux"))
+    unit: str = knob("vllm", check=check_unit, doc="systemd unit, or tmux session name")
+    served_model_name: str | None = knob(None, check=check_model)
+    port: int = knob(8000, min=1, max=65535)
+    vllm_args: list[str] = knob([], check=check_args)
+    reasoning_parser: str | None = knob(None, check=check_model)
+    expect_reasoning: bool = knob(True)
+    command: list[str] = knob([], check=check_args,
+                              doc="tmux manager: the server command; default `vllm serve MODEL ...`")
+    api_key_env: str | None = knob(None, check=check_env_name)
+    api_key_file: str | None = knob(None, check=check_local_path)
+    load_timeout_s: float = knob(3600.0, min=10, max=86400)
+    expected_weights_gib: float | None = knob(None, min=0.001, max=100000,
+                                              doc="per GPU; used for load progress until a load is seen")
+
+    @property
+    def model_id(self) -> str:
+        return self.served_model_name or self.model_path
+
+
+@dataclass
+class PathsSection:
+    work_dir: str = knob(check=check_path, doc="where runs, logs and the backend copy live on the host")
+    data_dir: str = knob("/data", check=check_path)
+    python: str = knob("python3", check=check_model, doc="the host's python with the backend's modules")
+
+
+@dataclass
+class GpusSection:
+    command: list[str] = knob(list(DEFAULT_GPU_QUERY), check=check_argv)
+    count: int | None = knob(None, min=1, max=1024)
+
+
+@dataclass
+class GenerateSection:
+    dataset: str | None = knob(None, check=check_path)
+    samples: int = knob(10000, min=1, max=100_000_000)
+    concurrency: int = knob(200, min=1, max=4096)
+    max_tokens: int = knob(8192, min=1, max=10_000_000)
+    request_timeout_s: float = knob(1800.0, min=1, max=86400)
+    temperature: float = knob(0.6, min=0, max=5)
+    top_p: float = knob(0.95, min=0, max=1)
+    chat_template_kwargs: dict[str, Any] = knob({})
+    return_token_ids: str = knob("auto", choices=("auto", "always", "never"))
+    max_retries: int = knob(5, min=0, max=100)
+
+
+@dataclass
+class ExtractSection:
+    layer_ids: list[int] = knob([])
+    seq_length: int = knob(8192, min=16, max=10_000_000)
+    concurrency: int = knob(8, min=1, max=1024)
+    online: bool = knob(True, doc="fetch hidden states during training instead of writing them to disk")
+
+
+@dataclass
+class TrainSection:
+    epochs: int = knob(20, min=1, max=10000)
+    learning_rate: float = knob(1e-3, min=0, max=10)
+    draft_vocab_size: int | None = knob(None, min=16, max=10_000_000)
+    speculative_tokens: int = knob(3, min=1, max=32)
+    extra_args: list[str] = knob([], check=check_args)
+
+
+@dataclass
+class VerifySection:
+    speculative_tokens: int = knob(3, min=1, max=32)
+    samples: int = knob(64, min=1, max=1_000_000)
+
+
+@dataclass
+class BenchSection:
+    dataset: str | None = knob(None, check=check_path)
+    num_prompts: int = knob(200, min=1, max=1_000_000)
+    max_concurrency: int = knob(16, min=1, max=4096)
+
+
+@dataclass
+class Profile:
+    host: HostSection
+    server: ServerSection
+    paths: PathsSection
+    gpus: GpusSection = knob(None)
+    generate: GenerateSection = knob(None)
+    extract: ExtractSection = knob(None)
+    train: TrainSection = knob(None)
+    verify: VerifySection = knob(None)
+    bench: BenchSection = knob(None)
+    name: str = field(default="", metadata={"internal": True})
+    source: str | None = field(default=None, metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) is None and f.name not in ("source",) and not f.metadata.get("internal"):
+                setattr(self, f.name, typing.get_type_hints(Profile)[f.name]())
+
+    def to_toml(self) -> str:
+        table = {f.name: _to_table(getattr(self, f.name)) for f in dataclasses.fields(self)
+                 if not f.metadata.get("internal")}
+        return tomli_w.dumps(table)
+
+
+_SECTIONS = {f.name for f in dataclasses.fields(Profile) if not f.metadata.get("internal")}
+
+
+def profile_from_dict(data: dict[str, Any], *, file: str = "<profile>", name: str = "") -> Profile:
+    problems: list[tuple[str, str]] = []
+    for key in data:
+        if key not in _SECTIONS:
+            problems.append((key, f"unknown table; expected one of: {', '.join(sorted(_SECTIONS))}"))
+    hints = typing.get_type_hints(Profile)
+    sections = {}
+    for section in sorted(_SECTIONS):
+        if section not in data and section in ("host", "server", "paths"):
+            problems.append((f"[{section}]", "missing table"))
+            continue
+        sections[section] = _build(hints[section], data.get(section, {}), section, problems)
+    if problems:
+        raise ProfileError(file, problems)
+    profile = Profile(**sections, name=name, source=file)
+    _cross_checks(profile, file)
+    return profile
+
+
+def _cross_checks(p: Profile, file: str) -> None:
+    problems = []
+    if p.server.manager == "tmux" and check_session(p.server.unit):
+        problems.append(("server.unit", f"expected {check_session(p.server.unit)} when manager is 'tmux', got {p.server.unit!r}"))
+    if p.host.transport == "ssh" and p.host.simulated is False and p.host.name in ("localhost",) and p.host.port == 22:
+        pass  # an operator may well ssh to localhost; nothing to flag
+    if problems:
+        raise ProfileError(file, problems)
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    file = str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ProfileError(file, [("", "file not found")]) from None
+    except OSError as e:
+        raise ProfileError(file, [("", f"cannot read: {e.strerror}")]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ProfileError(file, [("", f"not UTF-8 text (byte {e.start})")]) from None
+    except tomllib.TOMLDecodeError as e:
+        # tomllib puts "(at line L, column C)" in the message; keep it verbatim
+        raise ProfileError(file, [("", f"TOML syntax error: {e}")]) from None
+    return profile_from_dict(data, file=file, name=path.stem)
+
+
+def write_profile(profile: Profile, path: str | Path, *, overwrite: bool = False) -> None:
+    """Write with tomli-w; refuses to replace an existing file unless asked (never lose an operator's edits)."""
+    path = Path(path)
+    text = profile.to_toml()
+    profile_from_dict(tomllib.loads(text), file=str(path))  # what we write must load back
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass --force to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -1,0 +1,33 @@
+"""`eagle3-console`: the app (default) and the headless commands scripts rely on."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from console.commands import profile_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagle3-console", description=__doc__)
+    parser.add_argument("--profile", help="profile TOML of the GPU host to open")
+    parser.add_argument("--demo", action="store_true", help="start a local SIMULATED GPU host and open it")
+    parser.add_argument("--demo-speed", type=float, default=1.0,
+                        help="demo only: >1 makes the simulated load faster (default 1: a ~20 s load)")
+    parser.add_argument("--readonly", action="store_true", help="no action that changes the host")
+    parser.add_argument("--keymap", help="TOML file remapping keys")
+    sub = parser.add_subparsers(dest="command")
+    profile_cmd.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None):
+        return args.func(args)
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
