@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from console.commands import profile_cmd
+from console.commands import profile_cmd, server_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keymap", help="TOML file remapping keys")
     sub = parser.add_subparsers(dest="command")
     profile_cmd.add_parser(sub)
+    server_cmd.add_parsers(sub)
     return parser
 
 

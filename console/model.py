@@ -35,6 +35,7 @@ class ServiceInfo:
     sub_state: str = "unknown"
     restarts: int | None = None
     since: str | None = None
+    since_ts: float | None = None  # `since` as unix seconds, when it could be parsed
     main_pid: int | None = None
     memory_bytes: int | None = None
     result: str | None = None
@@ -52,6 +53,7 @@ class ServerInfo:
     progress: Progress | None = None
     eta_s: float | None = None
     eta_source: str | None = None  # "shards", "gpu_memory", "previous_load"
+    fraction: float | None = None  # 0..1 of the weight loading, from the best signal
     model_id: str | None = None
     max_model_len: int | None = None
     version: str | None = None
@@ -94,6 +96,7 @@ class Snapshot:
     gpus: list[GpuInfo] = field(default_factory=list)
     gpu_error: str | None = None
     runs: list[RunInfo] = field(default_factory=list)
+    free_bytes: int | None = None  # on the work dir's volume
     taken_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:

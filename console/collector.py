@@ -1,0 +1,428 @@
+"""Everything the console knows about one host, refreshed by one probe per tick.
+
+Sources: the probe (service state, GPU table, run directories, new event bytes, and for the tmux manager
+the server's log file), the server's journal (one long-lived stream for a systemd unit), and HTTP
+through a forwarded port. The result is a `Snapshot` that panes and `status --json` render alike.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import re
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import httpx
+
+from backend.events import Event, parse_events
+from backend.profile import Profile
+from console.eta import LOADS_FILE, LoadRecord, estimate_load, last_load, parse_load_history
+from console.host.base import Host, HostError
+from console.model import GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot
+from console.parsers.journal import journal_follow_argv, parse_journal_json
+from console.parsers.nvidia_smi import classify_gpu_error, parse_gpu_csv
+from console.parsers.systemd import parse_systemctl_show
+from console.parsers.tmux import tmux_status
+from console.parsers.vllm_load import LoadTracker
+from console.parsers.vllm_log import split_cr
+from console.probe import EventsRead, build_probe, parse_df, parse_runs_listing, split_sections, stage_unit_name
+from console.readiness import HttpState, check_http, deep_check, model_mismatch
+
+LOG_READ_MAX = 1 << 20
+JOURNAL_BACKLOG = 3000  # lines read at connect: enough for a whole load sequence
+
+
+def server_log_path(profile: Profile) -> str:
+    """Where the tmux manager's server writes its output (tee'd from the pane)."""
+    return f"{profile.paths.work_dir}/logs/{profile.server.unit}.log"
+
+
+@dataclass
+class RunTrack:
+    run_dir: str
+    run_id: str
+    offset: int = 0
+    size: int = 0
+    stage: str = ""
+    total: int = 0
+    progress: dict | None = None
+    finish: dict | None = None
+    errors: int = 0
+    started: float | None = None
+    history: list[dict] = field(default_factory=list)  # progress events kept for curves (bounded)
+
+
+class Collector:
+    def __init__(self, profile: Profile, host: Host, *, readonly: bool = False, clock=time.time):
+        self.profile = profile
+        self.host = host
+        self.readonly = readonly
+        self.clock = clock
+        self.tracker = LoadTracker()
+        self.history: list[LoadRecord] = []
+        self.runs: dict[str, RunTrack] = {}
+        self.host_info = HostInfo(name=profile.host.name, simulated=profile.host.simulated)
+        self.service = ServiceInfo(manager=profile.server.manager, unit=profile.server.unit)  # type: ignore[arg-type]
+        self.gpus: list[GpuInfo] = []
+        self.gpu_error: str | None = None
+        self.free_bytes: int | None = None
+        self.http = HttpState()
+        self.deep: str | None = None
+        self.reasoning_field: str | None = None
+        self.journal_cursor: str | None = None
+        self._log_offset: int | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._forward: contextlib.AbstractAsyncContextManager | None = None
+        self._recorded_ready: float | None = None
+        self._baseline_mib: float | None = None
+        self._unit_states: dict[str, str] = {}
+        self.channels_per_refresh: int | None = None
+
+    # -- connection ---------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        await self.host.connect()
+        self.host_info.reachable = True
+        self.host_info.error = None
+        hist = await self.host.read_from(f"{self.profile.paths.work_dir}/{LOADS_FILE}", 0)
+        self.history = parse_load_history(hist.data.decode(errors="replace"))
+        await self._prime_server_log()
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        if self._forward is not None:
+            with contextlib.suppress(Exception):
+                await self._forward.__aexit__(None, None, None)
+            self._forward = None
+
+    async def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._forward = self.host.forward_port(self.profile.server.port)
+            local_port = await self._forward.__aenter__()
+            # no retries at the transport: a refused connect is an answer (still loading)
+            self._client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{local_port}", timeout=3.0,
+                                             transport=httpx.AsyncHTTPTransport(retries=0))
+        return self._client
+
+    async def _drop_http(self) -> None:
+        await self.close()
+
+    # -- server log ---------------------------------------------------------------------------------
+
+    async def _prime_server_log(self) -> None:
+        if self.profile.server.manager == "systemd":
+            argv = ["journalctl", "-u", self.profile.server.unit, "-a", "-o", "json", "--no-pager",
+                    "-n", str(JOURNAL_BACKLOG)]
+            res = await self.host.run(argv, timeout=60)
+            for line in res.stdout.splitlines():
+                self.feed_journal_line(line)
+        else:
+            path = server_log_path(self.profile)
+            head = await self.host.read_from(path, 0, 0)
+            start = max(0, head.size - 4 * LOG_READ_MAX)
+            chunk = await self.host.read_from(path, start, 4 * LOG_READ_MAX)
+            self._log_offset = start
+            self.feed_log_bytes(chunk.data, skip_first_partial=start > 0)
+
+    def feed_journal_line(self, line: str) -> str | None:
+        entry = parse_journal_json(line)
+        if entry is None:
+            return None
+        self.journal_cursor = entry.cursor or self.journal_cursor
+        self.tracker.feed(entry.message, entry.ts)
+        return entry.message
+
+    def feed_log_bytes(self, data: bytes, *, skip_first_partial: bool = False) -> list[str]:
+        """Log-file bytes (tmux manager): complete lines go to the tracker. The unfinished last line is
+        fed too but not consumed (it is read again next time), because a tqdm bar redraws with '\r' and
+        gets its newline only at the very end."""
+        end = data.rfind(b"\n") + 1
+        if self._log_offset is not None:
+            self._log_offset += end
+        lines = data[:end].decode(errors="replace").split("\n")[:-1]
+        if skip_first_partial and lines:
+            lines = lines[1:]
+        now = self.clock()
+        out = []
+        for line in lines:
+            msg = split_cr(line)
+            self.tracker.feed(msg, now)
+            out.append(msg)
+        partial = data[end:].decode(errors="replace")
+        if partial:
+            self.tracker.feed(split_cr(partial), now)
+        return out
+
+    async def follow_journal(self, unit: str | None = None) -> AsyncIterator[str]:
+        """Follow a unit's journal for ever, resuming from the last cursor after a drop (no duplicates, no
+        gaps). Lines of the server unit also go to the load tracker."""
+        unit = unit or self.profile.server.unit
+        is_server = unit == self.profile.server.unit
+        cursor = self.journal_cursor if is_server else None
+        delay = 0.5
+        while True:
+            argv = journal_follow_argv(unit, cursor=cursor, lines=0 if cursor else 200)
+            try:
+                async for line in self.host.stream(argv):
+                    entry = parse_journal_json(line)
+                    if entry is None:
+                        continue
+                    cursor = entry.cursor or cursor
+                    if is_server:
+                        self.journal_cursor = cursor
+                        self.tracker.feed(entry.message, entry.ts)
+                    delay = 0.5
+                    yield entry.message
+            except HostError:
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    # -- refresh ------------------------------------------------------------------------------------
+
+    async def refresh(self) -> Snapshot:
+        started = time.monotonic()
+        try:
+            await self._probe()
+            self.host_info.reachable = True
+            self.host_info.error = None
+            self.host_info.rtt_ms = round((time.monotonic() - started) * 1000, 1)
+        except HostError as e:
+            self.host_info.reachable = False
+            self.host_info.error = str(e)
+            await self._drop_http()
+            return self.snapshot()
+        await self._check_http()
+        await self._remember_load()
+        return self.snapshot()
+
+    async def _probe(self) -> None:
+        events = [EventsRead(t.run_dir, t.offset) for t in self.runs.values() if t.size > t.offset]
+        pending_units = [stage_unit_name(t.stage, t.run_id) for t in self.runs.values()
+                         if t.finish is None and t.stage]
+        log = None
+        if self.profile.server.manager == "tmux" and self._log_offset is not None:
+            log = (server_log_path(self.profile), self._log_offset)
+        argv, plan = build_probe(self.profile, events=events, stage_units=pending_units,
+                                 server_log=log)
+        res = await self.host.run(argv, timeout=30)
+        sections = split_sections(res.stdout, plan)
+        self._apply_service(sections.get("service"))
+        self._apply_gpus(sections.get("gpus"))
+        if "disk" in sections:
+            self.free_bytes = parse_df(sections["disk"].text)
+        if "server_log" in sections:
+            self.feed_log_bytes(sections["server_log"].text.encode())
+        for i, ev in enumerate(events):
+            sec = sections.get(f"events:{i}")
+            if sec is not None:
+                self._apply_events(self.runs[ev.run_dir], sec.text.encode())
+        if "stage_units" in sections:
+            self._apply_stage_units(sections["stage_units"].text, pending_units)
+        if "runs" in sections:
+            for rf in parse_runs_listing(sections["runs"].text):
+                track = self.runs.setdefault(rf.run_dir, RunTrack(rf.run_dir, rf.run_id))
+                track.size = rf.size
+
+    def _apply_service(self, sec) -> None:
+        if sec is None:
+            return
+        if self.profile.server.manager == "systemd":
+            info = parse_systemctl_show(sec.text)
+            info.unit = self.profile.server.unit
+            info.since_ts = parse_systemd_timestamp(info.since)
+        else:
+            ok = sec.rc == 0
+            info = tmux_status(self.profile.server.unit, sec.rc, "" if ok else sec.text,
+                               sec.text if ok else None).service
+        self.service = info
+        if info.active_state in ("inactive", "failed") and self.tracker.phase not in ("stopped", "failed", "unknown"):
+            self.tracker.stop(self.clock())
+
+    def _apply_gpus(self, sec) -> None:
+        if sec is None:
+            return
+        err = classify_gpu_error(sec.rc if sec.rc is not None else 0, sec.text, "")
+        if err:
+            self.gpus, self.gpu_error = [], err
+        else:
+            self.gpus, self.gpu_error = parse_gpu_csv(sec.text), None
+
+    def _apply_events(self, track: RunTrack, data: bytes) -> None:
+        events, consumed = parse_events(data)
+        track.offset += consumed
+        for ev in events:
+            self._apply_event(track, ev)
+
+    @staticmethod
+    def _apply_event(track: RunTrack, ev: Event) -> None:
+        track.stage = ev.stage or track.stage
+        d = dict(ev.data, ts=ev.ts, kind=ev.kind)
+        if ev.kind == "start":
+            track.total = int(ev.data.get("total") or 0)
+            track.started = ev.ts
+            track.finish = None
+        elif ev.kind == "progress":
+            track.progress = d
+            track.total = int(ev.data.get("total") or track.total)
+            track.history.append(d)
+            del track.history[:-2000]
+        elif ev.kind == "error":
+            track.errors += 1
+        elif ev.kind == "finish":
+            track.finish = d
+
+    def _apply_stage_units(self, text: str, units: list[str]) -> None:
+        if self.profile.server.manager == "systemd":
+            current: dict[str, str] = {}
+            for block in text.split("\n\n"):
+                props = dict(l.split("=", 1) for l in block.splitlines() if "=" in l)
+                if "Id" in props:
+                    current[props["Id"].removesuffix(".service")] = props.get("ActiveState", "unknown")
+            self._unit_states = current
+        else:
+            alive = set(text.split())
+            self._unit_states = {u: ("active" if u in alive else "inactive") for u in units}
+
+    async def _check_http(self) -> None:
+        if self.service.active_state not in ("active", "activating", "reloading"):
+            self.http = HttpState()
+            return
+        try:
+            client = await self._http()
+            self.http = await check_http(client, self.profile)
+        except (HostError, OSError) as e:
+            self.http = HttpState(error=f"port forward failed: {e}")
+            await self._drop_http()
+
+    async def _remember_load(self) -> None:
+        """Append a finished load to the host's history once, for the next load's ETA."""
+        t = self.tracker
+        if (t.phase != "ready" or not self.http.listening or t.ready_ts is None or t.load_started_ts is None
+                or self._recorded_ready == t.ready_ts):
+            return
+        self._recorded_ready = t.ready_ts
+        rec = LoadRecord(model=self.profile.server.model_id, started=t.load_started_ts, ready=t.ready_ts,
+                         weights_gib=t.weights_gib, weights_s=t.weights_seconds, baseline_mib=self._baseline_mib)
+        if any(abs(r.ready - rec.ready) < 1 and r.model == rec.model for r in self.history):
+            return
+        self.history.append(rec)
+        if self.readonly:
+            return
+        path = f"{self.profile.paths.work_dir}/{LOADS_FILE}"
+        script = 'mkdir -p "$(dirname "$1")" && printf "%s\\n" "$2" >> "$1"'
+        with contextlib.suppress(HostError):
+            await self.host.run(["sh", "-c", script, "sh", path, rec.to_line()], timeout=15)
+
+    # -- the snapshot -------------------------------------------------------------------------------
+
+    def server_info(self) -> ServerInfo:
+        t = self.tracker
+        info = ServerInfo(phase=t.phase, progress=t.progress, model_id=self.http.model_id,
+                          max_model_len=self.http.max_model_len, version=self.http.version or t.version,
+                          reasoning_field=self.reasoning_field, deep_check=self.deep)
+        active = self.service.active_state in ("active", "activating", "reloading")
+        if not active:
+            if self.service.active_state == "unknown" and not self.host_info.reachable:
+                info.phase = "unknown"
+            elif t.phase == "failed" or self.service.active_state == "failed":
+                info.phase = "failed"
+                info.error = t.error or f"service {self.service.active_state} ({self.service.result or 'no result'})"
+            else:
+                info.phase = "stopped"
+            return info
+        if self.http.listening and self.http.health == 200:
+            info.phase = "ready"
+            info.progress = t.progress
+            wrong = model_mismatch(self.profile, self.http.model_id)
+            if wrong:
+                info.phase, info.error = "failed", wrong
+            elif self.http.error:
+                info.error = self.http.error
+            return info
+        if self.http.listening and self.http.health is not None:
+            info.phase = "failed" if t.phase in ("ready", "unknown") else t.phase
+            info.error = self.http.error
+            return info
+        if t.phase == "failed":
+            info.error = t.error
+            return info
+        if t.phase in ("ready", "unknown"):
+            # the log says up but nothing listens (yet): the socket opens a few ms after the log line
+            info.phase = "starting_api" if t.phase == "ready" else "starting"
+        if info.phase in ("starting", "loading_weights"):
+            self._estimate(info)
+        return info
+
+    def _estimate(self, info: ServerInfo) -> None:
+        t = self.tracker
+        if self._baseline_mib is None and info.phase == "starting":
+            used = [g.memory_used_mib for g in self.gpus if g.memory_used_mib is not None]
+            self._baseline_mib = sum(used) / len(used) if used else None
+        start = t.load_started_ts
+        if start is None and self.service.since_ts is not None:
+            start = self.service.since_ts
+        elapsed = self.clock() - start if start else None
+        est = estimate_load(
+            elapsed_s=elapsed,
+            shards=(t.progress.done, t.progress.total) if t.progress else None,
+            shard_eta_s=t.shard_eta_s,
+            shards_live=self.profile.server.manager == "tmux",
+            gpus=self.gpus, expected_weights_gib=self.profile.server.expected_weights_gib,
+            baseline_mib=self._baseline_mib,
+            previous=last_load(self.history, self.profile.server.model_id))
+        info.eta_s = None if est.eta_s is None else round(est.eta_s, 1)
+        info.eta_source = est.source
+        info.fraction = None if est.fraction is None else round(est.fraction, 4)
+
+    def run_infos(self) -> list[RunInfo]:
+        out = []
+        for t in self.runs.values():
+            if not t.stage:
+                continue
+            unit = stage_unit_name(t.stage, t.run_id)
+            p = t.progress or {}
+            if t.finish is not None:
+                status = t.finish.get("status")
+                state = "done" if status == "completed" else ("failed" if status == "failed" else "stopped")
+            elif self._unit_states.get(unit, "active") in ("active", "activating"):
+                state = "running"
+            else:
+                state = "stale"  # no finish event and nothing running: killed, or the host rebooted
+            out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=unit,
+                               done=int(p.get("done") or 0), total=int(p.get("total") or t.total),
+                               failed=int(p.get("failed") or 0), rate=p.get("rate"), eta_s=p.get("eta_s"),
+                               last_event=t.finish or t.progress))
+        return out
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(host=self.host_info, service=self.service, server=self.server_info(),
+                        gpus=self.gpus, gpu_error=self.gpu_error, runs=self.run_infos(),
+                        free_bytes=self.free_bytes, taken_at=self.clock())
+
+    async def run_deep_check(self) -> str:
+        client = await self._http()
+        result = await deep_check(client, self.profile)
+        self.deep = ("ok: " if result.ok else "FAILED: ") + result.message
+        self.reasoning_field = result.reasoning_field
+        return self.deep
+
+
+_SYSTEMD_TS = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\s+(UTC|GMT))?")
+
+
+def parse_systemd_timestamp(text: str | None) -> float | None:
+    """`Mon 2026-11-30 05:04:29 UTC` -> unix seconds; other zones are read as the console's local time."""
+    if not text:
+        return None
+    m = _SYSTEMD_TS.search(text)
+    if not m:
+        return None
+    dt = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+    if m.group(2):
+        dt = dt.replace(tzinfo=datetime.timezone.utc)
+    return dt.timestamp()

@@ -1,0 +1,42 @@
+"""Load ETA from the best signal (pure)."""
+from console.eta import LoadRecord, estimate_load, last_load, parse_load_history
+from console.model import GpuInfo
+
+
+def gpus(used):
+    return [GpuInfo(index=i, name="H200", memory_used_mib=used, memory_total_mib=143771) for i in range(8)]
+
+
+def test_live_shards_win():
+    est = estimate_load(elapsed_s=100, shards=(25, 100), shard_eta_s=290, shards_live=True, gpus=gpus(1000),
+                        expected_weights_gib=70, baseline_mib=0, previous=None)
+    assert (est.source, est.fraction, est.eta_s) == ("shards", 0.25, 290)
+
+
+def test_gpu_memory_against_previous_weights():
+    prev = LoadRecord(model="m", started=0, ready=1320, weights_gib=70.0, weights_s=1000)
+    # 35 GiB of 70 loaded after 500 s: half way, 500 s to go
+    est = estimate_load(elapsed_s=500, shards=None, shard_eta_s=None, shards_live=False,
+                        gpus=gpus(35 * 1024 + 500), expected_weights_gib=None, baseline_mib=500, previous=prev)
+    assert est.source == "gpu_memory" and est.fraction == 0.5 and round(est.eta_s) == 500
+
+
+def test_previous_load_duration_when_no_memory_signal():
+    prev = LoadRecord(model="m", started=0, ready=1320)
+    est = estimate_load(elapsed_s=320, shards=None, shard_eta_s=None, shards_live=False, gpus=[],
+                        expected_weights_gib=None, baseline_mib=None, previous=prev)
+    assert est.source == "previous_load" and est.eta_s == 1000
+
+
+def test_nothing_known():
+    est = estimate_load(elapsed_s=5, shards=(3, 10), shard_eta_s=None, shards_live=False, gpus=[],
+                        expected_weights_gib=None, baseline_mib=None, previous=None)
+    assert est.source is None and est.eta_s is None
+
+
+def test_history_parsing_skips_torn_lines():
+    text = ('{"model":"m","started":1,"ready":101,"weights_gib":7.6}\n{"model":"m","sta\n'
+            '{"model":"m","started":200,"ready":260}\n{"model":"other","started":0,"ready":999}\n')
+    recs = parse_load_history(text)
+    assert len(recs) == 3
+    assert last_load(recs, "m").ready == 260
