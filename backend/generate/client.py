@@ -1,0 +1,238 @@
+"""The chat-completions client: one aiohttp session, retries with backoff, pause while the server is down.
+
+Connection refused means the server is gone (crashed, restarting, still loading): every worker
+waits on one `ServerGate` instead of burning its retries, one poller watches GET /health, and the
+gate reopens by itself when it answers 200. 5xx, disconnects and timeouts are retried with
+exponential backoff up to `max_retries`; 4xx other than 408/409/425/429 fail at once (a bad request
+does not get better).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+
+RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+
+
+class RequestFailed(Exception):
+    """A request that will not succeed by retrying now; recorded in the failures file."""
+
+    def __init__(self, message: str, *, attempts: int, permanent: bool):
+        super().__init__(message)
+        self.attempts = attempts
+        self.permanent = permanent
+
+
+class ServerGone(Exception):
+    """The server stayed down longer than max_pause_s: the run stops instead of waiting forever."""
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    base_url: str  # http://host:port, without /v1
+    concurrency: int = 200
+    request_timeout: float = 1800.0
+    connect_timeout: float = 10.0
+    max_retries: int = 5
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    health_interval: float = 2.0
+    max_pause_s: float = 0.0  # 0: wait for the server forever
+    api_key: str | None = None
+
+
+def read_api_key(env_name: str | None, file_name: str | None) -> str | None:
+    """The API key from an environment variable's name or a file; never from argv (ps shows argv)."""
+    if env_name:
+        value = os.environ.get(env_name)
+        if not value:
+            raise ValueError(f"--api-key-env {env_name}: that environment variable is not set or empty")
+        return value.strip()
+    if file_name:
+        try:
+            with open(file_name, encoding="utf-8") as f:
+                value = f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--api-key-file {file_name}: cannot read it ({exc.strerror})") from exc
+        if not value:
+            raise ValueError(f"--api-key-file {file_name}: the file is empty")
+        return value
+    return None
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff with full jitter, so 200 workers do not retry in lockstep."""
+    return random.uniform(0, min(cap, base * (2 ** (attempt - 1))))
+
+
+class ServerGate:
+    """Open while the server is believed up; closed (pausing all workers) while it is down."""
+
+    def __init__(self, probe: Callable[[], Awaitable[int | None]], *, interval: float, max_pause_s: float,
+                 on_pause: Callable[[str], None], on_resume: Callable[[float], None]):
+        self._probe = probe
+        self._interval = interval
+        self._max_pause_s = max_pause_s
+        self._on_pause = on_pause
+        self._on_resume = on_resume
+        self._open = asyncio.Event()
+        self._open.set()
+        self._poller: asyncio.Task[None] | None = None
+        self._gone: str | None = None
+        self.paused_since: float | None = None
+        self.pauses = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    async def wait_open(self) -> None:
+        if self._gone:
+            raise ServerGone(self._gone)
+        await self._open.wait()
+        if self._gone:
+            raise ServerGone(self._gone)
+
+    def report_down(self, reason: str) -> None:
+        if not self._open.is_set() or self._gone:
+            return
+        self._open.clear()
+        self.paused_since = time.monotonic()
+        self.pauses += 1
+        self._on_pause(reason)
+        self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
+        assert self.paused_since is not None
+        while True:
+            await asyncio.sleep(self._interval)
+            if await self._probe() == 200:
+                break
+            waited = time.monotonic() - self.paused_since
+            if self._max_pause_s and waited > self._max_pause_s:
+                self._gone = (f"the server has been down for {waited:.0f} s (over --max-pause-s "
+                              f"{self._max_pause_s:.0f}); check its unit/log and restart the run")
+                self._open.set()  # wake the waiters so they see ServerGone
+                return
+        waited = time.monotonic() - self.paused_since
+        self.paused_since = None
+        self._on_resume(waited)
+        self._open.set()
+
+    async def close(self) -> None:
+        if self._poller is not None and not self._poller.done():
+            self._poller.cancel()
+            try:
+                await self._poller
+            except asyncio.CancelledError:
+                pass
+
+
+class ChatClient:
+    """Use as `async with ChatClient(settings) as client:`; `gate` is set up by `attach_gate`."""
+
+    def __init__(self, settings: ClientSettings):
+        self.settings = settings
+        self.session: aiohttp.ClientSession | None = None
+        self.gate: ServerGate | None = None
+        self.chat_url = settings.base_url.rstrip("/") + "/v1/chat/completions"
+
+    async def __aenter__(self) -> "ChatClient":
+        headers = {"Content-Type": "application/json"}
+        if self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key}"
+        connector = aiohttp.TCPConnector(limit=self.settings.concurrency, limit_per_host=0)
+        self.session = aiohttp.ClientSession(
+            connector=connector, headers=headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.gate is not None:
+            await self.gate.close()
+        if self.session is not None:
+            await self.session.close()
+
+    def attach_gate(self, *, on_pause: Callable[[str], None], on_resume: Callable[[float], None]) -> ServerGate:
+        s = self.settings
+        self.gate = ServerGate(self.health, interval=s.health_interval, max_pause_s=s.max_pause_s,
+                               on_pause=on_pause, on_resume=on_resume)
+        return self.gate
+
+    async def health(self) -> int | None:
+        """GET /health status, or None when nothing answers."""
+        try:
+            async with self._session().get(self.settings.base_url.rstrip("/") + "/health",
+                                           timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                await resp.read()
+                return resp.status
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
+
+    async def get_json(self, path: str, timeout: float = 10.0) -> tuple[int, Any]:
+        async with self._session().get(self.settings.base_url.rstrip("/") + path,
+                                       timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            body = await resp.read()
+            try:
+                from backend.generate.records import loads
+
+                return resp.status, loads(body) if body else None
+            except ValueError:
+                return resp.status, body.decode(errors="replace")
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            raise RuntimeError("ChatClient used outside `async with`")
+        return self.session
+
+    async def post_once(self, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+        t = aiohttp.ClientTimeout(total=timeout or self.settings.request_timeout,
+                                  sock_connect=self.settings.connect_timeout)
+        async with self._session().post(self.chat_url, data=body, timeout=t) as resp:
+            return resp.status, await resp.read()
+
+    async def chat(self, body: bytes) -> tuple[bytes, int]:
+        """POST one encoded chat request until it succeeds; return (response body, attempts)."""
+        s = self.settings
+        attempts = 0
+        while True:
+            if self.gate is not None:
+                await self.gate.wait_open()
+            try:
+                status, data = await self.post_once(body)
+            except aiohttp.ClientConnectorError as exc:
+                # Refused/unreachable: the server is down. Pause everyone; this is not a failed attempt.
+                if self.gate is not None:
+                    self.gate.report_down(f"cannot connect to {s.base_url}: {exc.os_error or exc}")
+                    continue
+                error = f"cannot connect to {s.base_url}: {exc}"
+            except asyncio.TimeoutError:
+                error = f"no complete answer within {s.request_timeout:g} s (request timeout)"
+            except (aiohttp.ClientError, OSError) as exc:
+                error = f"connection lost mid-request: {type(exc).__name__}: {exc}"
+                await self._check_alive()
+            else:
+                if status == 200:
+                    return data, attempts + 1
+                text = data[:300].decode(errors="replace")
+                if status < 500 and status not in RETRYABLE_STATUSES:
+                    raise RequestFailed(f"HTTP {status}: {text}", attempts=attempts + 1, permanent=True)
+                error = f"HTTP {status}: {text}"
+                if status >= 500:
+                    await self._check_alive()
+            attempts += 1
+            if attempts > s.max_retries:
+                raise RequestFailed(f"{error} (gave up after {attempts} attempts)", attempts=attempts,
+                                    permanent=False)
+            await asyncio.sleep(backoff_delay(attempts, s.backoff_base, s.backoff_max))
+
+    async def _check_alive(self) -> None:
+        # A 5xx or a dropped connection may mean the engine died (/health 503) or the process is gone.
+        if self.gate is not None and self.gate.is_open and await self.health() != 200:
+            self.gate.report_down("the server stopped answering /health after a failed request")

@@ -1,0 +1,171 @@
+"""Checks before the first request (also alone: `--preflight-only` prints them as JSON).
+
+Each failed check carries `fix`: the exact thing the operator should do. A shallow check is not
+enough (the wrong model can be served, or generation can fail while /v1/models answers), so the
+preflight also sends one small completion and looks at what comes back.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from backend.generate.client import ChatClient
+from backend.generate.config import GenerateConfig
+from backend.generate.records import ResponseError, dumps_line, loads, parse_completion
+
+REQUIRED_MODULES = ("aiohttp", "datasets", "pyarrow")
+SMOKE_PROMPT = "Reply with one short sentence: what is 2 + 2?"
+# Bytes one record can take per max_token: text ~4.2 B/token, stored three times (reasoning/content,
+# the <think> assistant turn, the prepare-data conversation); token ids ~7 B/token, twice with the
+# pre-tokenized export.
+TEXT_BYTES_PER_TOKEN = 13
+IDS_BYTES_PER_TOKEN = 14
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class PreflightReport:
+    checks: list[Check] = field(default_factory=list)
+    token_ids: bool | None = None  # whether the server returned token ids in the smoke completion
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str, fix: str = "") -> Check:
+        check = Check(name, ok, detail, "" if ok else fix)
+        self.checks.append(check)
+        return check
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "token_ids": self.token_ids, "checks": [asdict(c) for c in self.checks]}
+
+    def failures(self) -> str:
+        return "; ".join(f"{c.name}: {c.detail} -> {c.fix}" for c in self.checks if not c.ok)
+
+
+def check_modules(report: PreflightReport, modules: tuple[str, ...] = REQUIRED_MODULES) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    report.add("python_modules", not missing,
+               f"{sys.executable} has {', '.join(modules)}" if not missing
+               else f"{sys.executable} lacks {', '.join(missing)}",
+               f"{sys.executable} -m pip install {' '.join(missing)}")
+
+
+def estimate_bytes(samples: int, max_tokens: int, token_ids: bool, avg_row_bytes: int) -> int:
+    per = max_tokens * (TEXT_BYTES_PER_TOKEN + (IDS_BYTES_PER_TOKEN if token_ids else 0)) + 2 * avg_row_bytes
+    return samples * per
+
+
+def free_bytes(path: str) -> int:
+    """Free bytes on the volume that holds `path` (or its nearest existing parent)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    return shutil.disk_usage(probe).free
+
+
+def check_disk(report: PreflightReport, run_dir: str, need: int) -> None:
+    free = free_bytes(run_dir)
+    report.add("disk_space", free >= need,
+               f"{free / 1e9:.2f} GB free on the volume of {run_dir}; the output may need up to "
+               f"{need / 1e9:.2f} GB (every answer at max_tokens)",
+               f"free {max(0, need - free) / 1e9:.2f} GB there, point --work-dir at a larger volume, "
+               f"or lower --limit/--max-tokens")
+
+
+async def check_server(report: PreflightReport, client: ChatClient, config: GenerateConfig) -> None:
+    url = config.endpoint
+    status = await client.health()
+    if status != 200:
+        report.add("server_ready", False,
+                   f"nothing answers at {url}/health" if status is None else f"{url}/health returned {status}",
+                   "start the server (or wait: while vLLM loads its port refuses connections), then "
+                   "rerun; check the server unit's log" if status is None else
+                   "the engine is not healthy (503 = it died): read the server log and restart it")
+        return
+    report.add("server_ready", True, f"{url}/health answered 200")
+    try:
+        code, body = await client.get_json("/v1/models")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        report.add("served_model", False, f"GET /v1/models failed: {exc}", "check the server log")
+        return
+    if code == 401:
+        report.add("served_model", False, "GET /v1/models returned 401 (the server wants an API key)",
+                   "pass --api-key-env VAR or --api-key-file FILE with the server's --api-key")
+        return
+    ids = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)] if isinstance(body, dict) else []
+    if config.model not in ids:
+        report.add("served_model", False, f"the server serves {ids or 'nothing'}, not {config.model!r}",
+                   f"pass --model {ids[0]}" if len(ids) == 1 else
+                   "pass --model with the served id, or restart the server with --served-model-name")
+        return
+    report.add("served_model", True, f"serves {config.model!r}")
+    await _smoke(report, client, config)
+
+
+async def _smoke(report: PreflightReport, client: ChatClient, config: GenerateConfig) -> None:
+    payload: dict[str, Any] = {**config.sampling_params(), "model": config.model,
+                               "messages": [{"role": "user", "content": SMOKE_PROMPT}],
+                               "max_tokens": min(config.max_tokens, 256)}
+    if config.chat_template_kwargs:
+        payload["chat_template_kwargs"] = config.chat_template_kwargs
+    if config.return_token_ids != "off":
+        payload["return_token_ids"] = True
+    try:
+        status, body = await client.post_once(dumps_line(payload), timeout=min(config.request_timeout, 300))
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        report.add("smoke_completion", False, f"the test completion failed: {type(exc).__name__}: {exc}",
+                   "check the server log; the engine may be overloaded or dead")
+        return
+    if status != 200:
+        report.add("smoke_completion", False, f"the test completion returned HTTP {status}: "
+                   f"{body[:200].decode(errors='replace')}", "fix the request settings named in the error "
+                   "(sampling, chat_template_kwargs) or the server")
+        return
+    try:
+        done = parse_completion(loads(body))
+    except (ResponseError, ValueError) as exc:
+        report.add("smoke_completion", False, f"the test completion is malformed: {exc}",
+                   "check that --endpoint points at a vLLM OpenAI-compatible server")
+        return
+    report.token_ids = bool(done.token_ids)
+    if config.expect_reasoning and not done.reasoning:
+        report.add("smoke_completion", False, "the test completion came back without reasoning",
+                   "start vLLM with --reasoning-parser (kimi_k2 for Kimi-K2.5), turn thinking on with "
+                   "--chat-template-kwargs '{\"thinking\": true}', or pass --no-expect-reasoning")
+        return
+    if config.return_token_ids == "on" and not done.token_ids:
+        report.add("smoke_completion", False, "the server ignored return_token_ids",
+                   "use a vLLM that supports return_token_ids, or pass --return-token-ids auto")
+        return
+    report.add("smoke_completion", True,
+               f"answered ({done.finish_reason}); reasoning {len(done.reasoning or '')} chars; token ids "
+               f"{'returned' if done.token_ids else 'not returned'}")
+
+
+async def run_preflight(config: GenerateConfig, client: ChatClient, *, run_dir: str, samples: int,
+                        avg_row_bytes: int) -> PreflightReport:
+    report = PreflightReport()
+    check_modules(report)
+    await check_server(report, client, config)
+    token_ids = bool(report.token_ids) if config.return_token_ids == "auto" else config.return_token_ids == "on"
+    check_disk(report, run_dir, estimate_bytes(samples, config.max_tokens, token_ids, avg_row_bytes))
+    return report

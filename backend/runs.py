@@ -1,0 +1,184 @@
+"""The run directory contract shared by stage programs: `<work dir>/runs/<run id>/`.
+
+Holds `manifest.json` (what the run is: its identity and a hash of it), the stage's output,
+`events.jsonl` (backend/events.py) and `summary.json`. A restart into the same directory resumes only
+when the identity is unchanged; otherwise it is refused, or with `fresh` the old directory is archived
+(renamed, never deleted) and a new one started.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from backend.events import EVENTS_FILE
+
+MANIFEST_FILE = "manifest.json"
+SUMMARY_FILE = "summary.json"
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class RunDirError(Exception):
+    """The run directory cannot be used as asked; the message says what to do."""
+
+
+class ManifestMismatch(RunDirError):
+    def __init__(self, run_dir: str, differences: list[str]):
+        self.run_dir = run_dir
+        self.differences = differences
+        super().__init__(
+            f"{run_dir} holds a different run ({'; '.join(differences)}). Resume only continues the "
+            f"same run: pass the same settings, choose another --run-id, or pass --fresh to archive "
+            f"the old directory and start over."
+        )
+
+
+@dataclass
+class Manifest:
+    stage: str
+    run_id: str
+    identity: dict[str, Any]  # everything that makes two runs the same run (dataset, model, sampling...)
+    config_hash: str = ""
+    created: float = field(default_factory=time.time)
+    settings: dict[str, Any] = field(default_factory=dict)  # informational (concurrency, timeouts)
+
+    def __post_init__(self) -> None:
+        if not self.config_hash:
+            self.config_hash = config_hash(self.identity)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
+        if not isinstance(data, dict) or not isinstance(data.get("identity"), dict):
+            raise RunDirError("manifest.json is not a manifest (no `identity` object)")
+        return cls(stage=str(data.get("stage", "")), run_id=str(data.get("run_id", "")),
+                   identity=data["identity"], config_hash=str(data.get("config_hash", "")),
+                   created=float(data.get("created", 0.0)), settings=dict(data.get("settings") or {}))
+
+
+def config_hash(identity: dict[str, Any]) -> str:
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def compare_manifests(old: Manifest, new: Manifest) -> list[str]:
+    """Human-readable differences between two runs' identities (empty: same run)."""
+    diffs: list[str] = []
+    if old.stage != new.stage:
+        diffs.append(f"stage was {old.stage!r}, now {new.stage!r}")
+    for key in sorted(set(old.identity) | set(new.identity)):
+        a, b = old.identity.get(key), new.identity.get(key)
+        if a != b:
+            diffs.append(f"{key} was {_short(a)}, now {_short(b)}")
+    return diffs
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write via a temp file + fsync + rename so a reader never sees half a JSON document."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: str
+    manifest: Manifest
+    resumed: bool  # True when the directory already held this run
+    archived: str | None = None  # where --fresh moved the previous directory
+
+    @property
+    def manifest_path(self) -> str:
+        return os.path.join(self.path, MANIFEST_FILE)
+
+    @property
+    def events_path(self) -> str:
+        return os.path.join(self.path, EVENTS_FILE)
+
+    @property
+    def summary_path(self) -> str:
+        return os.path.join(self.path, SUMMARY_FILE)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json_atomic(self.summary_path, summary)
+
+
+def run_path(work_dir: str, run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise RunDirError(f"run id {run_id!r} is not usable as a directory name: use letters, digits, "
+                          f". _ - (at most 128 characters, not starting with a dot)")
+    return os.path.join(os.path.abspath(work_dir), "runs", run_id)
+
+
+def read_manifest(path: str) -> Manifest | None:
+    name = os.path.join(path, MANIFEST_FILE)
+    if not os.path.exists(name):
+        return None
+    try:
+        with open(name, encoding="utf-8") as f:
+            return Manifest.from_dict(json.load(f))
+    except ValueError as exc:
+        raise RunDirError(f"{name} is not valid JSON ({exc}); inspect it, or pass --fresh to archive "
+                          f"the directory and start over") from exc
+
+
+def archive(path: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    target = f"{path}.archived-{stamp}"
+    n = 1
+    while os.path.exists(target):
+        n += 1
+        target = f"{path}.archived-{stamp}-{n}"
+    os.rename(path, target)
+    return target
+
+
+def open_run_dir(work_dir: str, run_id: str, manifest: Manifest, *, fresh: bool = False) -> RunDir:
+    """Create, resume, or (with `fresh`) archive-and-recreate the run directory for `manifest`."""
+    path = run_path(work_dir, run_id)
+    archived = None
+    if os.path.isdir(path):
+        old = read_manifest(path) if not fresh else None
+        if fresh:
+            archived = archive(path)
+        elif old is None:
+            if os.listdir(path):
+                raise RunDirError(f"{path} exists and is not empty but has no {MANIFEST_FILE}; move it "
+                                  f"away, choose another --run-id, or pass --fresh to archive it")
+        else:
+            diffs = compare_manifests(old, manifest)
+            if diffs:
+                raise ManifestMismatch(path, diffs)
+            return RunDir(path=path, manifest=old, resumed=True)
+    elif os.path.exists(path):
+        raise RunDirError(f"{path} exists and is not a directory")
+    os.makedirs(path, exist_ok=True)
+    write_json_atomic(os.path.join(path, MANIFEST_FILE), manifest.to_dict())
+    return RunDir(path=path, manifest=manifest, resumed=False, archived=archived)
