@@ -39,7 +39,7 @@ CASES = [
      v.SHARD_PROGRESS, {"done": 1, "total": 2, "seconds_per_item": pytest.approx(1 / 1.2)}),
     ("(Worker_TP0 pid=7) Multi-thread loading shards:  25% Completed | 4/16 [00:08<00:24,  2.00s/it]",
      v.SHARD_PROGRESS, {"done": 4, "total": 16, "proc": "Worker_TP0", "pid": 7}),
-    (P + "Loading weights took 2.70 seconds", v.WEIGHTS_DONE, {"seconds": 2.70, "gib": None}),
+    (P + "Loading weights took 2.70 seconds", v.WEIGHTS_READ, {"seconds": 2.70, "gib": None}),
     (P + "Model loading took 2.88 GiB memory and 27.944203 seconds", v.WEIGHTS_DONE,
      {"seconds": 27.944203, "gib": 2.88}),
     (W + "Model loading took 7.64 GiB and 12.3 seconds", v.WEIGHTS_DONE, {"seconds": 12.3, "gib": 7.64}),

@@ -22,7 +22,7 @@ _TERMINAL = ("ready", "failed", "stopped")
 # Which phase each event kind moves the load to (forward only).
 _PHASE_OF: dict[str, str] = {
     v.START: "starting", v.ARGS: "starting", v.ENGINE_INIT: "starting",
-    v.WEIGHTS_START: "loading_weights", v.SHARD_PROGRESS: "loading_weights",
+    v.WEIGHTS_START: "loading_weights", v.SHARD_PROGRESS: "loading_weights", v.WEIGHTS_READ: "loading_weights",
     # vLLM's next step after the weights is the profile run, which is where torch.compile happens
     v.WEIGHTS_DONE: "compiling", v.COMPILE: "compiling",
     v.KV_CACHE: "allocating_kv_cache",
@@ -123,12 +123,13 @@ class LoadTracker:
                 self.shard_eta_s = (event.total - (event.done or 0)) * event.seconds_per_item
         elif kind == v.GRAPH_PROGRESS and event.total:
             self.graph_progress = Progress(done=event.done or 0, total=event.total)
-        elif kind == v.WEIGHTS_DONE:
-            if event.gib is not None:
-                self.weights_gib = event.gib
-            # "Model loading took" (whole load) comes after "Loading weights took" and wins
-            if event.seconds is not None and (event.gib is not None or self.weights_seconds is None):
+        elif kind == v.WEIGHTS_READ:
+            # "Model loading took" (the whole load, drafter included) follows and replaces this
+            if self.weights_seconds is None:
                 self.weights_seconds = event.seconds
+        elif kind == v.WEIGHTS_DONE:
+            self.weights_gib = event.gib if event.gib is not None else self.weights_gib
+            self.weights_seconds = event.seconds if event.seconds is not None else self.weights_seconds
             if self.progress is not None:
                 self.progress = Progress(done=self.progress.total, total=self.progress.total)
             self.shard_eta_s = 0.0 if self.progress is not None else None

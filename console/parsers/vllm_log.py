@@ -16,7 +16,8 @@ ARGS = "args"  # non-default args: served model name
 ENGINE_INIT = "engine_init"  # "Initializing a V1 LLM engine (vX)"
 WEIGHTS_START = "weights_start"
 SHARD_PROGRESS = "shard_progress"
-WEIGHTS_DONE = "weights_done"
+WEIGHTS_READ = "weights_read"  # "Loading weights took": one checkpoint read; a drafter may follow
+WEIGHTS_DONE = "weights_done"  # "Model loading took": target and drafter are in GPU memory
 COMPILE = "compile"
 KV_CACHE = "kv_cache"
 GRAPH_PROGRESS = "graph_progress"
@@ -315,7 +316,7 @@ def _classify(message: str) -> tuple[str, dict] | None:  # noqa: C901 - one flat
     if m := _WEIGHTS_START.match(message):
         return WEIGHTS_START, {"model": m.group("model")}
     if m := _WEIGHTS_TOOK.match(message):
-        return WEIGHTS_DONE, {"seconds": _float(m.group("s"))}
+        return WEIGHTS_READ, {"seconds": _float(m.group("s"))}
     if m := _MODEL_TOOK.match(message):
         return WEIGHTS_DONE, {"seconds": _float(m.group("s")), "gib": _float(m.group("gib"))}
     if m := _COMPILE.match(message):

@@ -1,0 +1,225 @@
+"""LoadTracker over complete load logs of vLLM 0.10 .. 0.33 and the failure logs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from console.model import Progress
+from console.parsers.vllm_load import LOAD_PHASES, LoadTracker
+from console.parsers.vllm_log import LoadTracker as ReExported
+
+SAMPLES = Path(__file__).parent / "samples" / "vllm"
+LOAD_ORDER = ["starting", "loading_weights", "compiling", "allocating_kv_cache",
+              "capturing_cuda_graphs", "starting_api", "ready"]
+
+
+def lines(name: str) -> list[str]:
+    # newline="" keeps the tqdm '\r' updates inside their line, as journald/tmux deliver them
+    return (SAMPLES / name).read_bytes().decode("utf-8").split("\n")
+
+
+def replay(name: str) -> tuple[LoadTracker, list[tuple[str, str]]]:
+    """Feed a sample (ts = line number); return the tracker and each (new phase, line that caused it)."""
+    tracker, changes = LoadTracker(), []
+    for i, line in enumerate(lines(name)):
+        before = tracker.phase
+        tracker.feed(line, 1000.0 + i)
+        if tracker.phase != before:
+            changes.append((tracker.phase, line))
+    return tracker, changes
+
+
+# For each version: the phase each marker line moves to (substring of the line that must cause it).
+TRANSITIONS = {
+    "v0_10_noprefix_load.log": [
+        ("starting", "vLLM API server version 0.10.0"),
+        ("loading_weights", "Starting to load model"),
+        ("compiling", "Model loading took 14.9889 GiB"),
+        ("allocating_kv_cache", "Available KV cache memory"),
+        ("capturing_cuda_graphs", "Capturing CUDA graph shapes"),
+        ("starting_api", "init engine (profile"),
+        ("ready", "Application startup complete."),
+    ],
+    "v0_11_load.log": [
+        ("starting", "vLLM API server version 0.11.0"),
+        ("loading_weights", "Starting to load model Qwen/Qwen3-8B"),
+        ("compiling", "Model loading took 7.6406 GiB"),
+        ("allocating_kv_cache", "Available KV cache memory: 53.17 GiB"),
+        ("capturing_cuda_graphs", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  49%"),
+        ("starting_api", "init engine (profile"),
+        ("ready", "Application startup complete."),
+    ],
+    "v0_15_load.log": [
+        ("starting", "version 0.15.1"),
+        ("loading_weights", "Starting to load model /models/Llama-3.1-8B-Instruct"),
+        ("compiling", "Model loading took 8.12 GiB memory"),
+        ("allocating_kv_cache", "Available KV cache memory: 51.03 GiB"),
+        ("capturing_cuda_graphs", "Capturing CUDA graphs"),
+        ("starting_api", "init engine (profile"),
+        ("ready", "Application startup complete."),
+    ],
+    "v0_33_load.log": [
+        ("starting", "version 0.33.0"),
+        ("loading_weights", "Starting to load model /models/Kimi-K2.5"),
+        ("compiling", "Model loading took 72.31 GiB and"),
+        ("allocating_kv_cache", "Available KV cache memory: 41.77 GiB"),
+        ("capturing_cuda_graphs", "Capturing CUDA graphs"),
+        ("starting_api", "init engine (profile"),
+        ("ready", "Application startup complete."),
+        ("stopped", "[shutdown] Shutting down FastAPI HTTP server."),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSITIONS))
+def test_every_phase_transition(name):
+    _, changes = replay(name)
+    assert [phase for phase, _ in changes] == [phase for phase, _ in TRANSITIONS[name]]
+    for (phase, line), (want_phase, marker) in zip(changes, TRANSITIONS[name]):
+        assert marker in line, f"{want_phase} was entered on {line!r}"
+
+
+def test_v0_11_facts():
+    t, _ = replay("v0_11_load.log")
+    assert (t.phase, t.version, t.served_model) == ("ready", "0.11.0", "qwen3-8b")
+    assert t.progress == Progress(done=5, total=5)
+    assert (t.weights_gib, t.weights_seconds) == (7.6406, 7.183512)
+    assert (t.kv_cache_gib, t.kv_cache_tokens) == (53.17, 774304)
+    assert t.graph_progress == Progress(done=35, total=35)
+    assert t.engine_stats.generation_tps == 32.3
+    assert t.error is None
+    assert t.load_started_ts == 1000.0
+    ready_line = next(i for i, ln in enumerate(lines("v0_11_load.log")) if "startup complete" in ln)
+    assert t.ready_ts == 1000.0 + ready_line
+
+
+def test_v0_15_facts_drafter_and_cr_bar():
+    t, _ = replay("v0_15_load.log")
+    assert (t.version, t.served_model, t.aux_layers) == ("0.15.1", "llama-8b", (2, 16, 29))
+    assert (t.weights_gib, t.weights_seconds) == (8.12, 13.204581)
+    assert t.kv_cache_tokens == 835904
+    assert t.spec_stats.per_position == (0.751, 0.567, 0.453)
+    assert t.spec_stats.mean_acceptance_length == 2.31
+
+
+def test_v0_15_shard_progress_from_cr_line():
+    t = LoadTracker()
+    for line in lines("v0_15_load.log"):
+        t.feed(line, 0.0)
+        if "Loading safetensors" in line:
+            break
+    # the '\r' line holds the whole bar history; the last redraw wins
+    assert (t.phase, t.progress, t.shard_eta_s) == ("loading_weights", Progress(4, 4), 0.0)
+
+
+def test_v0_33_facts_and_shutdown():
+    t, _ = replay("v0_33_load.log")
+    assert t.phase == "stopped" and t.error is None
+    assert (t.version, t.served_model, t.aux_layers) == ("0.33.0", "kimi-k2.5", (2, 30, 58))
+    assert (t.weights_gib, t.weights_seconds) == (72.31, 4004.871203)
+    assert t.kv_cache_tokens == 2182642
+    assert t.ready_ts is not None and t.load_started_ts == 1002.0  # the logo's version line
+
+
+def test_shard_eta_mid_load_and_from_rate():
+    t = LoadTracker()
+    t.feed("(APIServer pid=1) INFO 06-02 08:00:01 [utils.py:302] vLLM server version 0.33.0, serving model m", 5.0)
+    t.feed("Loading safetensors checkpoint shards:  53% Completed | 75/141 [05:52<04:47,  4.36s/it]", 6.0)
+    assert (t.phase, t.progress, t.shard_eta_s) == ("loading_weights", Progress(75, 141), 287.0)
+    t.feed("Loading safetensors checkpoint shards:  50% Completed | 2/4 [00:06, 3.00s/it]", 7.0)
+    assert t.shard_eta_s == pytest.approx(6.0)  # no remaining field: (total - done) * s/it
+
+
+def test_journal_starting_mid_load():
+    t = LoadTracker()
+    assert t.phase == "unknown"
+    t.feed("Loading safetensors checkpoint shards:  10% Completed | 1/10 [00:05<00:45,  5.00s/it]", 50.0)
+    assert (t.phase, t.load_started_ts) == ("loading_weights", 50.0)
+
+
+@pytest.mark.parametrize("name,cause,progress", [
+    ("oom_crash.log", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.25 GiB.", Progress(16, 17)),
+    ("nccl_failure.log", "RuntimeError: NCCL error: unhandled cuda error", None),
+    ("address_in_use.log", "OSError: [Errno 98] Address already in use", None),
+])
+def test_failure_root_cause(name, cause, progress):
+    t, changes = replay(name)
+    assert t.phase == "failed"
+    assert t.error.startswith(cause)
+    assert t.progress == progress
+    assert changes[-1][0] == "failed"
+
+
+def test_oom_failed_entered_on_engine_core_marker_and_keeps_most_specific():
+    t, changes = replay("oom_crash.log")
+    assert "EngineCore failed to start." in changes[-1][1]
+    # the generic "Engine core initialization failed" at the end does not replace the OOM line
+    assert "CUDA out of memory" in t.error
+
+
+def test_not_enough_memory_beats_generic():
+    t = LoadTracker()
+    t.feed("(EngineCore_DP0 pid=1) INFO 01-01 00:00:00 [x.py:1] Starting to load model m...", 1.0)
+    t.feed("(APIServer pid=2) RuntimeError: Engine core initialization failed. See root cause above.", 2.0)
+    assert (t.phase, t.error) == ("failed", "RuntimeError: Engine core initialization failed. See root cause above.")
+    t.feed("(EngineCore_DP0 pid=1) ERROR 01-01 00:00:01 [core.py:1] ValueError: Failed to load model - not "
+           "enough GPU memory", 3.0)
+    assert t.error == "ValueError: Failed to load model - not enough GPU memory"
+
+
+def test_restart_after_failure_resets():
+    t, _ = replay("oom_crash.log")
+    t.feed("(APIServer pid=9) INFO 05-11 14:10:00 [api_server.py:1] vLLM server version 0.18.1, serving model m2", 5000.0)
+    assert (t.phase, t.error, t.progress, t.load_started_ts, t.served_model) == ("starting", None, None, 5000.0, "m2")
+
+
+def test_restart_after_ready_and_after_stop_resets():
+    t, _ = replay("v0_11_load.log")
+    t.feed("(APIServer pid=2) INFO 10-20 10:00:00 [api_server.py:1] vLLM API server version 0.11.0", 9000.0)
+    assert (t.phase, t.ready_ts, t.progress, t.weights_gib) == ("starting", None, None, None)
+    t.stop(9001.0)
+    assert t.phase == "stopped"
+    t.feed("(EngineCore_DP0 pid=3) INFO 10-20 10:01:00 [gpu_model_runner.py:1] Starting to load model m...", 9002.0)
+    assert (t.phase, t.load_started_ts) == ("loading_weights", 9002.0)
+
+
+def test_new_server_during_load_resets():
+    t = LoadTracker()
+    t.feed("Loading safetensors checkpoint shards:  10% Completed | 1/10 [00:05<00:45,  5.00s/it]", 1.0)
+    t.feed("(APIServer pid=2) INFO 10-20 10:00:00 [api_server.py:1] vLLM server version 0.20.0, serving model m", 2.0)
+    assert (t.phase, t.progress) == ("starting", None)
+
+
+def test_phases_never_move_back_within_a_load():
+    t, _ = replay("v0_11_load.log")
+    t.feed("(Worker_TP1 pid=40402) INFO 10-20 09:14:33 [default_loader.py:267] Loading weights took 6.60 seconds", 1.0)
+    t.feed("Loading safetensors checkpoint shards: 100% Completed | 5/5 [00:06<00:00,  1.30s/it]", 1.0)
+    assert t.phase == "ready"
+
+
+def test_request_exception_while_ready_is_not_a_failure():
+    t, _ = replay("v0_11_load.log")
+    t.feed("(APIServer pid=40211) ERROR 10-20 09:20:00 [serving_chat.py:1] ValueError: prompt too long", 1.0)
+    assert (t.phase, t.error) == ("ready", None)
+    t.feed("(EngineCore_DP0 pid=40390) ERROR 10-20 09:21:00 [core.py:710] EngineCore encountered a fatal error.", 2.0)
+    assert (t.phase, t.error) == ("failed", "EngineCore encountered a fatal error.")
+    t.feed("(APIServer pid=40211) INFO 10-20 09:21:01 [launcher.py:1] Shutting down FastAPI HTTP server.", 3.0)
+    assert t.phase == "failed"  # the shutdown that follows a crash keeps the failure visible
+
+
+def test_teardown_noise_after_stop_is_not_a_failure():
+    t, _ = replay("v0_33_load.log")
+    t.feed("(EngineCore_DP0 pid=9301) ERROR 06-02 10:30:01 [core.py:1] EngineCore encountered a fatal error.", 1.0)
+    assert t.phase == "stopped"
+
+
+def test_phase_names_match_the_model():
+    from console.model import PHASES
+    assert set(LOAD_PHASES) <= set(PHASES)
+    assert LOAD_PHASES == ("stopped", "starting", "loading_weights", "compiling", "allocating_kv_cache",
+                           "capturing_cuda_graphs", "starting_api", "ready", "failed")
+    assert ReExported is LoadTracker
+    for name in TRANSITIONS:
+        _, changes = replay(name)
+        assert {p for p, _ in changes} <= set(LOAD_PHASES)
