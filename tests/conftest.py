@@ -6,7 +6,6 @@ exactly the bugs they exist to catch.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -17,14 +16,9 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
+from tests.rig.availability import rig_unavailable  # noqa: E402
 from tests.rig.rootfs import RigUnavailable  # noqa: E402
 from tests.rig.sshd import SshdServer  # noqa: E402
-
-
-def rig_unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"test rig unavailable under CI: {reason}", pytrace=False)
-    pytest.skip(f"test rig unavailable: {reason}")
 
 
 def _start_sshd(workdir: Path) -> SshdServer:
