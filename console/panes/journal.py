@@ -1,0 +1,135 @@
+"""Live tail of one unit's log: follows only at the bottom, `/` filter, pause, bounded ring buffer."""
+from __future__ import annotations
+
+from collections import deque
+
+from rich.text import Text as RichText
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.markup import escape
+from textual.widgets import Input, RichLog
+
+from console.controller import JournalLine
+from console.panes.base import Text
+from console.panes.messages import FilterClosed, JournalCommand, JournalLines, JournalUnit
+
+MAX_LINES = 5000
+
+
+class JournalPane(Vertical):
+    DEFAULT_CSS = """
+    JournalPane { border: round $primary 50%; height: 1fr; min-height: 6; }
+    JournalPane:focus-within { border: round $accent; }
+    JournalPane > #journal-status { height: 1; color: $text-muted; padding: 0 1; }
+    JournalPane > #journal-filter { display: none; }
+    JournalPane > #journal-filter.-shown { display: block; }
+    JournalPane > RichLog { height: 1fr; background: transparent; }
+    """
+    BINDINGS = [Binding("escape", "close_filter", "Close filter", show=False)]
+
+    def __init__(self, max_lines: int = MAX_LINES, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.border_title = "Journal"
+        self.unit: str | None = None
+        self.note: str | None = None
+        self.buffer: deque[JournalLine] = deque(maxlen=max_lines)
+        self.filter = ""
+        self.paused = False
+        self.new_lines = 0  # matching lines not yet seen (scrolled up or paused)
+        self.shown = 0  # lines written to the view (for tests and the status line)
+
+    def compose(self) -> ComposeResult:
+        yield Text(self._status(), id="journal-status")
+        yield Input(placeholder="filter (substring, case-insensitive; empty clears)", id="journal-filter")
+        yield RichLog(max_lines=self.buffer.maxlen, auto_scroll=False, wrap=False, markup=False,
+                      highlight=False, id="journal-log")
+
+    def on_mount(self) -> None:
+        self.watch(self.query_one(RichLog), "scroll_y", self._scrolled, init=False)
+
+    @property
+    def log_view(self) -> RichLog:
+        return self.query_one("#journal-log", RichLog)
+
+    def _matches(self, line: JournalLine) -> bool:
+        return not self.filter or self.filter in line.text.lower()
+
+    def _status(self) -> str:
+        parts = [f"unit [b]{escape(self.unit or '—')}[/b]"]
+        parts.append("[yellow]paused[/] (f resumes)" if self.paused else "[green]following[/]")
+        if self.filter:
+            parts.append(f"filter [b]{escape(self.filter)}[/b]")
+        if self.new_lines:
+            parts.append(f"[reverse] {self.new_lines} new lines [/]")
+        if self.note:
+            parts.append(f"[dim]{escape(self.note)}[/]")
+        return " │ ".join(parts)
+
+    def _refresh_status(self) -> None:
+        self.query_one("#journal-status", Text).show(self._status())
+
+    def on_journal_lines(self, message: JournalLines) -> None:
+        log = self.log_view
+        at_end = log.is_vertical_scroll_end
+        for line in message.lines:
+            self.buffer.append(line)
+            if not self._matches(line):
+                continue
+            if self.paused:
+                self.new_lines += 1
+                continue
+            log.write(RichText(line.text), scroll_end=at_end)
+            self.shown += 1
+            if not at_end:
+                self.new_lines += 1
+        self._refresh_status()
+
+    def on_journal_unit(self, message: JournalUnit) -> None:
+        self.unit, self.note = message.unit, message.note
+        self.buffer.clear()
+        self.new_lines = 0
+        self._rebuild()
+
+    def on_journal_command(self, message: JournalCommand) -> None:
+        if message.command == "toggle_follow":
+            self.paused = not self.paused
+            if not self.paused:
+                self._rebuild()
+            self._refresh_status()
+        elif message.command == "filter":
+            box = self.query_one("#journal-filter", Input)
+            box.value = self.filter
+            box.add_class("-shown")
+            box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.filter = event.value.strip().lower()
+        self._close_filter()
+        self._rebuild()
+
+    def action_close_filter(self) -> None:
+        self._close_filter()
+
+    def _close_filter(self) -> None:
+        self.query_one("#journal-filter", Input).remove_class("-shown")
+        self.post_message(FilterClosed())
+
+    def _rebuild(self) -> None:
+        """Redraw the view from the buffer (filter changed, unit changed, or resumed) and follow."""
+        log = self.log_view
+        log.clear()
+        self.shown = 0
+        for line in self.buffer:
+            if self._matches(line):
+                log.write(RichText(line.text), scroll_end=False)
+                self.shown += 1
+        log.scroll_end(animate=False)
+        self.new_lines = 0
+        self._refresh_status()
+
+    def _scrolled(self, _old: float, _new: float) -> None:
+        if self.new_lines and not self.paused and self.log_view.is_vertical_scroll_end:
+            self.new_lines = 0
+            self._refresh_status()

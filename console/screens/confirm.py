@@ -1,0 +1,46 @@
+"""Yes/No confirmation for destructive actions; "No" has focus so Enter (or Escape) is the safe answer."""
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.markup import escape
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical { width: 64; height: auto; border: thick $error; background: $surface;
+                               padding: 1 2; }
+    ConfirmScreen #confirm-detail { color: $text-muted; margin-top: 1; }
+    ConfirmScreen Horizontal { height: auto; align-horizontal: right; margin-top: 1; }
+    ConfirmScreen Button { margin-left: 2; }
+    """
+    BINDINGS = [Binding("escape", "answer(False)", "No", show=False),
+                Binding("n", "answer(False)", "No", show=False)]
+
+    def __init__(self, question: str, detail: str = "") -> None:
+        super().__init__()
+        self.question = question
+        self.detail = detail
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(f"[b]{escape(self.question)}[/b]", id="confirm-question")
+            if self.detail:
+                yield Static(escape(self.detail), id="confirm-detail")
+            with Horizontal():
+                yield Button("Yes", variant="error", id="yes")
+                yield Button("No", variant="primary", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)

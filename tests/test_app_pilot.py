@@ -1,0 +1,270 @@
+"""Pilot tests: keys pressed, widget state checked, and the exact actions the fake controller received."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from textual.widgets import Button, Input
+
+from console.app import ConsoleApp
+from console.controller import ActionResult
+from console.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
+                                     stage_unit, training_run)
+from console.panes.command_log import CommandLogPane
+from console.panes.journal import JournalPane
+from console.panes.stages import StageList
+from console.screens.confirm import ConfirmScreen
+from console.screens.help import HelpScreen
+
+pytestmark = pytest.mark.timeout(30)
+SIZE = (160, 50)
+
+
+def make_app(fake: FakeController | None = None, **kwargs) -> tuple[ConsoleApp, FakeController]:
+    fake = fake or FakeController([base_snapshot()])
+    return ConsoleApp(fake, clock=lambda: 1_700_000_010.0, **kwargs), fake
+
+
+async def actions_done(app: ConsoleApp, pilot, count: int = 1) -> None:
+    """Wait (bounded) until `count` actions have reported back."""
+    for _ in range(100):
+        if len(app.results) >= count:
+            break
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+async def select(pilot, stage_index: int) -> None:
+    for _ in range(stage_index):
+        await pilot.press("j")
+    await pilot.pause()
+
+
+async def test_stop_asks_and_enter_means_no():
+    app, fake = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("x")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        assert app.screen.focused is not None and app.screen.focused.id == "no"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert ("stop_stage", "serve") not in fake.calls
+
+
+async def test_stop_confirmed_runs_the_command_and_logs_it():
+    app, fake = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await select(pilot, 3)  # serve, generate, extract, train
+        assert app.selected_stage == "train"
+        await pilot.press("x")
+        await pilot.pause()
+        app.screen.query_one("#yes", Button).press()
+        await actions_done(app, pilot)
+        assert fake.calls == [("stop_stage", "train")]
+        log = app.query_one(CommandLogPane)
+        assert log.entries[-1].result.commands == (f"systemctl --user stop {stage_unit('train')}",)
+
+
+async def test_escape_cancels_restart():
+    app, fake = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert fake.calls == []
+
+
+async def test_start_and_deep_check_run_directly():
+    app, fake = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await select(pilot, 1)
+        await pilot.press("s", "d")
+        await actions_done(app, pilot, 2)
+        assert ("start_stage", "generate") in fake.calls and ("deep_check",) in fake.calls
+        assert [name for name, _ in app.results] == ["start generate", "deep check"]
+
+
+async def test_failed_action_is_shown_not_raised():
+    fake = FakeController([base_snapshot()], results={"start_stage": ActionResult(
+        False, "unit not found", ("systemctl --user start eagle3-serve.service",))})
+    app, _ = make_app(fake)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("s")
+        await actions_done(app, pilot)
+        assert app.results[-1][1].ok is False
+        assert app.query_one(CommandLogPane).entries[-1].result.message == "unit not found"
+
+
+async def test_readonly_has_no_mutating_keys():
+    app, fake = make_app(readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("s", "x", "r")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert fake.calls == []
+        shown = {b.binding.action for b in app.active_bindings.values() if b.enabled}
+        assert not shown & {"start_stage", "stop_stage", "restart_server"}
+        # The methods refuse too, not only the keys.
+        app.action_start_stage()
+        app.action_stop_stage()
+        app.action_restart_server()
+        await pilot.pause()
+        assert fake.calls == [] and not isinstance(app.screen, ConfirmScreen)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        assert "Stop stage" not in app.screen.text and "Deep check" in app.screen.text
+
+
+async def test_quit_only_closes_the_controller():
+    app, fake = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+    assert fake.calls == [("close",)]
+
+
+async def test_user_keymap_remaps(tmp_path):
+    keymap = tmp_path / "keys.toml"
+    keymap.write_text('[keys]\nstop_stage = "X"\n')
+    app, fake = make_app(keymap_path=keymap)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("x")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        await pilot.press("X")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+
+
+async def test_journal_follows_server_then_selected_stage_log():
+    snap = base_snapshot()
+    snap.runs = [generation_run()]
+    fake = FakeController([snap], journal={SERVER_UNIT: ["a", "b"], stage_unit("generate"): ["g1"]})
+    app, _ = make_app(fake)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        journal = app.query_one(JournalPane)
+        assert journal.unit == SERVER_UNIT and [l.text for l in journal.buffer] == ["a", "b"]
+        await select(pilot, 1)
+        await pilot.press("l")
+        await pilot.pause(0.1)
+        assert journal.unit == stage_unit("generate")
+        assert [l.text for l in journal.buffer] == ["g1"]
+        assert fake.journal_units == [SERVER_UNIT, stage_unit("generate")]
+
+
+async def test_journal_filter_pause_and_new_lines():
+    fake = FakeController([base_snapshot()], journal={SERVER_UNIT: [f"INFO {i}" for i in range(5)] + ["ERROR x"]})
+    app, _ = make_app(fake)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        journal = app.query_one(JournalPane)
+        await pilot.press("slash")
+        await pilot.pause()
+        assert isinstance(app.focused, Input)
+        await pilot.press(*"error", "enter")
+        await pilot.pause()
+        assert journal.filter == "error" and journal.shown == 1
+        assert isinstance(app.focused, StageList)
+        await pilot.press("f")
+        await pilot.pause()
+        assert journal.paused
+        fake.push_line(SERVER_UNIT, "ERROR y")
+        fake.push_line(SERVER_UNIT, "INFO z")
+        await pilot.pause(0.1)
+        assert journal.new_lines == 1 and journal.shown == 1
+        await pilot.press("f")
+        await pilot.pause()
+        assert not journal.paused and journal.new_lines == 0 and journal.shown == 2
+
+
+async def test_journal_does_not_jump_when_scrolled_up():
+    fake = FakeController([base_snapshot()], journal={SERVER_UNIT: [f"line {i}" for i in range(200)]})
+    app, _ = make_app(fake)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        journal = app.query_one(JournalPane)
+        view = journal.log_view
+        assert view.is_vertical_scroll_end
+        view.scroll_home(animate=False)
+        await pilot.pause()
+        fake.push_line(SERVER_UNIT, "later")
+        await pilot.pause(0.1)
+        assert view.scroll_y == 0 and journal.new_lines == 1
+        view.scroll_end(animate=False)
+        await pilot.pause(0.1)
+        assert journal.new_lines == 0
+
+
+async def test_journal_ring_buffer_is_bounded():
+    app, fake = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        journal = app.query_one(JournalPane)
+        for i in range(5200):
+            fake.push_line(SERVER_UNIT, f"l{i}")
+        await pilot.pause(0.5)
+        assert len(journal.buffer) == 5000 and journal.buffer[-1].text == "l5199"
+
+
+async def test_malformed_snapshots_are_contained():
+    bad = base_snapshot()
+    bad.service = dataclasses.replace(bad.service, unit=None)  # type: ignore[arg-type]
+    bad.server.progress = "3 of 8"  # type: ignore[assignment]
+    bad.server.phase = "loading_weights"
+    bad.gpus[0].memory_used_mib = "lots"  # type: ignore[assignment]
+    run = training_run()
+    run.last_event = dict(run.last_event or {}, loss="nan?")
+    gen = generation_run()
+    gen.last_event = None
+    gen.done = None  # type: ignore[assignment]
+    bad.runs = [run, gen]
+    fake = FakeController([bad, base_snapshot()])
+    app, _ = make_app(fake)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        fake.push(bad)
+        await pilot.pause(0.2)
+        errors = {pid: app.query_one(f"#{pid}").error for pid in ("readiness", "gpus", "training", "generation")}
+        assert all(errors.values()), errors
+        assert "loss" in errors["training"]
+        fake.push(base_snapshot())
+        await pilot.pause(0.2)
+        assert app.query_one("#readiness").error is None  # recovers on good data
+        assert app.is_running
+
+
+async def test_lost_connection_banner_and_data_age():
+    t = 1_700_000_000.0
+    fake = FakeController([base_snapshot(taken_at=t)])
+    clock = [t]
+    app = ConsoleApp(fake, clock=lambda: clock[0])
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        banner = app.query_one("#banner")
+        assert not banner.has_class("-shown")
+        clock[0] = t + 42
+        fake.push(base_snapshot(reachable=False, taken_at=t + 42))
+        await pilot.pause(0.1)
+        assert banner.has_class("-shown") and "Connection refused" in banner.markup_text
+        assert app.query_one("#service").border_subtitle == "data 42s old"
+        fake.push(base_snapshot(taken_at=t + 50))
+        await pilot.pause(0.1)
+        assert not banner.has_class("-shown") and app.query_one("#service").border_subtitle == ""
+
+
+async def test_state_changes_notify():
+    loading = base_snapshot(phase="loading_weights")
+    ready = base_snapshot()
+    fake = FakeController([loading, ready])
+    app, _ = make_app(fake)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        assert any("Server ready" in n.message for n in app._notifications)
