@@ -184,3 +184,10 @@ def test_parse_line_applies_split_cr():
 ])
 def test_parse_clock(text, expected):
     assert parse_clock(text) == expected
+
+
+def test_prefix_then_cr_redraws():
+    event = parse_line("(Worker_TP0 pid=2391) \rLoading safetensors checkpoint shards:  50% Completed | 2/4 "
+                       "[00:06<00:06,  3.05s/it]\rLoading safetensors checkpoint shards:  75% Completed | 3/4 "
+                       "[00:09<00:03,  3.01s/it]")
+    assert (event.kind, event.done, event.total) == (v.SHARD_PROGRESS, 3, 4)
