@@ -91,7 +91,7 @@ def tmux_status(session: str, has_session_rc: int | None, has_session_stderr: st
     if alive:
         return TmuxStatus(info("active", "running", pid=alive[0].pid))
     statuses = [p.exit_status for p in panes]
-    worst = next((s for s in statuses if s not in (0,)), 0)
+    worst = next((s for s in statuses if s != 0), 0)  # any non-zero (or unknown) pane wins
     if worst == 0:
         return TmuxStatus(info("inactive", "exited", result="success"), exit_status=0)
     if worst is None:
