@@ -134,3 +134,10 @@ async def test_upload_is_atomic_with_mode(tmp_path):
 async def test_forward_port_yields_the_port_itself():
     async with LocalHost().forward_port(8000) as port:
         assert port == 8000
+
+
+async def test_stream_skips_an_overlong_line_and_goes_on():
+    code = "print('x' * (2 << 20)); print('after')"
+    async with aclosing(LocalHost().stream([sys.executable, "-c", code])) as lines:
+        got = [line async for line in lines]
+    assert got == ["after"]

@@ -76,6 +76,8 @@ async def test_run_output_status_quoting_and_input(sshd_server):
         assert (res.returncode, res.stdout, res.stderr) == (4, "a b;$HOME'x\n", "err\n")
         res = await host.run(["cat"], input="piped\n")
         assert res.ok and res.stdout == "piped\n"
+        res = await host.run(["cat"], timeout=5)  # no input: stdin is at EOF, nothing hangs
+        assert res.ok and res.stdout == ""
         with pytest.raises(CommandTimeout):
             # Short: as root, sshd refuses the kill 'signal' request, so the command runs out on its own.
             await host.run(["sleep", "2"], timeout=0.5)

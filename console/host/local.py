@@ -10,6 +10,8 @@ from typing import AsyncIterator, Sequence
 
 from .base import CommandResult, CommandTimeout, HostError, ReadChunk
 
+MAX_LINE = 1 << 20  # stream() drops longer lines rather than buffer without bound
+
 
 def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
@@ -72,17 +74,26 @@ class LocalHost:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv_t, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True, limit=1 << 20)
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise HostError(f"cannot start {argv_t[0]}: {exc.strerror}") from exc
         assert proc.stdout is not None
         try:
-            while True:
-                line = await proc.stdout.readline()
-                if not line:
-                    break
-                # stderr is merged in, as a PTY does on SshHost. Only the newline goes: a '\r' inside the line is a progress-bar redraw callers split.
-                yield _decode(line.rstrip(b"\n"))
+            # Our own splitting (not readline) so an overlong line is dropped whole, never yielded
+            # as a fragment. stderr is merged in, as the PTY does on SshHost. Only '\n' splits: a '\r'
+            # inside a line is a progress-bar redraw that callers split on.
+            pending, dropping = b"", False
+            while chunk := await proc.stdout.read(1 << 16):
+                *complete, pending = (pending + chunk).split(b"\n")
+                for line in complete:
+                    if dropping:
+                        dropping = False  # the tail of the dropped line
+                        continue
+                    yield _decode(line)
+                if len(pending) > MAX_LINE:
+                    pending, dropping = b"", True
+            if pending and not dropping:
+                yield _decode(pending)
         finally:
             # Consumer stopped early, was cancelled, or the command ended: never leave the child behind.
             await _kill(proc)

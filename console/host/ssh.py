@@ -265,9 +265,10 @@ class SshHost:
                 f"may be intercepting the connection, or the host was reinstalled. Not connecting; "
                 f"check with the host's owner, then fix {self.known_hosts}.",
                 host=host, fingerprint=fp, changed=True), port, key)
-        return _with_key(HostKeyError(f"{target} is not in {self.known_hosts}; its key fingerprint is {fp}. "
-                            f"Add it only after checking that fingerprint with the host's owner.",
-                            host=host, fingerprint=fp, changed=False), port, key)
+        return _with_key(HostKeyError(
+            f"{target} is not in {self.known_hosts}; its key fingerprint is {fp}. "
+            f"Add it only after checking that fingerprint with the host's owner.",
+            host=host, fingerprint=fp, changed=False), port, key)
 
     def _mark_dead(self, conn: asyncssh.SSHClientConnection) -> None:
         if self._conn is conn:
@@ -302,7 +303,12 @@ class SshHost:
             conn, proc = await self._open(lambda c: c.create_process(
                 command, encoding="utf-8", errors="replace"))
             try:
-                out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+                # EOF even without input (asyncssh's communicate only sends it with input), so a
+                # command that reads stdin ends as it does locally with /dev/null.
+                if input:
+                    proc.stdin.write(input)
+                proc.stdin.write_eof()
+                out, err = await asyncio.wait_for(proc.communicate(), timeout)
                 await proc.wait_closed()
             except asyncio.TimeoutError:
                 _abandon(proc)
