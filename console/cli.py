@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from console import demo
 from console.commands import profile_cmd, server_cmd
 
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     profile_cmd.add_parser(sub)
     server_cmd.add_parsers(sub)
+    demo.add_parser(sub)
     return parser
 
 

@@ -51,8 +51,8 @@ def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: st
         f"  tmux kill-session -t {shlex.quote(t)}",
         "fi",
         f"tmux new-session -d -s {shlex.quote(session)} -x 200 -y 50 || exit 1",
-        f"tmux set-option -t {shlex.quote(t)} remain-on-exit on >/dev/null || exit 1",
-        f"tmux respawn-pane -k -t {shlex.quote(t)} {shlex.quote(shlex.join(['bash', '-c', inner]))}",
+        f"tmux set-window-option -t {shlex.quote(t + ':')} remain-on-exit on >/dev/null || exit 1",
+        f"tmux respawn-pane -k -t {shlex.quote(t + ':')} {shlex.quote(shlex.join(['bash', '-c', inner]))}",
     ])
     return ["sh", "-c", script]
 
@@ -60,15 +60,17 @@ def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: st
 def tmux_stop_argv(session: str, timeout_s: float) -> list[str]:
     """SIGTERM the pane's program, wait for it to exit (then SIGKILL), then remove the session."""
     t = shlex.quote(f"={session}")
+    # "exited" is tmux's pane_dead, not `kill -0`: the exited program can linger as a zombie
+    dead = f"[ \"$(tmux list-panes -t {t} -F '#{{pane_dead}}' 2>/dev/null | head -n 1)\" != 0 ]"
     script = "\n".join([
         f"pid=$(tmux list-panes -t {t} -F '#{{pane_pid}} #{{pane_dead}}' 2>/dev/null | awk '$2==0{{print $1; exit}}')",
         'if [ -n "$pid" ]; then',
         '  kill -TERM "$pid" 2>/dev/null',
         f"  i=0; while [ $i -lt {int(timeout_s * 5)} ]; do",
-        '    kill -0 "$pid" 2>/dev/null || break',
+        f"    {dead} && break",
         "    sleep 0.2; i=$((i+1))",
         "  done",
-        '  kill -0 "$pid" 2>/dev/null && { echo "did not exit in time: SIGKILL" >&2; kill -KILL "$pid"; }',
+        f'  {dead} || {{ echo "did not exit in {timeout_s:g} s: SIGKILL" >&2; kill -KILL "$pid"; }}',
         "fi",
         f"tmux kill-session -t {t} 2>/dev/null",
         "exit 0",

@@ -66,7 +66,7 @@ def _stable(d: dict) -> dict:
     return d
 
 
-async def open_collector(profile: Profile, *, readonly: bool = True) -> Collector:
+async def open_collector(profile: Profile, *, readonly: bool = False) -> Collector:
     collector = Collector(profile, host_for_profile(profile), readonly=readonly)
     await reconnect(collector)
     return collector

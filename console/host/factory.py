@@ -1,15 +1,45 @@
 """Build the Host a profile describes."""
 from __future__ import annotations
 
+from typing import AsyncIterator, Sequence
+
 from backend.profile import Profile
-from console.host.base import Host
+from console.host.base import CommandResult, Host
+
+
+class PrefixedHost:
+    """A Host whose commands all run under a fixed prefix (the demo host's `env TMUX_TMPDIR=...`)."""
+
+    def __init__(self, inner: Host, prefix: Sequence[str]):
+        self.inner = inner
+        self.prefix = list(prefix)
+        self.name = inner.name
+
+    async def connect(self) -> None:
+        await self.inner.connect()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def run(self, argv: Sequence[str], **kw) -> CommandResult:
+        return await self.inner.run(self.prefix + list(argv), **kw)
+
+    def stream(self, argv: Sequence[str]) -> AsyncIterator[str]:
+        return self.inner.stream(self.prefix + list(argv))
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # read_from, upload, forward_port need no prefix
 
 
 def host_for_profile(profile: Profile) -> Host:
     h = profile.host
     if h.transport == "local":
         from console.host.local import LocalHost
-        return LocalHost(name=h.name)
+        host: Host = LocalHost(name=h.name)
+        if h.simulated:
+            from console.demo import env_prefix
+            host = PrefixedHost(host, env_prefix(profile.paths.work_dir))
+        return host
     from console.host.ssh import SshHost
     return SshHost(h.name, port=h.port, username=h.user, identity_file=h.identity_file,
                    known_hosts=h.known_hosts, jump_host=h.jump_host, name=h.name)

@@ -1,0 +1,171 @@
+"""The built-in SIMULATED demo host: a vLLM stand-in in tmux and simulated GPUs, all on this machine.
+
+`demo-host start` fills profiles/demo.toml in (this interpreter, a free loopback port, the GPU state
+file), writes the result to `<demo dir>/profile.toml` and starts the stand-in the same way a real tmux
+host is driven. The demo keeps its own tmux server (TMUX_TMPDIR under the demo dir), so `stop` can end
+every process it started without touching the operator's own tmux sessions.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import socket
+import sys
+from pathlib import Path
+
+from backend.profile import DEFAULT_GPU_QUERY, Profile, load_profile, write_profile
+from console.host.base import CommandResult
+from console.managers import server_start_argv, server_stop_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = ROOT / "profiles" / "demo.toml"
+BASE_LOAD_SECONDS = 20.0
+
+
+def default_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "eagle3-console" / "demo"
+
+
+def tmux_env(work_dir: str) -> dict[str, str]:
+    return {"TMUX_TMPDIR": f"{work_dir}/tmux"}
+
+
+def env_prefix(work_dir: str) -> list[str]:
+    """Prefix for every command on the demo host: its private tmux server, never the operator's $TMUX."""
+    return ["env", "-u", "TMUX", *(f"{k}={v}" for k, v in tmux_env(work_dir).items())]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _python() -> list[str]:
+    # the stand-in must import `backend` whether or not the project is installed
+    return ["env", f"PYTHONPATH={ROOT}", sys.executable]
+
+
+def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> Profile:
+    """Write the effective demo profile and the demo dataset; return the profile."""
+    work_dir = work_dir.resolve()
+    (work_dir / "tmux").mkdir(parents=True, exist_ok=True)
+    os.chmod(work_dir / "tmux", 0o700)  # tmux refuses a socket directory others can write
+    data_dir = work_dir / "data"
+    data_dir.mkdir(exist_ok=True)
+    p = load_profile(TEMPLATE)
+    state = str(work_dir / "gpus.json")
+    p.paths.work_dir = str(work_dir)
+    p.paths.data_dir = str(data_dir)
+    p.paths.python = sys.executable
+    p.server.port = port or _free_port()
+    count = p.gpus.count or 8
+    p.server.command = [
+        *_python(), "-m", "backend.sim.vllm_server", "--host", "127.0.0.1", "--port", str(p.server.port),
+        "--model", p.server.model_path, "--served-model-name", p.server.model_id,
+        "--load-seconds", f"{BASE_LOAD_SECONDS / max(speed, 0.01):g}", "--gpus", str(count),
+        "--gpu-state", state, "--weights-gib", f"{p.server.expected_weights_gib or 70:g}",
+        "--stats-interval", "5",
+    ]
+    p.gpus.command = [*_python(), "-m", "backend.sim.nvidia_smi", "--state", state, *DEFAULT_GPU_QUERY[1:]]
+    dataset = data_dir / "demo-prompts.jsonl"
+    write_demo_dataset(dataset)
+    p.generate.dataset = str(dataset)
+    write_profile(p, work_dir / "profile.toml", overwrite=True)
+    p.source = str(work_dir / "profile.toml")
+    return p
+
+
+_TOPICS = ("binary search", "the CAP theorem", "photosynthesis", "TCP slow start", "Rust lifetimes",
+           "speculative decoding", "the Fourier transform", "B-trees", "mixture-of-experts models",
+           "Raft consensus", "garbage collection", "the birthday paradox")
+_ASKS = ("Explain {t} to a new engineer.", "What are the trade-offs of {t}?",
+         "Give a short example that shows {t}.", "What is a common mistake people make with {t}?")
+
+
+def write_demo_dataset(path: Path, rows: int = 200) -> None:
+    """Small ShareGPT-shaped prompts (as open-perfectblend), made here: nothing is downloaded."""
+    if path.exists():
+        return
+    lines = []
+    for i in range(rows):
+        q = _ASKS[i % len(_ASKS)].format(t=_TOPICS[(i // len(_ASKS)) % len(_TOPICS)])
+        lines.append(json.dumps({"conversations": [{"from": "human", "value": q},
+                                                   {"from": "gpt", "value": "(original answer, dropped)"}],
+                                 "source": "demo"}))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+
+
+async def _run(argv: list[str], timeout: float = 60) -> CommandResult:
+    from console.host.local import LocalHost
+    return await LocalHost().run(argv, timeout=timeout)
+
+
+async def start(work_dir: Path, *, speed: float = 1.0) -> Profile:
+    from console.collector import server_log_path
+    profile = prepare(work_dir, speed=speed)
+    argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
+    res = await _run(argv)
+    if not res.ok and "already running" not in res.stderr:
+        raise RuntimeError(f"could not start the demo server: {shlex.join(argv)}\n{res.stderr.strip()}")
+    return profile
+
+
+def effective_profile(work_dir: Path) -> Path:
+    return work_dir.resolve() / "profile.toml"
+
+
+async def stop(work_dir: Path) -> list[str]:
+    """SIGTERM the stand-in and every stage session, then end the demo's own tmux server."""
+    path = effective_profile(work_dir)
+    if not path.exists():
+        return []
+    profile = load_profile(path)
+    prefix = env_prefix(profile.paths.work_dir)
+    done = []
+    sessions = await _run(prefix + ["tmux", "list-sessions", "-F", "#{session_name}"])
+    names = sessions.stdout.split() if sessions.ok else []
+    for name in names:
+        from console.managers import tmux_stop_argv
+        argv = server_stop_argv(profile) if name == profile.server.unit else tmux_stop_argv(name, 20)
+        await _run(prefix + argv, timeout=90)
+        done.append(name)
+    await _run(prefix + ["tmux", "kill-server"])
+    return done
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo-host", help="run the SIMULATED demo host headless (scripts, tests, benchmarks)")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    p.add_argument("--dir", type=Path, default=None, help=f"demo work dir (default {default_dir()})")
+    p.add_argument("--speed", type=float, default=1.0, help=">1 loads faster (default: a ~20 s load)")
+    p.set_defaults(func=cmd_demo_host)
+
+
+def cmd_demo_host(a: argparse.Namespace) -> int:
+    work_dir = a.dir or default_dir()
+    if a.action == "start":
+        try:
+            profile = asyncio.run(start(work_dir, speed=a.speed))
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(profile.source)
+        return 0
+    if a.action == "stop":
+        stopped = asyncio.run(stop(work_dir))
+        print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+        return 0
+    path = effective_profile(work_dir)
+    if not path.exists():
+        print(f"no demo host in {work_dir} (start one with `eagle3-console demo-host start`)")
+        return 3
+    from console.commands.server_cmd import human, snapshot_once
+    print(human(asyncio.run(snapshot_once(load_profile(path)))))
+    return 0
