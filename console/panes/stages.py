@@ -51,9 +51,15 @@ def stage_rows(snapshot: Snapshot) -> list[StageRow]:
     return rows
 
 
-def row_markup(row: StageRow) -> str:
+_FIXED = 36  # cells before the unit column
+
+
+def row_markup(row: StageRow, width: int = 80) -> str:
+    """One line per stage even in a narrow pane: the unit name is cut rather than the row wrapped."""
     icon, colour = _STATE_STYLE.get(row.state, ("?", "white"))
-    unit = escape(row.unit) if row.unit else "—"
+    room = max(1, width - _FIXED)
+    unit = row.unit or "—"
+    unit = escape(unit if len(unit) <= room else unit[: room - 1] + "…")
     return (f"[{colour}]{icon} {LABELS.get(row.stage, row.stage):<14}{escape(row.state):<8}[/]"
             f"{escape(row.detail[:11]):<12}[dim]{unit}[/]")
 
@@ -85,9 +91,18 @@ class StagesPane(Pane):
             self.post_message(StageSelected(event.option.id))
 
     def render_snapshot(self, snapshot: Snapshot) -> None:
+        self._rows = stage_rows(snapshot)
+        self._draw()
+
+    def on_resize(self) -> None:
+        if getattr(self, "_rows", None):
+            self.guarded(self._draw)
+
+    def _draw(self) -> None:
         stage_list = self.query_one(StageList)
-        for row in stage_rows(snapshot):
-            prompt = row_markup(row)
+        width = stage_list.scrollable_content_region.width or 80
+        for row in self._rows:
+            prompt = row_markup(row, width)
             if self._prompts.get(row.stage) != prompt:
                 self._prompts[row.stage] = prompt
                 stage_list.replace_option_prompt(row.stage, prompt)

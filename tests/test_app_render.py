@@ -1,0 +1,113 @@
+"""Pure renderers and state helpers behind the panes, on real-format samples."""
+from __future__ import annotations
+
+import pytest
+
+from console.fake_controller import base_snapshot, generation_run, training_run
+from console.model import GpuInfo, RunInfo
+from console.panes.gauges import bar, duration, human_bytes, level_colour, pct, sparkline
+from console.panes.generation import TokenRate, generation_markup, pick_run
+from console.panes.gpus import gpu_row
+from console.panes.notices import transitions
+from console.panes.readiness import readiness_markup
+from console.panes.stages import stage_rows
+from console.panes.training import TrainHistory, train_point
+
+
+@pytest.mark.parametrize("frac, width, expected", [
+    (0.0, 4, "    "), (1.0, 4, "████"), (0.5, 4, "██  "), (1 / 4, 2, "▌ "), (1 / 16, 2, "▏ "), (2.0, 3, "███"),
+    (None, 3, "   "), (0.3, 0, ""),
+])
+def test_bar_eighths(frac, width, expected):
+    assert bar(frac, width) == expected
+
+
+def test_level_colour_thresholds():
+    assert [level_colour(f) for f in (0.05, 0.5, 0.85, None)] == ["green", "yellow", "red", "grey50"]
+
+
+def test_sparkline_scales_and_pads():
+    assert sparkline([0, 100, None, 50], 6) == "  ▁█ ▅"
+    assert sparkline(range(100), 3) == "███"
+
+
+def test_numbers():
+    assert human_bytes(512 * 2**30) == "512.0 GiB" and human_bytes(None) == "N/A" and human_bytes(10) == "10 B"
+    assert duration(3725) == "1h02m" and duration(65) == "1m05s" and duration(None) == "N/A"
+    assert pct(1, 4) == "25.0%" and pct(1, 0) == "N/A"
+
+
+@pytest.mark.parametrize("width", [30, 55, 80, 120])
+def test_gpu_row_fits_width(width):
+    gpu = GpuInfo(3, "NVIDIA H200", 70000, 143771, 87, 61, 420.0)
+    row = gpu_row(gpu, [10, 50, 90], width)
+    assert "68.4/140.4G" in row and "87%" in row
+
+
+def test_gpu_row_says_na_plainly():
+    row = gpu_row(GpuInfo(0, "GPU"), [], 80)
+    assert "N/A" in row and "%" not in row.replace("N/A", "")
+
+
+def test_stage_rows_from_snapshot():
+    snap = base_snapshot()
+    snap.runs = [generation_run(), RunInfo("train", "t0", "done", "eagle3-train.service"),
+                 RunInfo("train", "t1", "failed", "eagle3-train.service")]
+    rows = {r.stage: r for r in stage_rows(snap)}
+    assert rows["serve"].state == "running" and rows["serve"].unit == "eagle3-vllm.service"
+    assert rows["generate"].state == "running" and rows["generate"].detail == "1200/5000"
+    assert rows["train"].state == "failed"  # newest run
+    assert rows["extract"].state == "idle" and rows["extract"].unit is None
+    assert stage_rows(base_snapshot(phase="failed"))[0].state == "failed"
+
+
+def test_pick_run_prefers_running():
+    runs = [RunInfo("generate", "a", "running"), RunInfo("generate", "b", "done")]
+    assert pick_run(runs, "generate").run_id == "a" and pick_run(runs, "train") is None
+
+
+def test_generation_markup_and_token_rate():
+    rate = TokenRate()
+    first = generation_run(done=1000, ts=100.0)
+    second = generation_run(done=1010, ts=102.0)
+    assert rate.feed("gen-0001", first.last_event) is None
+    assert rate.feed("gen-0001", second.last_event) == pytest.approx(4500.0)
+    text = generation_markup(second, 4500.0)
+    assert "1010/5000" in text and "free disk 512.0 GiB" in text and "truncated (length) 4.0%" in text
+
+
+def test_train_point_formats():
+    assert train_point({"kind": "start"}) is None
+    p = train_point({"step": 5, "epoch": 1, "loss": 1.5, "acc_0": 0.7, "acc_1": 0.4, "lr": 1e-4})
+    assert p.acc == [0.7, 0.4] and p.loss == 1.5
+    with pytest.raises(ValueError, match="loss"):
+        train_point({"step": 5, "loss": "high"})
+
+
+def test_train_history_keeps_points_once_and_best_checkpoint():
+    h = TrainHistory()
+    changed = [h.feed("r", train_point(training_run(step=s, epoch=s // 100).last_event))
+               for s in (100, 100, 150, 200)]
+    assert changed == [True, False, True, True]  # a repeated event (same snapshot twice) adds nothing
+    assert [s for s, _ in h.steps] == [100, 150, 200]
+    assert h.best is not None and h.best[1] == "checkpoints/epoch2" and set(h.val) == {1, 2}
+    h.feed("other", train_point(training_run(step=1).last_event))
+    assert [s for s, _ in h.steps] == [1] and h.best is None
+
+
+def test_readiness_markup_loading_and_failed():
+    text = readiness_markup(base_snapshot(phase="loading_weights").server)
+    assert "loading_weights" in text and "from shard progress" in text
+    failed = readiness_markup(base_snapshot(phase="failed").server)
+    assert "[b red]✖ torch.OutOfMemoryError" in failed
+
+
+def test_transitions():
+    loading, ready, failed = (base_snapshot(phase=p) for p in ("loading_weights", "ready", "failed"))
+    assert transitions(None, ready) == []
+    assert [n.text for n in transitions(loading, ready)] == ["Server ready: Qwen/Qwen3-8B"]
+    assert transitions(loading, failed)[0].severity == "error"
+    before, after = base_snapshot(), base_snapshot()
+    before.runs = [RunInfo("generate", "g", "running")]
+    after.runs = [RunInfo("generate", "g", "done")]
+    assert [n.text for n in transitions(before, after)] == ["Stage generate finished (g)"]

@@ -1,0 +1,91 @@
+"""SVG snapshots of fixed states (clock frozen, TZ=UTC). Regenerate with `--snapshot-update`."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from console.app import ConsoleApp
+from console.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run, stage_unit,
+                                     training_run)
+
+pytestmark = pytest.mark.timeout(60)
+NOW = 1_700_000_030.0
+SIZE = (150, 48)
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def app_for(*snapshots, journal=None, **kwargs) -> ConsoleApp:
+    lines = journal or {SERVER_UNIT: [f"INFO 11-14 22:13:{i:02d} [loader.py:42] loading shard {i}"
+                                      for i in range(8)]}
+    fake = FakeController(list(snapshots), lines, simulated=True, host_name="gpu-host")
+    return ConsoleApp(fake, clock=lambda: NOW, **kwargs)
+
+
+async def settle(pilot) -> None:
+    app = pilot.app
+    for _ in range(100):
+        if app.last_snapshot is not None and app.query_one("#journal").unit:
+            break
+        await pilot.pause(0.02)
+    await pilot.pause(0.2)
+
+
+def training_history(n: int = 40):
+    """Successive training snapshots so the pane has a curve (it keeps history itself)."""
+    snaps = []
+    for i in range(1, n + 1):
+        snap = base_snapshot(taken_at=NOW - n + i)
+        snap.runs = [generation_run(done=5000, total=5000), training_run(step=i * 5, epoch=1 + i * 5 // 100)]
+        snap.runs[0].state = "done"
+        snaps.append(snap)
+    return snaps
+
+
+def test_loading(snap_compare):
+    assert snap_compare(app_for(base_snapshot(phase="loading_weights")), terminal_size=SIZE, run_before=settle)
+
+
+def test_ready(snap_compare):
+    assert snap_compare(app_for(base_snapshot()), terminal_size=SIZE, run_before=settle)
+
+
+def test_failed(snap_compare):
+    assert snap_compare(app_for(base_snapshot(phase="failed")), terminal_size=SIZE, run_before=settle)
+
+
+def test_generation_mid_run(snap_compare):
+    snap = base_snapshot(n_gpus=8)
+    snap.runs = [generation_run()]
+    assert snap_compare(app_for(snap), terminal_size=SIZE, run_before=settle)
+
+
+def test_training_mid_run(snap_compare):
+    assert snap_compare(app_for(*training_history()), terminal_size=SIZE, run_before=settle)
+
+
+def test_disconnected_narrow(snap_compare):
+    down = base_snapshot(reachable=False, taken_at=NOW)
+    assert snap_compare(app_for(base_snapshot(taken_at=NOW - 42), down), terminal_size=(90, 48),
+                        run_before=settle)
+
+
+def test_stop_confirmation(snap_compare):
+    snap = base_snapshot()
+    snap.runs = [generation_run()]
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("j", "x")
+        await pilot.pause(0.2)
+
+    assert snap_compare(app_for(snap, journal={SERVER_UNIT: [], stage_unit("generate"): []}),
+                        terminal_size=SIZE, run_before=run_before)
