@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from backend.sim.textgen import END_THINK_ID, EOS_ID, THINK_ID, Segment
@@ -93,6 +94,15 @@ def chunk_spans(out: Output, per_chunk: int) -> list[tuple[int, int]]:
     return spans
 
 
+_quote = json.JSONEncoder(ensure_ascii=False).encode
+_TAIL_OPEN = ',"logprobs":null,"finish_reason":null,"stop_reason":null'
+
+
+@lru_cache(maxsize=65536)
+def _quoted(piece: str) -> str:
+    return _quote(piece)
+
+
 class ChunkEncoder:
     """Encodes `data: {...}` SSE events from a fixed prefix, so each chunk costs one small dumps."""
 
@@ -110,15 +120,16 @@ class ChunkEncoder:
                 f'"finish_reason":null}}]{extra}}}\n\n').encode()
 
     def delta(self, out: Output, start: int, end: int, finish: str | None) -> bytes:
-        text = json.dumps("".join(out.pieces[start:end]), ensure_ascii=False)
+        # one token per chunk is the common case (no drafter): its escaped text is cached per piece,
+        # which makes a long stream about twice as cheap to encode
+        text = _quoted(out.pieces[start]) if end - start == 1 else _quote("".join(out.pieces[start:end]))
         if out.kinds[start] == REASONING:
             delta = "{" + ",".join(f'"{k}":{text}' for k in self.reasoning_keys) + "}"
         else:
             delta = '{"content":' + text + "}"
         ids = f',"token_ids":{json.dumps(out.ids[start:end])}' if self.token_ids else ""
-        reason = "null" if finish is None else f'"{finish}"'
-        return (f'data: {self._head}"delta":{delta},"logprobs":null,"finish_reason":{reason},'
-                f'"stop_reason":null{ids}}}]}}\n\n').encode()
+        tail = _TAIL_OPEN if finish is None else f',"logprobs":null,"finish_reason":"{finish}","stop_reason":null'
+        return f"data: {self._head}\"delta\":{delta}{tail}{ids}}}]}}\n\n".encode()
 
     def text_delta(self, out: Output, start: int, end: int, finish: str | None) -> bytes:
         """A /v1/completions stream chunk."""
