@@ -299,7 +299,7 @@ class GenerateSection:
     temperature: float = knob(0.6, min=0, max=5)
     top_p: float = knob(0.95, min=0, max=1)
     chat_template_kwargs: dict[str, Any] = knob({})
-    return_token_ids: str = knob("auto", choices=("auto", "always", "never"))
+    return_token_ids: str = knob("auto", choices=("auto", "on", "off"))
     max_retries: int = knob(5, min=0, max=100)
 
 

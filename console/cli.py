@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from console import demo
-from console.commands import profile_cmd, server_cmd
+from console.commands import profile_cmd, run_cmd, server_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cmd.add_parser(sub)
     server_cmd.add_parsers(sub)
     demo.add_parser(sub)
+    run_cmd.add_parser(sub)
     return parser
 
 
@@ -28,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "func", None):
         return args.func(args)
-    parser.print_help()
-    return 0
+    from console.commands.app_cmd import run_app
+    return run_app(args)
 
 
 if __name__ == "__main__":

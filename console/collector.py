@@ -157,11 +157,11 @@ class Collector:
             self.tracker.feed(split_cr(partial), now)
         return out
 
-    async def follow_journal(self, unit: str | None = None) -> AsyncIterator[str]:
+    async def follow_journal(self, unit: str | None = None, *, feed_tracker: bool = True) -> AsyncIterator[str]:
         """Follow a unit's journal for ever, resuming from the last cursor after a drop (no duplicates, no
-        gaps). Lines of the server unit also go to the load tracker."""
+        gaps). Lines of the server unit also go to the load tracker unless another follower does that."""
         unit = unit or self.profile.server.unit
-        is_server = unit == self.profile.server.unit
+        is_server = feed_tracker and unit == self.profile.server.unit
         cursor = self.journal_cursor if is_server else None
         delay = 0.5
         while True:
@@ -285,7 +285,8 @@ class Collector:
                     current[props["Id"].removesuffix(".service")] = props.get("ActiveState", "unknown")
             self._unit_states = current
         else:
-            alive = set(text.split())
+            # a session whose pane is dead is a stage that exited (remain-on-exit keeps it for its status)
+            alive = {bits[0] for bits in (l.split() for l in text.splitlines()) if len(bits) == 2 and bits[1] == "0"}
             self._unit_states = {u: ("active" if u in alive else "inactive") for u in units}
 
     async def _check_http(self) -> None:
@@ -385,8 +386,11 @@ class Collector:
             if not t.stage:
                 continue
             unit = stage_unit_name(t.stage, t.run_id)
-            p = t.progress or {}
+            p = dict(t.progress or {})
             if t.finish is not None:
+                summary = t.finish.get("summary")
+                p.update(summary if isinstance(summary, dict) else {})
+                p.update(kind="finish", status=t.finish.get("status"), ts=t.finish.get("ts"))
                 status = t.finish.get("status")
                 state = "done" if status == "completed" else ("failed" if status == "failed" else "stopped")
             elif self._unit_states.get(unit, "active") in ("active", "activating"):
@@ -396,7 +400,7 @@ class Collector:
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=unit,
                                done=int(p.get("done") or 0), total=int(p.get("total") or t.total),
                                failed=int(p.get("failed") or 0), rate=p.get("rate"), eta_s=p.get("eta_s"),
-                               last_event=t.finish or t.progress))
+                               last_event=p or None))
         return out
 
     def snapshot(self) -> Snapshot:

@@ -70,6 +70,8 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
         "--load-seconds", f"{BASE_LOAD_SECONDS / max(speed, 0.01):g}", "--gpus", str(count),
         "--gpu-state", state, "--weights-gib", f"{p.server.expected_weights_gib or 70:g}",
         "--stats-interval", "5",
+        # answers take a couple of seconds, as on a real server, so generation is watchable
+        "--latency", f"{0.5 / max(speed, 0.01):g}", "--latency-per-token", f"{0.01 / max(speed, 0.01):g}",
     ]
     p.gpus.command = [*_python(), "-m", "backend.sim.nvidia_smi", "--state", state, *DEFAULT_GPU_QUERY[1:]]
     dataset = data_dir / "demo-prompts.jsonl"

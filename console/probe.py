@@ -84,7 +84,7 @@ def build_probe(profile: Profile, *, events: Sequence[EventsRead] = (), stage_un
         if profile.server.manager == "systemd":
             section("stage_units", [["systemctl", "show", *stage_units, "-p", "Id,ActiveState,SubState,Result"]])
         else:
-            section("stage_units", [["tmux", "list-sessions", "-F", "#{session_name}"]])
+            section("stage_units", [["tmux", "list-panes", "-a", "-F", "#{session_name} #{pane_dead}"]])
     reads = [(f"events:{i}", f"{ev.run_dir}/events.jsonl", ev.offset, EVENTS_READ_MAX)
              for i, ev in enumerate(events)]
     if server_log is not None:
