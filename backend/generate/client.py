@@ -141,6 +141,7 @@ class ChatClient:
         self.settings = settings
         self.session: aiohttp.ClientSession | None = None
         self.gate: ServerGate | None = None
+        self._alive_probe: asyncio.Future[int | None] | None = None
         self.chat_url = settings.base_url.rstrip("/") + "/v1/chat/completions"
 
     async def __aenter__(self) -> "ChatClient":
@@ -234,5 +235,10 @@ class ChatClient:
 
     async def _check_alive(self) -> None:
         # A 5xx or a dropped connection may mean the engine died (/health 503) or the process is gone.
-        if self.gate is not None and self.gate.is_open and await self.health() != 200:
+        # One probe is shared by every worker that failed at the same moment (a 5xx burst hits 200).
+        if self.gate is None or not self.gate.is_open:
+            return
+        if self._alive_probe is None or self._alive_probe.done():
+            self._alive_probe = asyncio.ensure_future(self.health())
+        if await asyncio.shield(self._alive_probe) != 200:
             self.gate.report_down("the server stopped answering /health after a failed request")

@@ -171,6 +171,7 @@ class Runner:
             loop.add_signal_handler(sig, self._on_signal, sig)
         client.attach_gate(on_pause=lambda reason: self.emit("pause", reason=reason),
                            on_resume=lambda waited: self.emit("resume", waited_s=round(waited, 1)))
+        self.stats.started = time.monotonic()  # the rate counts generation, not the preflight
         try:
             await self._pipeline(client, writer, failures, index.done_ids, token_ids)
         finally:
@@ -201,11 +202,15 @@ class Runner:
 
         async def produce() -> None:
             try:
-                for item in ds.iter_samples(c.dataset, skip_ids=done_ids, limit=c.limit):
+                for n, item in enumerate(ds.iter_samples(c.dataset, limit=c.limit)):
+                    if n % 256 == 0:
+                        await asyncio.sleep(0)  # skipping a long done prefix must not starve the loop
                     if self.stop.is_set():
                         return
                     if isinstance(item, ds.BadRow):
                         self.stats.skipped[item.reason] += 1
+                        continue
+                    if item.sample_id in done_ids:
                         continue
                     await queue.put(item)
             except Exception as exc:  # a dataset that breaks mid-way must still end the run cleanly
