@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from console import demo
-from console.commands import profile_cmd, run_cmd, server_cmd
+from console.commands import profile_cmd, run_cmd, server_cmd, trust_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     server_cmd.add_parsers(sub)
     demo.add_parser(sub)
     run_cmd.add_parser(sub)
+    trust_cmd.add_parser(sub)
     return parser
 
 
