@@ -7,7 +7,7 @@ booked only once a record is fsynced, so a crash never reports work that is not 
 from __future__ import annotations
 
 import asyncio
-import os
+import json
 import signal
 import sys
 import time
@@ -23,7 +23,7 @@ from backend.generate.preflight import free_bytes, run_preflight
 from backend.generate.records import ResponseError, build_record, dumps_line, loads, parse_completion
 from backend.generate.tokens import export_token_rows
 from backend.generate.writer import DurableWriter, ResumeIndex, WriteFailed, drop_torn_tail, scan_output
-from backend.runs import Manifest, RunDir, open_run_dir
+from backend.runs import Manifest, RunDir, open_run_dir, run_path
 
 STAGE = "generate"
 OUTPUT_FILE = "output.jsonl"
@@ -128,11 +128,9 @@ class Runner:
                                       "request_timeout": c.request_timeout, "max_retries": c.max_retries})
         async with ChatClient(settings) as client:
             if c.preflight_only:
-                from backend.runs import run_path
-
                 report = await run_preflight(c, client, run_dir=run_path(c.work_dir, c.run_id),
                                              samples=self.rows, avg_row_bytes=avg_row)
-                print(__import__("json").dumps(report.to_dict(), indent=2))
+                print(json.dumps(report.to_dict(), indent=2))
                 return 0 if report.ok else 1
             run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
             self.events = EventLog(run_dir.events_path, STAGE, c.run_id)
