@@ -27,7 +27,8 @@ from console.parsers.systemd import parse_systemctl_show
 from console.parsers.tmux import tmux_status
 from console.parsers.vllm_load import LoadTracker
 from console.parsers.vllm_log import split_cr
-from console.probe import EventsRead, build_probe, parse_df, parse_runs_listing, split_sections, stage_unit_name
+from console.probe import (EventsRead, build_probe, parse_df, parse_listen, parse_runs_listing, split_sections,
+                           stage_unit_name)
 from console.readiness import HttpState, check_http, deep_check, model_mismatch
 
 LOG_READ_MAX = 1 << 20
@@ -69,9 +70,11 @@ class Collector:
         self.gpu_error: str | None = None
         self.free_bytes: int | None = None
         self.http = HttpState()
+        self.port_listening: bool | None = None  # from the probe; None = could not tell
         self.deep: str | None = None
         self.reasoning_field: str | None = None
         self.journal_cursor: str | None = None
+        self._fed_cursors: dict[str, None] = {}  # insertion-ordered, bounded
         self._log_offset: int | None = None
         self._client: httpx.AsyncClient | None = None
         self._forward: contextlib.AbstractAsyncContextManager | None = None
@@ -120,6 +123,8 @@ class Collector:
             res = await self.host.run(argv, timeout=60)
             for line in res.stdout.splitlines():
                 self.feed_journal_line(line)
+            if self.journal_cursor is None:
+                await self._journal_tail_cursor()
         else:
             path = server_log_path(self.profile)
             head = await self.host.read_from(path, 0, 0)
@@ -128,13 +133,38 @@ class Collector:
             self._log_offset = start
             self.feed_log_bytes(chunk.data, skip_first_partial=start > 0)
 
+    async def _journal_tail_cursor(self) -> None:
+        """The unit has no entries yet: follow from the journal's current end instead.
+
+        `journalctl -u UNIT -f -n N` started while UNIT has no entries drops the first burst the unit
+        then writes (seen in the systemd rig, systemd 252: a unit's first six lines never arrived), so
+        the follow starts after the journal-wide last cursor, where the -u match then applies."""
+        res = await self.host.run(["journalctl", "-o", "json", "-n", "1", "--no-pager"], timeout=30)
+        for line in res.stdout.splitlines():
+            entry = parse_journal_json(line)
+            if entry is not None and entry.cursor:
+                self.journal_cursor = entry.cursor
+
     def feed_journal_line(self, line: str) -> str | None:
         entry = parse_journal_json(line)
         if entry is None:
             return None
         self.journal_cursor = entry.cursor or self.journal_cursor
-        self.tracker.feed(entry.message, entry.ts)
+        if not self._already_fed(entry.cursor):
+            self.tracker.feed(entry.message, entry.ts)
         return entry.message
+
+    def _already_fed(self, cursor: str | None) -> bool:
+        """True for a journal entry the tracker has had (the catch-up read and the stream can both bring
+        it); a repeated start-of-load line would otherwise reset a finished load."""
+        if cursor is None:
+            return False
+        if cursor in self._fed_cursors:
+            return True
+        self._fed_cursors[cursor] = None
+        if len(self._fed_cursors) > 2 * JOURNAL_BACKLOG:
+            del self._fed_cursors[next(iter(self._fed_cursors))]
+        return False
 
     def feed_log_bytes(self, data: bytes, *, skip_first_partial: bool = False) -> list[str]:
         """Log-file bytes (tmux manager): complete lines go to the tracker. The unfinished last line is
@@ -174,7 +204,8 @@ class Collector:
                     cursor = entry.cursor or cursor
                     if is_server:
                         self.journal_cursor = cursor
-                        self.tracker.feed(entry.message, entry.ts)
+                        if not self._already_fed(entry.cursor):
+                            self.tracker.feed(entry.message, entry.ts)
                     delay = 0.5
                     yield entry.message
             except HostError:
@@ -208,15 +239,21 @@ class Collector:
         if self.profile.server.manager == "tmux" and self._log_offset is not None:
             log = (server_log_path(self.profile), self._log_offset)
         argv, plan = build_probe(self.profile, events=events, stage_units=pending_units,
-                                 server_log=log)
+                                 server_log=log, listen_port=self.profile.server.port)
         res = await self.host.run(argv, timeout=30)
         sections = split_sections(res.stdout, plan)
-        self._apply_service(sections.get("service"))
-        self._apply_gpus(sections.get("gpus"))
-        if "disk" in sections:
-            self.free_bytes = parse_df(sections["disk"].text)
+        # the server's last log lines before the service state: once the tracker hears "down" it
+        # ignores failure lines as teardown noise, so the root cause must be in first
         if "server_log" in sections:
             self.feed_log_bytes(sections["server_log"].text.encode())
+        self._apply_service(sections.get("service"))
+        if self._down_without_cause():
+            await self._catch_up_journal()
+        self._stop_tracker_if_down()
+        self._apply_gpus(sections.get("gpus"))
+        self.port_listening = parse_listen(sections["listen"].text) if "listen" in sections else None
+        if "disk" in sections:
+            self.free_bytes = parse_df(sections["disk"].text)
         for i, ev in enumerate(events):
             sec = sections.get(f"events:{i}")
             if sec is not None:
@@ -240,7 +277,24 @@ class Collector:
             info = tmux_status(self.profile.server.unit, sec.rc, "" if ok else sec.text,
                                sec.text if ok else None).service
         self.service = info
-        if info.active_state in ("inactive", "failed") and self.tracker.phase not in ("stopped", "failed", "unknown"):
+
+    def _down_without_cause(self) -> bool:
+        return (self.service.active_state in ("inactive", "failed")
+                and self.tracker.phase not in ("stopped", "failed", "unknown"))
+
+    async def _catch_up_journal(self) -> None:
+        """The unit is down but the journal stream has not brought its last lines yet (the probe can
+        see the exit first): read what journald holds now, so a failed load keeps its root cause."""
+        if self.profile.server.manager != "systemd":
+            return
+        argv = ["journalctl", "-u", self.profile.server.unit, "-a", "-o", "json", "--no-pager"]
+        argv += [f"--after-cursor={self.journal_cursor}"] if self.journal_cursor else ["-n", str(JOURNAL_BACKLOG)]
+        res = await self.host.run(argv, timeout=30)
+        for line in res.stdout.splitlines():
+            self.feed_journal_line(line)
+
+    def _stop_tracker_if_down(self) -> None:
+        if self._down_without_cause():
             self.tracker.stop(self.clock())
 
     def _apply_gpus(self, sec) -> None:
@@ -292,6 +346,9 @@ class Collector:
     async def _check_http(self) -> None:
         if self.service.active_state not in ("active", "activating", "reloading"):
             self.http = HttpState()
+            return
+        if self.port_listening is False:
+            self.http = HttpState()  # still loading: nothing to ask, and no channel spent asking
             return
         try:
             client = await self._http()

@@ -59,9 +59,29 @@ def _read_bytes(path: str, offset: int, limit: int) -> str:
     return f"{tail} 2>/dev/null | {shlex.join(['head', '-c', str(limit)])}"
 
 
+def listen_check(port: int) -> str:
+    """Shell that prints `listening`, `closed` or `unknown` for a TCP port on the host.
+
+    Asked in the probe so HTTP is tried only once vLLM listens: while it loads, its port is bound but
+    not listening, and a forwarded connection to it is refused by the remote side, which costs a
+    channel (and, on some transports, the whole connection) every tick for nothing."""
+    # /proc/net/tcp{,6} rows: `N: LOCALADDR:PORT REMADDR:PORT STATE ...`, port in hex, 0A = LISTEN
+    pattern = f"^ *[0-9]+: [0-9A-Fa-f]+:{port:04X} [0-9A-Fa-f]+:0000 0A "
+    return (f"if [ ! -r /proc/net/tcp ]; then echo unknown; "
+            f"elif grep -qE {shlex.quote(pattern)} /proc/net/tcp /proc/net/tcp6 2>/dev/null; "
+            f"then echo listening; else echo closed; fi")
+
+
+def parse_listen(text: str) -> bool | None:
+    word = text.strip()
+    return True if word == "listening" else False if word == "closed" else None
+
+
 def build_probe(profile: Profile, *, events: Sequence[EventsRead] = (), stage_units: Sequence[str] = (),
-                server_log: tuple[str, int] | None = None, marker: str | None = None) -> tuple[list[str], ProbePlan]:
-    """Return (argv, plan). `events` asks for new bytes of each run's events.jsonl from an offset."""
+                server_log: tuple[str, int] | None = None, listen_port: int | None = None,
+                marker: str | None = None) -> tuple[list[str], ProbePlan]:
+    """Return (argv, plan). `events` asks for new bytes of each run's events.jsonl from an offset;
+    `listen_port` asks whether that port listens (section `listen`)."""
     marker = marker or f"@@E3PROBE-{secrets.token_hex(6)}"
     plan = ProbePlan(marker=marker)
     parts: list[str] = []
@@ -85,6 +105,10 @@ def build_probe(profile: Profile, *, events: Sequence[EventsRead] = (), stage_un
             section("stage_units", [["systemctl", "show", *stage_units, "-p", "Id,ActiveState,SubState,Result"]])
         else:
             section("stage_units", [["tmux", "list-panes", "-a", "-F", "#{session_name} #{pane_dead}"]])
+    if listen_port is not None:
+        plan.sections.append("listen")
+        parts.append(f"echo {shlex.quote(marker + ' listen')}; {listen_check(listen_port)}; "
+                     f"echo {shlex.quote(marker)} rc=$?")
     reads = [(f"events:{i}", f"{ev.run_dir}/events.jsonl", ev.offset, EVENTS_READ_MAX)
              for i, ev in enumerate(events)]
     if server_log is not None:
