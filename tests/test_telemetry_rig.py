@@ -1,0 +1,402 @@
+"""Telemetry end to end in the booted systemd rig: a real unit running the vLLM stand-in, its journal
+followed over SSH, the one-command probe, readiness through the forwarded port, and the headless CLI.
+
+Loads are short (3-4 s) so the module stays within a couple of minutes; every unit gets its own name,
+port and work dir, so a failure in one test leaves nothing for the next to trip on.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from backend.profile import load_profile
+from console.collector import Collector
+from console.commands.server_cmd import server_action
+from console.host.ssh import SshHost
+from console.model import PHASES
+from tests.rig import keys, procs
+
+pytestmark = [pytest.mark.rig, pytest.mark.timeout(120)]
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_PATH = "/models/kimi-k2.5-int4"
+SERVED = "kimi-k2.5-int4"
+WEIGHTS_GIB = 40.0
+LOAD_ORDER = ["starting", "loading_weights", "compiling", "allocating_kv_cache", "capturing_cuda_graphs",
+              "starting_api", "ready"]
+CLI = [sys.executable, "-m", "console.cli"]
+
+
+@pytest.fixture(scope="module")
+async def rig_ssh(systemd_rig):
+    host = SshHost(systemd_rig.host, port=systemd_rig.port, username=systemd_rig.username,
+                   identity_file=systemd_rig.identity_file, known_hosts=systemd_rig.known_hosts)
+    yield host
+    await host.close()
+
+
+@dataclass
+class RigUnit:
+    name: str
+    port: int
+    work_dir: str
+    profile_path: Path
+    extra_profile: dict = field(default_factory=dict)
+
+
+def unit_text(unit: str, port: int, work_dir: str, *, version: str, load_seconds: float,
+              extra: list[str]) -> str:
+    argv = [sys.executable, "-m", "backend.sim.vllm_server", "--model", MODEL_PATH,
+            "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
+            "--vllm-version", version, "--load-seconds", str(load_seconds), "--shards", "8",
+            "--gpus", "2", "--gpu-state", f"{work_dir}/gpus.json", "--weights-gib", str(WEIGHTS_GIB),
+            "--stats-interval", "30", *extra]
+    return "\n".join([
+        "[Unit]", f"Description=vLLM stand-in {unit}", "",
+        "[Service]", "Type=simple", f"Environment=PYTHONPATH={REPO}", "Environment=PYTHONUNBUFFERED=1",
+        f"ExecStart={shlex.join(argv)}", "Restart=no", "TimeoutStopSec=20", "",
+    ])
+
+
+def write_profile(path: Path, rig, unit: str, port: int, work_dir: str, *, served: str = SERVED,
+                  gpu_args: list[str] | None = None) -> Path:
+    gpu_cmd = [sys.executable, "-m", "backend.sim.nvidia_smi",
+               *(gpu_args if gpu_args is not None else ["--state", f"{work_dir}/gpus.json"]),
+               "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw",
+               "--format=csv,noheader,nounits"]
+    path.write_text("\n".join([
+        "[host]", 'name = "127.0.0.1"', f"port = {rig.port}", f'user = "{rig.username}"',
+        f'identity_file = "{rig.identity_file}"', f'known_hosts = "{rig.known_hosts}"', "",
+        "[server]", 'manager = "systemd"', f'unit = "{unit}"', f'model_path = "{MODEL_PATH}"',
+        f'served_model_name = "{served}"', f"port = {port}", f"expected_weights_gib = {WEIGHTS_GIB}",
+        "stop_timeout_s = 20.0", "",
+        "[paths]", f'work_dir = "{work_dir}"', "",
+        "[gpus]", f"command = {json.dumps(gpu_cmd)}", "",
+    ]))
+    load_profile(path)  # fail here, with the profile's own message, if the test wrote a bad one
+    return path
+
+
+async def install_unit(ssh: SshHost, rig, tmp_path: Path, *, version: str = "0.33.0",
+                       load_seconds: float = 3.0, extra: list[str] = (), served: str = SERVED) -> RigUnit:
+    name = f"e3vllm-{uuid.uuid4().hex[:8]}"
+    port = keys.free_port()
+    work_dir = f"/root/e3rig/{name}"
+    text = unit_text(name, port, work_dir, version=version, load_seconds=load_seconds, extra=list(extra))
+    script = 'mkdir -p "$2" && cat > "$1" && systemctl daemon-reload'
+    await ssh.run(["sh", "-c", script, "sh", f"/etc/systemd/system/{name}.service", work_dir],
+                  input=text, check=True, timeout=30)
+    profile = write_profile(tmp_path / f"{name}.toml", rig, name, port, work_dir, served=served)
+    return RigUnit(name, port, work_dir, profile)
+
+
+async def stop_unit(ssh: SshHost, unit: RigUnit) -> None:
+    await ssh.run(["systemctl", "stop", unit.name], timeout=30)
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+@dataclass
+class Observed:
+    journal: list[tuple[str, str]] = field(default_factory=list)  # (message, tracker phase after it)
+    snaps: list = field(default_factory=list)
+
+    def journal_phases(self) -> list[str]:
+        out: list[str] = []
+        for _, phase in self.journal:
+            if not out or out[-1] != phase:
+                out.append(phase)
+        return out
+
+    def snap_phases(self) -> list[str]:
+        out: list[str] = []
+        for s in self.snaps:
+            if not out or out[-1] != s.server.phase:
+                out.append(s.server.phase)
+        return out
+
+
+async def observe(profile_path: Path, *, until=("ready", "failed"), timeout: float = 30.0,
+                  start: bool = True, interval: float = 0.2) -> tuple[Observed, Collector]:
+    """Start the unit (through the CLI's own server_action), follow its journal and refresh until the
+    server reaches one of `until`; every journal line and every snapshot is kept."""
+    profile = load_profile(profile_path)
+    from console.host.factory import host_for_profile
+    collector = Collector(profile, host_for_profile(profile))
+    await collector.connect()
+    seen = Observed()
+
+    async def follow() -> None:
+        async for message in collector.follow_journal():
+            seen.journal.append((message, collector.tracker.phase))
+
+    follower = asyncio.create_task(follow())
+    try:
+        if start:
+            rc, shown, out = await server_action(profile, "start-server")
+            assert rc == 0, (shown, out)
+            assert shown == [shlex.join(["systemctl", "start", profile.server.unit])]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            snap = await collector.refresh()
+            seen.snaps.append(snap)
+            if snap.server.phase in until:
+                break
+            await asyncio.sleep(interval)
+        else:
+            raise AssertionError(f"no {until} within {timeout} s: {seen.snap_phases()} / {seen.journal_phases()}")
+        # let the follower catch the tail of the journal (the last lines can trail the probe), then
+        # refresh once more: that snapshot includes them, and the finished load gets remembered
+        for _ in range(50):
+            if collector.tracker.phase in until or collector.tracker.phase == "ready":
+                break
+            await asyncio.sleep(0.1)
+        seen.snaps.append(await collector.refresh())
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        await collector.close()
+    return seen, collector
+
+
+def in_order(seq: list[str], order: list[str]) -> bool:
+    ranks = [order.index(p) for p in seq if p in order]
+    return ranks == sorted(ranks)
+
+
+# -- a whole load per vLLM version ------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", ["0.10.1", "0.15.0", "0.33.0"])
+async def test_load_phases_progress_and_eta(systemd_rig, rig_ssh, tmp_path, version):
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, version=version, load_seconds=4.0)
+    try:
+        seen, collector = await observe(unit.profile_path)
+        # the journal walks every phase in order, whatever the version's line formats
+        assert seen.journal_phases()[-len(LOAD_ORDER):] == LOAD_ORDER, (seen.journal_phases(), seen.journal[:8])
+        assert seen.snaps[-1].server.phase == "ready"
+        assert in_order(seen.snap_phases(), LOAD_ORDER), seen.snap_phases()
+        # journald holds the bar back until it ends: the shard counter arrives whole, 8 of 8
+        bars = [m for m, _ in seen.journal if "checkpoint shards" in m]
+        assert bars and "8/8" in bars[-1]
+        final = seen.snaps[-1]
+        assert final.server.progress is not None and (final.server.progress.done, final.server.progress.total) == (8, 8)
+        assert final.server.model_id == SERVED and final.server.max_model_len == 262144
+        assert final.server.version == version and final.server.error is None
+        assert collector.tracker.version == version
+        # live progress while loading came from GPU memory rising, never from the (held back) shards
+        loading = [s for s in seen.snaps if s.server.phase == "loading_weights"]
+        assert loading, seen.snap_phases()
+        sources = {s.server.eta_source for s in loading}
+        assert sources <= {"gpu_memory"}, sources
+        fractions = [s.server.fraction for s in loading if s.server.fraction is not None]
+        assert fractions and fractions == sorted(fractions) and 0 <= fractions[0] <= fractions[-1] <= 1
+        assert any(s.server.eta_s is not None for s in loading)
+        assert len(final.gpus) == 2 and final.gpus[0].name == "NVIDIA H200" and final.gpu_error is None
+        assert final.gpus[0].memory_used_mib > WEIGHTS_GIB * 1024  # weights + KV cache resident
+        assert final.service.active_state == "active" and final.service.sub_state == "running"
+        # the finished load is remembered on the host for the next load's ETA
+        hist = await rig_ssh.run(["cat", f"{unit.work_dir}/state/loads.jsonl"], check=True)
+        rec = json.loads(hist.stdout.splitlines()[-1])
+        assert rec["model"] == SERVED and rec["ready"] > rec["started"]
+        assert rec["weights_gib"] == pytest.approx(WEIGHTS_GIB, abs=0.1)
+    finally:
+        await stop_unit(rig_ssh, unit)
+
+
+async def test_second_load_uses_history_status_json_and_stop(systemd_rig, rig_ssh, tmp_path):
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=3.0)
+    try:
+        first, _ = await observe(unit.profile_path)
+        assert first.snaps[-1].server.phase == "ready"
+
+        out = cli("status", "--profile", str(unit.profile_path), "--json")
+        assert out.returncode == 0, out.stderr
+        status = json.loads(out.stdout)
+        assert_contract(status)
+        assert status["server"]["phase"] == "ready" and status["server"]["model_id"] == SERVED
+        assert status["service"] == status["service"] | {"manager": "systemd", "unit": unit.name,
+                                                          "active_state": "active", "sub_state": "running"}
+        assert status["host"] == status["host"] | {"name": "127.0.0.1", "reachable": True, "error": None}
+        assert status["service"]["restarts"] == 0 and status["service"]["since"]
+
+        human = cli("status", "--profile", str(unit.profile_path))
+        assert human.returncode == 0 and "server   ready" in human.stdout and SERVED in human.stdout
+
+        ready = cli("wait-ready", "--profile", str(unit.profile_path), "--timeout", "30")
+        assert ready.returncode == 0, ready.stderr
+        assert ready.stdout.startswith(f"ready: {SERVED}")
+
+        # second load: restart, the previous load is known (from the host's loads.jsonl)
+        restart = cli("restart-server", "--profile", str(unit.profile_path), "--yes")
+        assert restart.returncode == 0, restart.stderr
+        second, collector = await observe(unit.profile_path, start=False)
+        assert len(collector.history) >= 1 and collector.history[0].weights_gib == pytest.approx(WEIGHTS_GIB, abs=0.1)
+        loading = [s for s in second.snaps if s.server.phase == "loading_weights"]
+        assert loading and {s.server.eta_source for s in loading} <= {"gpu_memory", "previous_load"}
+        assert any(s.server.eta_s is not None for s in loading)
+        assert second.snaps[-1].server.phase == "ready"
+
+        # with no GPU readings the previous load's duration is what is left: ETA from previous_load
+        nogpu = write_profile(tmp_path / "nogpu.toml", systemd_rig, unit.name, unit.port, unit.work_dir,
+                              gpu_args=["--simulate-no-driver"])
+        restart = cli("restart-server", "--profile", str(nogpu), "--yes")
+        assert restart.returncode == 0, restart.stderr
+        third, _ = await observe(nogpu, start=False)
+        loading = [s for s in third.snaps if s.server.phase in ("starting", "loading_weights")
+                   and s.server.eta_source is not None]
+        assert loading and {s.server.eta_source for s in loading} == {"previous_load"}
+        assert all(s.gpus == [] and "driver" in s.gpu_error for s in third.snaps)
+
+        stop = cli("stop-server", "--profile", str(unit.profile_path), "--yes")
+        assert stop.returncode == 0, stop.stderr
+        assert f"$ systemctl stop {unit.name}" in stop.stdout
+        after = json.loads(cli("status", "--profile", str(unit.profile_path), "--json").stdout)
+        assert after["server"]["phase"] == "stopped" and after["service"]["active_state"] == "inactive"
+        assert after["server"]["error"] is None
+    finally:
+        await stop_unit(rig_ssh, unit)
+
+
+CONTRACT = {
+    "host": {"name": str, "reachable": bool, "error": (str, type(None))},
+    "service": {"manager": str, "unit": str, "active_state": str, "sub_state": str,
+                "restarts": (int, type(None)), "since": (str, type(None))},
+    "server": {"phase": str, "progress": (dict, type(None)), "eta_s": (int, float, type(None)),
+               "model_id": (str, type(None)), "max_model_len": (int, type(None)),
+               "version": (str, type(None)), "error": (str, type(None))},
+}
+GPU_KEYS = {"index": int, "name": str, "memory_used_mib": (int, type(None)),
+            "memory_total_mib": (int, type(None)), "utilization_pct": (int, type(None)),
+            "temperature_c": (int, type(None)), "power_w": (int, float, type(None))}
+
+
+def assert_contract(status: dict) -> None:
+    for section, fields in CONTRACT.items():
+        for key, tp in fields.items():
+            assert key in status[section], f"{section}.{key} missing"
+            assert isinstance(status[section][key], tp), f"{section}.{key} = {status[section][key]!r}"
+    assert status["service"]["manager"] in ("systemd", "tmux")
+    assert status["server"]["phase"] in PHASES
+    if status["server"]["progress"] is not None:
+        assert set(status["server"]["progress"]) == {"done", "total"}
+    assert isinstance(status["gpus"], list)
+    for gpu in status["gpus"]:
+        for key, tp in GPU_KEYS.items():
+            assert isinstance(gpu[key], tp), f"gpus[].{key} = {gpu.get(key)!r}"
+
+
+# -- wait-ready's three answers ---------------------------------------------------------------------
+
+async def test_wait_ready_reports_oom_root_cause(systemd_rig, rig_ssh, tmp_path):
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=3.0,
+                              extra=["--fault", "crash-during-load:0.4"])
+    try:
+        rc, _, out = await server_action(load_profile(unit.profile_path), "start-server")
+        assert rc == 0, out
+        res = cli("wait-ready", "--profile", str(unit.profile_path), "--timeout", "40")
+        assert res.returncode == 1, (res.stdout, res.stderr)
+        assert "load failed" in res.stderr and "CUDA out of memory" in res.stderr
+        status = json.loads(cli("status", "--profile", str(unit.profile_path), "--json").stdout)
+        assert status["server"]["phase"] == "failed" and "CUDA out of memory" in status["server"]["error"]
+        assert status["service"]["active_state"] == "failed"
+    finally:
+        await rig_ssh.run(["systemctl", "reset-failed", unit.name], timeout=30)
+
+
+async def test_wait_ready_times_out_with_exit_2(systemd_rig, rig_ssh, tmp_path):
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=120.0)
+    try:
+        rc, _, out = await server_action(load_profile(unit.profile_path), "start-server")
+        assert rc == 0, out
+        began = time.monotonic()
+        res = cli("wait-ready", "--profile", str(unit.profile_path), "--timeout", "3")
+        assert res.returncode == 2, (res.stdout, res.stderr)
+        assert time.monotonic() - began < 30
+        assert "timed out after 3 s" in res.stderr
+        assert any(p in res.stderr for p in ("starting", "loading_weights")), res.stderr
+    finally:
+        await stop_unit(rig_ssh, unit)
+
+
+async def test_wrong_model_is_a_failure_not_ready(systemd_rig, rig_ssh, tmp_path):
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=2.0)
+    wrong = write_profile(tmp_path / "wrong.toml", systemd_rig, unit.name, unit.port, unit.work_dir,
+                          served="some-other-model")
+    try:
+        rc, _, out = await server_action(load_profile(wrong), "start-server")
+        assert rc == 0, out
+        res = cli("wait-ready", "--profile", str(wrong), "--timeout", "40")
+        assert res.returncode == 1, (res.stdout, res.stderr)
+        assert "wrong model" in res.stderr and SERVED in res.stderr and "some-other-model" in res.stderr
+        status = json.loads(cli("status", "--profile", str(wrong), "--json").stdout)
+        assert status["server"]["phase"] == "failed" and "wrong model" in status["server"]["error"]
+        assert status["server"]["model_id"] == SERVED
+    finally:
+        await stop_unit(rig_ssh, unit)
+
+
+# -- reconnect during a journal stream --------------------------------------------------------------
+
+def rig_sshd_sessions(rig) -> list[int]:
+    """The per-connection sshd processes (and what they run) under the rig's sshd listener.
+
+    The listener is the `sshd` whose parent is the rig's systemd; everything below it is a session."""
+    found = []
+    for pid in procs.descendants(rig.pid):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm == "sshd" and procs.parent_pid(pid) == rig.pid:
+            found.extend(procs.descendants(pid))
+    return found
+
+
+async def test_journal_stream_resumes_after_dropped_connection(systemd_rig, rig_ssh, tmp_path):
+    name = f"e3lines-{uuid.uuid4().hex[:8]}"
+    work_dir = f"/root/e3rig/{name}"
+    await rig_ssh.run(["mkdir", "-p", work_dir], check=True)
+    profile_path = write_profile(tmp_path / "lines.toml", systemd_rig, name, keys.free_port(), work_dir)
+    profile = load_profile(profile_path)
+    from console.host.factory import host_for_profile
+    host = host_for_profile(profile)
+    collector = Collector(profile, host)
+    await collector.connect()  # before the unit exists: nothing primed, the follow replays from the start
+    script = "for i in $(seq 1 60); do echo line $i; sleep 0.05; done; sleep 0.5"
+    await rig_ssh.run(["systemd-run", f"--unit={name}", "--quiet", "sh", "-c", script], check=True)
+    got: list[str] = []
+    dropped = False
+
+    async def follow() -> None:
+        nonlocal dropped
+        async for message in collector.follow_journal():
+            if not message.startswith("line "):
+                continue  # systemd's own "Started ..." lines
+            got.append(message)
+            if len(got) == 10 and not dropped:
+                dropped = True
+                victims = rig_sshd_sessions(systemd_rig)
+                assert victims
+                for pid in victims:
+                    procs.kill(pid)
+            if message == "line 60":
+                return
+
+    try:
+        await asyncio.wait_for(follow(), 40)
+    finally:
+        await collector.close()
+        await host.close()
+    assert dropped
+    assert got == [f"line {i}" for i in range(1, 61)]  # nothing lost, nothing twice
