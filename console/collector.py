@@ -437,6 +437,14 @@ class Collector:
         info.eta_source = est.source
         info.fraction = None if est.fraction is None else round(est.fraction, 4)
 
+    def settled(self) -> bool:
+        """True once every run's events are read and every unfinished run's unit state was asked:
+        a one-shot status needs a few probes to get there (find runs, read events, ask units)."""
+        if any(t.size > t.offset for t in self.runs.values()):
+            return False
+        pending = [stage_unit_name(t.stage, t.run_id) for t in self.runs.values() if t.finish is None and t.stage]
+        return all(u in self._unit_states for u in pending)
+
     def run_infos(self) -> list[RunInfo]:
         out = []
         for t in self.runs.values():

@@ -90,8 +90,10 @@ async def snapshot_once(profile: Profile) -> Snapshot:
         if not collector.host_info.reachable:
             return collector.snapshot()
         snap = await collector.refresh()
-        if any(t.size > t.offset for t in collector.runs.values()):
-            snap = await collector.refresh()  # the first probe found runs; the second reads their events
+        for _ in range(3):  # the first probe finds runs, the next reads their events, then their units
+            if collector.settled():
+                break
+            snap = await collector.refresh()
         return snap
     finally:
         await collector.close()
