@@ -1,0 +1,123 @@
+"""The headless commands' contract around the edges: exit codes, messages, the readable summary, and
+wait-ready's failure path on a tmux host (the stand-in's log file)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.profile import write_profile
+from console import demo
+from console.commands.server_cmd import _stable, human, wait_ready
+from console.model import GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot
+from tests.rig import keys
+
+pytestmark = pytest.mark.timeout(90)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
+
+
+def test_missing_profile_exits_2_with_the_path(tmp_path):
+    res = cli("status", "--profile", str(tmp_path / "nope.toml"), "--json")
+    assert res.returncode == 2 and "nope.toml" in res.stderr and "file not found" in res.stderr
+
+
+def test_bad_profile_names_the_key(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[host]\nname = "gpu host"\n[server]\nmodel_path = "/m"\n[paths]\nwork_dir = "/w"\n')
+    res = cli("wait-ready", "--profile", str(path), "--timeout", "1")
+    assert res.returncode == 2 and "host.name" in res.stderr
+
+
+def test_stop_needs_yes_without_a_terminal(tmp_path):
+    profile = demo.prepare(tmp_path / "d")
+    res = cli("stop-server", "--profile", profile.source)
+    assert res.returncode == 2 and "--yes" in res.stderr
+
+
+def test_refused_host_keeps_the_json_shape(tmp_path, sshd_server):
+    # a key the server does not accept: not retried, so this answers at once (a closed port is
+    # retried with backoff for several seconds)
+    stranger = keys.generate_key(tmp_path / "stranger_key")
+    path = tmp_path / "refused.toml"
+    path.write_text("\n".join([
+        "[host]", 'name = "127.0.0.1"', f"port = {sshd_server.port}", f'user = "{sshd_server.username}"',
+        f'identity_file = "{stranger}"', f'known_hosts = "{sshd_server.known_hosts}"', "",
+        "[server]", 'model_path = "/m"', 'unit = "vllm"', "", "[paths]", 'work_dir = "/tmp/e3-none"', ""]))
+    res = cli("status", "--profile", str(path), "--json")
+    assert res.returncode == 3
+    status = json.loads(res.stdout)
+    assert status["host"]["reachable"] is False and "refused" in status["host"]["error"]
+    assert status["server"]["phase"] == "unknown" and status["gpus"] == []
+    assert status["service"]["manager"] == "systemd" and status["service"]["unit"] == "vllm"
+    plain = cli("status", "--profile", str(path))
+    assert plain.returncode == 3 and "UNREACHABLE" in plain.stdout
+    wait = cli("wait-ready", "--profile", str(path), "--timeout", "1")
+    assert wait.returncode == 2 and "refused" in wait.stderr
+
+
+def test_wait_ready_times_out_on_a_stopped_server(tmp_path):
+    profile = demo.prepare(tmp_path / "d")
+    res = cli("wait-ready", "--profile", profile.source, "--timeout", "1", "--interval", "0.2")
+    assert res.returncode == 2 and "timed out after 1 s; server phase stopped" in res.stderr
+
+
+async def test_wait_ready_on_tmux_reports_the_oom_root_cause(tmp_path):
+    work = tmp_path / "d"
+    profile = demo.prepare(work, speed=10)  # demo.start would rewrite the profile: start it ourselves
+    profile.server.command = [*profile.server.command, "--fault", "crash-during-load:0.3"]
+    write_profile(profile, profile.source, overwrite=True)
+    res = cli("start-server", "--profile", profile.source)
+    try:
+        assert res.returncode == 0, res.stderr
+        rc, snap = await wait_ready(profile, timeout=30, interval=0.2)
+        assert rc == 1, snap.server
+        assert "CUDA out of memory" in snap.server.error
+        out = cli("wait-ready", "--profile", profile.source, "--timeout", "10")
+        assert out.returncode == 1 and "load failed: torch.OutOfMemoryError: CUDA out of memory" in out.stderr
+    finally:
+        await demo.stop(work)
+
+
+def snapshot(**server) -> Snapshot:
+    return Snapshot(
+        host=HostInfo(name="gpu-1", reachable=True, rtt_ms=12.5),
+        service=ServiceInfo(manager="systemd", unit="vllm", active_state="active", sub_state="running",
+                            restarts=2, since="Mon 2026-11-30 05:04:29 UTC"),
+        server=ServerInfo(**server),
+        gpus=[GpuInfo(0, "NVIDIA H200", 70000, 143771, 0, 40, 120.0), GpuInfo(1, "NVIDIA H200", None, 143771)],
+        runs=[RunInfo(stage="generate", run_id="r1", state="running", done=5, total=10, failed=1)])
+
+
+def test_human_summary_while_loading():
+    text = human(snapshot(phase="loading_weights", progress=Progress(3, 8), fraction=0.375, eta_s=41.7,
+                          eta_source="gpu_memory"))
+    lines = text.splitlines()
+    assert lines[0] == "host     gpu-1: reachable (12.5 ms)"
+    assert lines[1] == "service  systemd vllm: active/running since Mon 2026-11-30 05:04:29 UTC, 2 restarts"
+    assert lines[2] == "server   loading_weights 3/8 shards 38% ETA 41 s (gpu_memory)"
+    assert "gpu 0    NVIDIA H200: 70000/143771 MiB, util 0%" in lines
+    assert "gpu 1    NVIDIA H200: memory N/A, util N/A" in lines
+    assert lines[-1] == "run      generate r1: running 5/10, 1 failed"
+
+
+def test_human_summary_on_failure():
+    text = human(snapshot(phase="failed", error="wrong model served: 'a', the profile expects 'b'"))
+    assert "server   failed" in text and "ERROR: wrong model served" in text
+
+
+def test_watch_ignores_what_changes_every_tick():
+    a = snapshot(phase="ready").to_json()
+    b = json.loads(json.dumps(a))
+    b["taken_at"], b["host"]["rtt_ms"] = 99.0, 1.0
+    assert _stable(a) == _stable(b)
+    b["server"]["phase"] = "failed"
+    assert _stable(a) != _stable(b)
