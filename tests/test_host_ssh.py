@@ -334,3 +334,32 @@ async def test_run_cut_by_drop_raises_host_disconnected(fresh_sshd):
 def test_asyncssh_is_recent_enough():
     # ssh.py relies on SSHClientConnection.is_closed() and get_server_host_key(tunnel=...).
     assert hasattr(asyncssh.SSHClientConnection, "is_closed")
+
+
+async def test_refused_forward_keeps_the_connection(sshd_server):
+    """vLLM binds only when loaded: a refused forwarded port must not drop the SSH connection."""
+    import socket
+
+    import httpx
+
+    from console.host.ssh import SshHost
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    host = SshHost(sshd_server.host, port=sshd_server.port, username=sshd_server.username,
+                   identity_file=str(sshd_server.identity_file), known_hosts=str(sshd_server.known_hosts))
+    try:
+        stream = host.stream(["sh", "-c", "echo one; sleep 3; echo two"])
+        assert await stream.__anext__() == "one"
+        async with host.forward_port(closed_port) as local:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{local}") as client:
+                for _ in range(3):
+                    try:
+                        await client.get("/health", timeout=5)
+                    except httpx.HTTPError:
+                        pass
+        assert await stream.__anext__() == "two"  # the stream survived the refusals
+        assert (await host.run(["echo", "ok"])).stdout.strip() == "ok"
+        await stream.aclose()
+    finally:
+        await host.close()

@@ -414,8 +414,18 @@ class SshHost:
         take the channel semaphore."""
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                _, (r_reader, r_writer) = await self._open(
-                    lambda c: c.open_connection("127.0.0.1", remote_port, encoding=None))
+                conn = await self._connection()
+                r_reader, r_writer = await conn.open_connection("127.0.0.1", remote_port, encoding=None)
+                self.channels_opened += 1
+            except asyncssh.ChannelOpenError:
+                # the host refused the port (vLLM binds only when loaded): the SSH connection is fine,
+                # so the journal stream and other channels must not be torn down for it
+                writer.close()
+                return
+            except _DROPPED:
+                self._mark_dead(conn)
+                writer.close()
+                return
             except (HostError, asyncssh.Error, OSError):
                 writer.close()
                 return
