@@ -78,7 +78,7 @@ class Collector:
         self._log_offset: int | None = None
         self._client: httpx.AsyncClient | None = None
         self._forward: contextlib.AbstractAsyncContextManager | None = None
-        self._recorded_ready: float | None = None
+        self._recorded_start: float | None = None
         self._baseline_mib: float | None = None
         self._unit_states: dict[str, str] = {}
         self.channels_per_refresh: int | None = None
@@ -360,11 +360,13 @@ class Collector:
     async def _remember_load(self) -> None:
         """Append a finished load to the host's history once, for the next load's ETA."""
         t = self.tracker
-        if (t.phase != "ready" or not self.http.listening or t.ready_ts is None or t.load_started_ts is None
-                or self._recorded_ready == t.ready_ts):
+        # HTTP answering ends the load even when the log's last lines have not arrived yet
+        if (not self.http.listening or self.http.health != 200 or t.load_started_ts is None
+                or self._recorded_start == t.load_started_ts):
             return
-        self._recorded_ready = t.ready_ts
-        rec = LoadRecord(model=self.profile.server.model_id, started=t.load_started_ts, ready=t.ready_ts,
+        self._recorded_start = t.load_started_ts
+        ready = t.ready_ts if t.ready_ts is not None else self.clock()
+        rec = LoadRecord(model=self.profile.server.model_id, started=t.load_started_ts, ready=ready,
                          weights_gib=t.weights_gib, weights_s=t.weights_seconds, baseline_mib=self._baseline_mib)
         if any(abs(r.ready - rec.ready) < 1 and r.model == rec.model for r in self.history):
             return
