@@ -81,7 +81,8 @@ class Collector:
         self._recorded_start: float | None = None
         self._baseline_mib: float | None = None
         self._unit_states: dict[str, str] = {}
-        self.channels_per_refresh: int | None = None
+        self._use_nvml = profile.host.transport == "local" and not profile.host.simulated
+        self.nvml_note: str | None = None
 
     # -- connection ---------------------------------------------------------------------------------
 
@@ -238,8 +239,10 @@ class Collector:
         log = None
         if self.profile.server.manager == "tmux" and self._log_offset is not None:
             log = (server_log_path(self.profile), self._log_offset)
+        if self._use_nvml:
+            self._read_nvml()
         argv, plan = build_probe(self.profile, events=events, stage_units=pending_units,
-                                 server_log=log, listen_port=self.profile.server.port)
+                                 server_log=log, listen_port=self.profile.server.port, gpus=not self._use_nvml)
         res = await self.host.run(argv, timeout=30)
         sections = split_sections(res.stdout, plan)
         # the server's last log lines before the service state: once the tracker hears "down" it
@@ -296,6 +299,17 @@ class Collector:
     def _stop_tracker_if_down(self) -> None:
         if self._down_without_cause():
             self.tracker.stop(self.clock())
+
+    def _read_nvml(self) -> None:
+        """The console runs on the GPU host: NVML directly, no nvidia-smi process per tick. Without a
+        usable NVML (no driver here, a container without the library) use the profile's command."""
+        from console.nvml import read_gpus
+        gpus, err = read_gpus()
+        if err:
+            self._use_nvml = False
+            self.nvml_note = err
+        else:
+            self.gpus, self.gpu_error = gpus, None
 
     def _apply_gpus(self, sec) -> None:
         if sec is None:

@@ -79,7 +79,7 @@ def parse_listen(text: str) -> bool | None:
 
 def build_probe(profile: Profile, *, events: Sequence[EventsRead] = (), stage_units: Sequence[str] = (),
                 server_log: tuple[str, int] | None = None, listen_port: int | None = None,
-                marker: str | None = None) -> tuple[list[str], ProbePlan]:
+                gpus: bool = True, marker: str | None = None) -> tuple[list[str], ProbePlan]:
     """Return (argv, plan). `events` asks for new bytes of each run's events.jsonl from an offset;
     `listen_port` asks whether that port listens (section `listen`)."""
     marker = marker or f"@@E3PROBE-{secrets.token_hex(6)}"
@@ -95,7 +95,8 @@ def build_probe(profile: Profile, *, events: Sequence[EventsRead] = (), stage_un
         parts.append(f"echo {shlex.quote(marker + ' ' + name)}; {{ {cmd} ; }} 2>&1; echo {shlex.quote(marker)} rc=$?")
 
     section("service", service_argv(profile))
-    section("gpus", [list(profile.gpus.command)])
+    if gpus:  # off when the console reads NVML itself (it runs on the GPU host)
+        section("gpus", [list(profile.gpus.command)])
     runs_dir = f"{profile.paths.work_dir}/runs"
     section("runs", [["find", runs_dir, "-mindepth", "2", "-maxdepth", "2", "-name", "events.jsonl",
                       "-printf", "%s %T@ %h\\n"]])
