@@ -11,25 +11,23 @@ import contextlib
 import datetime
 import re
 import time
-from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import httpx
 
-from backend.events import Event, parse_events
 from backend.profile import Profile
 from console.eta import LOADS_FILE, LoadRecord, estimate_load, last_load, parse_load_history
 from console.host.base import Host, HostError
-from console.model import GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot
+from console.model import GpuInfo, HostInfo, RunInfo, ServerInfo, ServiceInfo, Snapshot
 from console.parsers.journal import journal_follow_argv, parse_journal_json
 from console.parsers.nvidia_smi import classify_gpu_error, parse_gpu_csv
 from console.parsers.systemd import parse_systemctl_show
 from console.parsers.tmux import tmux_status
 from console.parsers.vllm_load import LoadTracker
 from console.parsers.vllm_log import split_cr
-from console.probe import (EventsRead, build_probe, parse_df, parse_listen, parse_runs_listing, split_sections,
-                           stage_unit_name)
+from console.probe import build_probe, parse_df, parse_listen, parse_runs_listing, split_sections
 from console.readiness import HttpState, check_http, deep_check, model_mismatch
+from console.runs_view import RunBook
 
 LOG_READ_MAX = 1 << 20
 JOURNAL_BACKLOG = 3000  # lines read at connect: enough for a whole load sequence
@@ -40,21 +38,6 @@ def server_log_path(profile: Profile) -> str:
     return f"{profile.paths.work_dir}/logs/{profile.server.unit}.log"
 
 
-@dataclass
-class RunTrack:
-    run_dir: str
-    run_id: str
-    offset: int = 0
-    size: int = 0
-    stage: str = ""
-    total: int = 0
-    progress: dict | None = None
-    finish: dict | None = None
-    errors: int = 0
-    started: float | None = None
-    history: list[dict] = field(default_factory=list)  # progress events kept for curves (bounded)
-
-
 class Collector:
     def __init__(self, profile: Profile, host: Host, *, readonly: bool = False, clock=time.time):
         self.profile = profile
@@ -63,7 +46,7 @@ class Collector:
         self.clock = clock
         self.tracker = LoadTracker()
         self.history: list[LoadRecord] = []
-        self.runs: dict[str, RunTrack] = {}
+        self.runbook = RunBook(profile.server.manager)
         self.host_info = HostInfo(name=profile.host.name, simulated=profile.host.simulated)
         self.service = ServiceInfo(manager=profile.server.manager, unit=profile.server.unit)  # type: ignore[arg-type]
         self.gpus: list[GpuInfo] = []
@@ -80,7 +63,6 @@ class Collector:
         self._forward: contextlib.AbstractAsyncContextManager | None = None
         self._recorded_start: float | None = None
         self._baseline_mib: float | None = None
-        self._unit_states: dict[str, str] = {}
         self._use_nvml = profile.host.transport == "local" and not profile.host.simulated
         self.nvml_note: str | None = None
 
@@ -233,9 +215,8 @@ class Collector:
         return self.snapshot()
 
     async def _probe(self) -> None:
-        events = [EventsRead(t.run_dir, t.offset) for t in self.runs.values() if t.size > t.offset]
-        pending_units = [stage_unit_name(t.stage, t.run_id) for t in self.runs.values()
-                         if t.finish is None and t.stage]
+        events = self.runbook.reads_wanted()
+        pending_units = self.runbook.pending_units()
         log = None
         if self.profile.server.manager == "tmux" and self._log_offset is not None:
             log = (server_log_path(self.profile), self._log_offset)
@@ -260,13 +241,11 @@ class Collector:
         for i, ev in enumerate(events):
             sec = sections.get(f"events:{i}")
             if sec is not None:
-                self._apply_events(self.runs[ev.run_dir], sec.text.encode())
+                self.runbook.apply_events(ev.run_dir, sec.text.encode())
         if "stage_units" in sections:
-            self._apply_stage_units(sections["stage_units"].text, pending_units)
+            self.runbook.apply_unit_states(sections["stage_units"].text, pending_units)
         if "runs" in sections:
-            for rf in parse_runs_listing(sections["runs"].text):
-                track = self.runs.setdefault(rf.run_dir, RunTrack(rf.run_dir, rf.run_id))
-                track.size = rf.size
+            self.runbook.apply_listing(parse_runs_listing(sections["runs"].text))
 
     def _apply_service(self, sec) -> None:
         if sec is None:
@@ -319,43 +298,6 @@ class Collector:
             self.gpus, self.gpu_error = [], err
         else:
             self.gpus, self.gpu_error = parse_gpu_csv(sec.text), None
-
-    def _apply_events(self, track: RunTrack, data: bytes) -> None:
-        events, consumed = parse_events(data)
-        track.offset += consumed
-        for ev in events:
-            self._apply_event(track, ev)
-
-    @staticmethod
-    def _apply_event(track: RunTrack, ev: Event) -> None:
-        track.stage = ev.stage or track.stage
-        d = dict(ev.data, ts=ev.ts, kind=ev.kind)
-        if ev.kind == "start":
-            track.total = int(ev.data.get("total") or 0)
-            track.started = ev.ts
-            track.finish = None
-        elif ev.kind == "progress":
-            track.progress = d
-            track.total = int(ev.data.get("total") or track.total)
-            track.history.append(d)
-            del track.history[:-2000]
-        elif ev.kind == "error":
-            track.errors += 1
-        elif ev.kind == "finish":
-            track.finish = d
-
-    def _apply_stage_units(self, text: str, units: list[str]) -> None:
-        if self.profile.server.manager == "systemd":
-            current: dict[str, str] = {}
-            for block in text.split("\n\n"):
-                props = dict(l.split("=", 1) for l in block.splitlines() if "=" in l)
-                if "Id" in props:
-                    current[props["Id"].removesuffix(".service")] = props.get("ActiveState", "unknown")
-            self._unit_states = current
-        else:
-            # a session whose pane is dead is a stage that exited (remain-on-exit keeps it for its status)
-            alive = {bits[0] for bits in (l.split() for l in text.splitlines()) if len(bits) == 2 and bits[1] == "0"}
-            self._unit_states = {u: ("active" if u in alive else "inactive") for u in units}
 
     async def _check_http(self) -> None:
         if self.service.active_state not in ("active", "activating", "reloading"):
@@ -453,36 +395,15 @@ class Collector:
         info.eta_source = est.source
         info.fraction = None if est.fraction is None else round(est.fraction, 4)
 
+    @property
+    def runs(self) -> dict:
+        return self.runbook.tracks
+
     def settled(self) -> bool:
-        """True once every run's events are read and every unfinished run's unit state was asked:
-        a one-shot status needs a few probes to get there (find runs, read events, ask units)."""
-        if any(t.size > t.offset for t in self.runs.values()):
-            return False
-        pending = [stage_unit_name(t.stage, t.run_id) for t in self.runs.values() if t.finish is None and t.stage]
-        return all(u in self._unit_states for u in pending)
+        return self.runbook.settled()
 
     def run_infos(self) -> list[RunInfo]:
-        out = []
-        for t in self.runs.values():
-            if not t.stage:
-                continue
-            unit = stage_unit_name(t.stage, t.run_id)
-            p = dict(t.progress or {})
-            if t.finish is not None:
-                summary = t.finish.get("summary")
-                p.update(summary if isinstance(summary, dict) else {})
-                p.update(kind="finish", status=t.finish.get("status"), ts=t.finish.get("ts"))
-                status = t.finish.get("status")
-                state = "done" if status == "completed" else ("failed" if status == "failed" else "stopped")
-            elif self._unit_states.get(unit, "active") in ("active", "activating"):
-                state = "running"
-            else:
-                state = "stale"  # no finish event and nothing running: killed, or the host rebooted
-            out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=unit,
-                               done=int(p.get("done") or 0), total=int(p.get("total") or t.total),
-                               failed=int(p.get("failed") or 0), rate=p.get("rate"), eta_s=p.get("eta_s"),
-                               last_event=p or None))
-        return out
+        return self.runbook.infos()
 
     def snapshot(self) -> Snapshot:
         return Snapshot(host=self.host_info, service=self.service, server=self.server_info(),
