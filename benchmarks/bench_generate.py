@@ -2,12 +2,17 @@
 stand-in, next to a bare aiohttp client doing the same requests (the peer baseline).
 
     python benchmarks/bench_generate.py [--samples 20000] [--concurrency 200] [--response-tokens 8192]
-                                        [--token-ids]
+                                        [--token-ids] [--peer]
 
-Both clients run as their own processes; their CPU (user + sys) and peak RSS come from wait4's rusage
-of that process alone, never the server's. A `--limit 0` run of the stage gives its fixed start-up
-cost, which is subtracted to get the per-completion figure. Targets: <= 0.5 ms CPU per completion,
-peak RSS <= 300 MB and flat (sampled over the run with psutil).
+Every client runs as its own process; its CPU (user + sys) and peak RSS come from wait4's rusage of
+that process alone, never the server's. A zero-sample run of each gives its fixed start-up cost, which
+is subtracted to get the per-completion figure. Targets: <= 0.5 ms CPU per completion, peak RSS <= 300
+MB and flat (sampled over the run with psutil).
+
+`--peer` also runs `speculators regenerate-responses` (the aiohttp-based peer) against the same
+stand-in, side by side. It always asks for token ids (and decodes them into its `text` column with
+the model's tokenizer), so compare it with `--token-ids`; the stand-in is then served under the path
+of a small word-level tokenizer built here, which the peer loads as its "model".
 """
 from __future__ import annotations
 
@@ -27,13 +32,13 @@ MODEL = "bench-model"
 
 BARE_CLIENT = r'''
 import asyncio, json, sys, aiohttp
-url, n, conc, max_tokens, ids = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+url, n, conc, max_tokens, ids, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1", sys.argv[6]
 async def main():
     queue = asyncio.Queue(maxsize=2 * conc)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc)) as session:
         async def work():
             while (i := await queue.get()) is not None:
-                body = {"model": "%s", "max_tokens": max_tokens,
+                body = {"model": model, "max_tokens": max_tokens,
                         "messages": [{"role": "user", "content": f"Question {i}: explain topic {i}."}]}
                 if ids:
                     body["return_token_ids"] = True
@@ -47,7 +52,7 @@ async def main():
             await queue.put(None)
         await asyncio.gather(*workers)
 asyncio.run(main())
-''' % MODEL
+'''
 
 
 def free_port() -> int:
@@ -96,22 +101,56 @@ def run_reaping_ourselves(argv: list[str], sample_rss: bool) -> dict[str, float]
             "wall_s": time.monotonic() - start, "rss_samples": samples}
 
 
+def canned_text_args() -> list[str]:
+    """Zero-cost canned text from the stand-in, where it can also run a real tiny model instead."""
+    config = (ROOT / "backend" / "sim" / "config.py").read_text()
+    return ["--text-backend", "canned"] if "--text-backend" in config else []
+
+
+def build_tokenizer(directory: Path) -> None:
+    """A word-level tokenizer over the stand-in's vocabulary, for the peer's detokenizer (no download)."""
+    from tokenizers import Tokenizer, models
+
+    from backend.sim.textgen import VOCAB_SIZE
+
+    vocab = {f"w{i}": i for i in range(VOCAB_SIZE)}
+    directory.mkdir(parents=True, exist_ok=True)
+    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "w0", "model_max_length": 1 << 20}))
+
+
+def peer_argv(url: str, model: str, dataset: Path, out: Path, limit: int, args: argparse.Namespace) -> list[str]:
+    speculators = Path(sys.executable).with_name("speculators")
+    return [str(speculators), "regenerate-responses", "--endpoint", url + "/v1/chat/completions",
+            "--model", model, "--dataset", str(dataset), "--limit", str(limit), "--concurrency",
+            str(args.concurrency), "--max-tokens", str(args.response_tokens), "--outfile", str(out)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=20000)
     p.add_argument("--concurrency", type=int, default=200)
     p.add_argument("--response-tokens", type=int, default=8192)
     p.add_argument("--token-ids", action="store_true", help="also ask for token ids (~2.4x bigger bodies)")
+    p.add_argument("--peer", action="store_true", help="also run speculators regenerate-responses")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = p.parse_args()
+    if args.peer and not args.token_ids:
+        print("note: the peer always asks for token ids; add --token-ids for a like-for-like comparison",
+              file=sys.stderr)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-generate-"))
+    model = MODEL
+    if args.peer:
+        model = str(tmp / "tokenizer")
+        build_tokenizer(Path(model))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "backend.sim.vllm_server", "--host", "127.0.0.1",
-                               "--port", str(port), "--model", "/models/bench", "--served-model-name", MODEL,
+                               "--port", str(port), "--model", "/models/bench", "--served-model-name", model,
                                "--load-seconds", "0", "--latency", "0", "--max-num-seqs", "1024",
-                               "--response-tokens", str(args.response_tokens)],
+                               "--response-tokens", str(args.response_tokens), *canned_text_args()],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(url, server)
@@ -122,14 +161,14 @@ def main() -> int:
                                                        f"topic {i}."}]}) + "\n")
         with urllib.request.urlopen(urllib.request.Request(
                 url + "/v1/chat/completions", method="POST", headers={"Content-Type": "application/json"},
-                data=json.dumps({"model": MODEL, "max_tokens": args.response_tokens,
+                data=json.dumps({"model": model, "max_tokens": args.response_tokens,
                                  "return_token_ids": args.token_ids,
                                  "messages": [{"role": "user", "content": "size probe"}]}).encode())) as r:
             body_bytes = len(r.read())
 
         def stage(limit: int, run_id: str) -> list[str]:
             return [sys.executable, "-m", "backend.generate", "--dataset", str(dataset), "--work-dir",
-                    str(tmp / "work"), "--run-id", run_id, "--endpoint", url, "--model", MODEL,
+                    str(tmp / "work"), "--run-id", run_id, "--endpoint", url, "--model", model,
                     "--max-tokens", str(args.response_tokens), "--concurrency", str(args.concurrency),
                     "--return-token-ids", "on" if args.token_ids else "off", "--no-token-rows",
                     "--skip-preflight", "--limit", str(limit), "--progress-interval", "5"]
@@ -138,9 +177,16 @@ def main() -> int:
         ours = run_reaping_ourselves(stage(args.samples, "bench"), sample_rss=True)
         bare = run_reaping_ourselves([sys.executable, "-c", BARE_CLIENT, url, str(args.samples),
                                       str(args.concurrency), str(args.response_tokens),
-                                      "1" if args.token_ids else "0"], sample_rss=True)
-        bare_startup = run_reaping_ourselves([sys.executable, "-c", BARE_CLIENT, url, "0", "1", "1", "0"],
+                                      "1" if args.token_ids else "0", model], sample_rss=True)
+        bare_startup = run_reaping_ourselves([sys.executable, "-c", BARE_CLIENT, url, "0", "1", "1", "0", model],
                                              sample_rss=False)
+        peer = peer_startup = None
+        if args.peer:
+            peer_startup = run_reaping_ourselves(peer_argv(url, model, dataset, tmp / "peer0.jsonl", 0, args),
+                                                 sample_rss=False)
+            peer = run_reaping_ourselves(peer_argv(url, model, dataset, tmp / "peer.jsonl", args.samples, args),
+                                         sample_rss=True)
+            peer_bytes = (tmp / "peer.jsonl").stat().st_size
         out_bytes = (tmp / "work" / "runs" / "bench" / "output.jsonl").stat().st_size
     finally:
         server.kill()
@@ -165,6 +211,13 @@ def main() -> int:
         "bare_wall_s": round(bare["wall_s"], 2),
         "targets": {"cpu_ms_per_completion": 0.5, "peak_rss_mb": 300},
     }
+    if peer is not None and peer_startup is not None:
+        peer_ms = 1000 * (peer["cpu_s"] - peer_startup["cpu_s"]) / n
+        figures.update({"peer_regenerate_responses_cpu_ms_per_completion": round(peer_ms, 3),
+                        "ratio_stage_to_peer": round(ours_ms / peer_ms, 2) if peer_ms > 0 else None,
+                        "peer_startup_cpu_s": round(peer_startup["cpu_s"], 3),
+                        "peer_peak_rss_mb": round(peer["peak_rss_mb"], 1), "peer_wall_s": round(peer["wall_s"], 2),
+                        "peer_output_bytes_per_record": round(peer_bytes / n)})
     figures["meets_targets"] = ours_ms <= 0.5 and ours["peak_rss_mb"] <= 300
     if args.json:
         print(json.dumps(figures, indent=2))

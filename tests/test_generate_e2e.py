@@ -131,9 +131,10 @@ def test_every_reasoning_field_captured_and_wrapped(standin, tmp_path, field, ve
     assert len(recs) == good
     for rec in recs:
         assert rec["reasoning"] and rec["reasoning_captured"]
-        assert rec["assistant"] == "<think>" + rec["reasoning"] + "</think>" + rec["content"]
-        assert rec["conversations"][-1]["reasoning_content"] == rec["reasoning"]
-        assert rec["prompt"] == [{"role": "user", "content": rec["source"]["conversations"][0]["value"]}]
+        assert rec["conversations"][-1] == {"role": "assistant", "content": "<think>" + rec["reasoning"] + "</think>"
+                                            + rec["content"]}
+        assert rec["conversations"][:-1] == [{"role": "user",
+                                              "content": rec["source"]["conversations"][0]["value"]}]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["reasoning_captured"] == good
     assert summary["skipped_by_reason"] == {"invalid_json": 1, "empty_conversation": 1, "no_user_turn": 1,

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from backend.generate.records import (ResponseError, assistant_text, build_record, dumps_line,
-                                      parse_completion, token_row)
+from backend.generate.records import (ResponseError, assistant_text, assistant_turn, build_record, dumps_line,
+                                      parse_completion, prompt_turns, token_row)
 
 
 def _body(message, finish="stop", **extra):
@@ -34,9 +34,9 @@ def test_truncated_inside_thinking():
     rec = build_record(sample_id="s", index=0, model="m", prompt=[{"role": "user", "content": "q"}],
                        completion=done, source={"k": 1})
     assert rec["truncated"] is True and rec["finish_reason"] == "length"
-    assert rec["assistant"] == "<think>still thinking</think>"
-    assert rec["conversations"][-1] == {"role": "assistant", "content": "",
-                                        "reasoning_content": "still thinking"}
+    assert assistant_turn(rec) == "<think>still thinking</think>"
+    assert rec["conversations"][-1] == {"role": "assistant", "content": "<think>still thinking</think>"}
+    assert rec["reasoning"] == "still thinking" and rec["content"] is None
 
 
 def test_think_wrapping_is_exact():
@@ -75,6 +75,28 @@ def test_record_line_is_one_json_line_and_prepare_data_shaped():
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     rec = json.loads(line)
     assert list(rec)[0] == "id"
-    assert rec["conversations"][:2] == prompt
-    assert rec["conversations"][2]["role"] == "assistant"
+    assert rec["conversations"][:2] == prompt == prompt_turns(rec)
+    assert rec["conversations"][2] == {"role": "assistant", "content": "<think>é</think>a\nb"}
+    assert rec["reasoning"] == "é" and rec["content"] == "a\nb"
     assert rec["source"] == {"big": 2**70}  # falls back to the stdlib for ints orjson cannot hold
+
+
+def test_generated_text_is_stored_twice_not_more():
+    # the text is ~all of a record's bytes: reasoning + content, and the wrapped assistant turn only
+    reasoning, content = "R" * 5000, "C" * 3000
+    done = parse_completion(_body({"content": content, "reasoning": reasoning}))
+    line = dumps_line(build_record(sample_id="s", index=0, model="m", prompt=[{"role": "user", "content": "q"}],
+                                   completion=done, source={"conversations": [{"from": "human", "value": "q"}]}))
+    assert line.count(b"R" * 5000) == 2 and line.count(b"C" * 3000) == 2
+    assert len(line) < 2 * (5000 + 3000) + 600
+
+
+def test_prepare_data_reads_the_conversation_as_is():
+    # what prepare-data's normaliser keeps of a turn: role/from, content/value, thinking/reasoning_content
+    done = parse_completion(_body({"content": "4", "reasoning": "two plus two"}))
+    rec = json.loads(dumps_line(build_record(sample_id="s", index=0, model="m",
+                                             prompt=[{"role": "user", "content": "2+2?"}], completion=done,
+                                             source={})))
+    turns = [(t.get("from", t.get("role")), t.get("value") or t.get("content")) for t in rec["conversations"]]
+    assert turns == [("user", "2+2?"), ("assistant", "<think>two plus two</think>4")]
+    assert "input_ids" not in rec and "loss_mask" not in rec  # else prepare-data takes the pre-tokenized path

@@ -62,15 +62,15 @@ async def test_write_failure_restores_file(tmp_path, monkeypatch):
     await writer.flush()
     before = path.read_bytes()
     real_write = os.write
-    calls = {"n": 0}
 
-    def half_then_enospc(fd, data):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            return real_write(fd, bytes(data[:7]))  # a partial write, as a filling disk does
+    def short_writev(fd, bufs):
+        return real_write(fd, bytes(bufs[0][:7]))  # a partial write, as a filling disk does
+
+    def enospc(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(w.os, "write", half_then_enospc)
+    monkeypatch.setattr(w.os, "writev", short_writev)
+    monkeypatch.setattr(w.os, "write", enospc)
     writer.append(_rec(2))
     writer.append(_rec(3))
     with pytest.raises(w.WriteFailed) as info:
@@ -80,3 +80,40 @@ async def test_write_failure_restores_file(tmp_path, monkeypatch):
     assert path.read_bytes() == before  # no torn line left behind
     assert writer.pending == 0
     writer.close()
+
+
+async def test_batch_over_iov_max_and_fsync_failure(tmp_path, monkeypatch):
+    path = tmp_path / "out.jsonl"
+    writer = w.DurableWriter(str(path), flush_every=10_000)
+    for i in range(w.IOV_MAX * 2 + 5):  # more lines than one writev takes
+        writer.append(_rec(i), i)
+    assert len(await writer.flush()) == w.IOV_MAX * 2 + 5
+    assert w.scan_output(str(path)).records == w.IOV_MAX * 2 + 5
+    before = path.read_bytes()
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(w.os, "fsync", eio)
+    writer.append(_rec(99_999))
+    with pytest.raises(w.WriteFailed) as info:
+        await writer.flush()
+    monkeypatch.undo()
+    assert not info.value.disk_full and "fsync failed" in str(info.value)
+    assert path.read_bytes() == before and writer.durable_size == len(before)
+    writer.close()
+
+
+async def test_cancelled_flush_still_completes_its_batch(tmp_path):
+    import asyncio
+
+    path = tmp_path / "out.jsonl"
+    writer = w.DurableWriter(str(path), flush_every=100)
+    writer.append(_rec(1))
+    task = asyncio.ensure_future(writer.flush())
+    await asyncio.sleep(0)  # the batch is taken and handed to the thread
+    task.cancel()
+    writer.append(_rec(2))
+    assert writer.flush_sync() is not None
+    writer.close()  # waits for the cancelled flush's thread
+    assert w.scan_output(str(path)).done_ids == {"s1", "s2"}

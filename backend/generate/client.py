@@ -143,6 +143,8 @@ class ChatClient:
         self.gate: ServerGate | None = None
         self._alive_probe: asyncio.Future[int | None] | None = None
         self.chat_url = settings.base_url.rstrip("/") + "/v1/chat/completions"
+        self._chat_timeout = aiohttp.ClientTimeout(total=settings.request_timeout,
+                                                   sock_connect=settings.connect_timeout)
 
     async def __aenter__(self) -> "ChatClient":
         headers = {"Content-Type": "application/json"}
@@ -193,8 +195,8 @@ class ChatClient:
         return self.session
 
     async def post_once(self, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
-        t = aiohttp.ClientTimeout(total=timeout or self.settings.request_timeout,
-                                  sock_connect=self.settings.connect_timeout)
+        t = self._chat_timeout if timeout is None else aiohttp.ClientTimeout(
+            total=timeout, sock_connect=self.settings.connect_timeout)
         async with self._session().post(self.chat_url, data=body, timeout=t) as resp:
             return resp.status, await resp.read()
 

@@ -1,10 +1,14 @@
 """One completed sample: the chat-completion response parsed into the output record.
 
-The output line doubles as the input `speculators prepare-data` accepts: it has a `conversations`
-column (prompt turns + the assistant turn, with its reasoning as `reasoning_content`, the key
-prepare-data's normaliser reads). prepare-data drops every other column, so the extra keys ride along.
-With token ids returned, `token_row` gives the pre-tokenized form (`input_ids` + `loss_mask`) that
-prepare-data passes through without a render endpoint.
+The generated text is stored twice and no more (it is ~all of a record's bytes, and writing it is
+most of the stage's CPU): `reasoning` and `content` as the server returned them, and the assistant
+turn as the model produced it (`<think>` + reasoning + `</think>` + content) as the last turn of
+`conversations`. `conversations` (prompt turns, then that assistant turn) is the column `speculators
+prepare-data` reads (it normalises `role`/`content` turns and drops every other column), so the output
+file is its `--data` as is; chat templates that know reasoning (Qwen3 style) split the `<think>` block
+off the content themselves, and the rest see the text the model emitted. The prompt turns are
+`conversations[:-1]`. With token ids returned, `token_row` gives the pre-tokenized form (`input_ids` +
+`loss_mask`) that prepare-data passes through without a render endpoint.
 """
 from __future__ import annotations
 
@@ -29,10 +33,14 @@ def loads(data: bytes | str) -> Any:
     return _orjson.loads(data) if _orjson is not None else json.loads(data)
 
 
+_LINE = _orjson.OPT_APPEND_NEWLINE if _orjson is not None else 0
+
+
 def dumps_line(obj: Any) -> bytes:
     if _orjson is not None:
         try:
-            return _orjson.dumps(obj) + b"\n"
+            # orjson appends the newline itself: no second copy of an ~80 KB line
+            return _orjson.dumps(obj, option=_LINE)
         except TypeError:  # e.g. an int over 64 bits in a source row: the stdlib copes
             pass
     return (json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode()
@@ -107,31 +115,34 @@ def assistant_text(reasoning: str | None, content: str | None) -> str:
 
 def build_record(*, sample_id: str, index: int, model: str, prompt: list[dict[str, str]],
                  completion: Completion, source: Any) -> dict[str, Any]:
-    truncated = completion.finish_reason == "length"
-    assistant: dict[str, Any] = {"role": "assistant", "content": completion.content or ""}
-    if completion.reasoning:
-        assistant["reasoning_content"] = completion.reasoning
+    assistant = {"role": "assistant", "content": assistant_text(completion.reasoning, completion.content)}
     # Key order matters: id first keeps records greppable and cheap to index on resume.
-    record: dict[str, Any] = {
+    return {
         "id": sample_id,
         "index": index,
         "model": model,
         "finish_reason": completion.finish_reason,
-        "truncated": truncated,
+        "truncated": completion.finish_reason == "length",
         "reasoning_captured": bool(completion.reasoning),
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens,
         "reasoning_tokens": completion.reasoning_tokens,
-        "prompt": prompt,
         "reasoning": completion.reasoning,
         "content": completion.content,
-        "assistant": assistant_text(completion.reasoning, completion.content),
         "conversations": [*prompt, assistant],
         "prompt_token_ids": completion.prompt_token_ids,
         "token_ids": completion.token_ids,
         "source": source,
     }
-    return record
+
+
+def prompt_turns(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return record["conversations"][:-1]
+
+
+def assistant_turn(record: dict[str, Any]) -> str:
+    """The assistant turn as the model saw it (the last turn of `conversations`)."""
+    return record["conversations"][-1]["content"]
 
 
 def token_row(record: dict[str, Any]) -> dict[str, Any] | None:
