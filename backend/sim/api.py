@@ -1,6 +1,7 @@
 """The stand-in's HTTP surface (aiohttp.web), shaped like vLLM's OpenAI server; see vllm-surface.md.
 
-Simulated-only extra: `GET/POST /_sim/fault` (see faults.py). Everything here is cheap on purpose: a
+Simulated-only extras: `GET/POST /_sim/fault` (see faults.py) and `GET /_sim/info` (which text backend
+serves: {"simulated": true, "text_backend": "canned"|"tinylm", "model_dir": path or null, ...}). Everything here is cheap on purpose: a
 benchmark pushes tens of thousands of long completions through it at high concurrency.
 """
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from backend.sim import chat, loadlog, textgen
+from backend.sim import chat, loadlog
 from backend.sim.config import SimConfig
 from backend.sim.faults import FaultError
 from backend.sim.loadlog import LogSink
 from backend.sim.metrics import ServerMetrics
+from backend.sim.textbackend import CannedText, Resolved
+from backend.sim.tinylm_text import SamplingError, sampling_from
 
 
 class ApiError(Exception):
@@ -28,8 +31,12 @@ class ApiError(Exception):
 
 
 class SimApi:
-    def __init__(self, cfg: SimConfig, sink: LogSink, kv_tokens: int):
+    def __init__(self, cfg: SimConfig, sink: LogSink, kv_tokens: int, text: Resolved | None = None):
         self.cfg = cfg
+        self.resolved = text or Resolved(CannedText(cfg.response_tokens), "canned", "")
+        self.text = self.resolved.backend
+        # a real model cannot go past its trained context, whatever --max-model-len says
+        self.context_limit = min(cfg.max_model_len, self.text.max_model_len or cfg.max_model_len)
         self.traits = cfg.traits()
         self.sink = sink
         self.faults = cfg.faults
@@ -59,6 +66,7 @@ class SimApi:
         r.add_post("/tokenize", self._guard(self.tokenize))
         r.add_get("/_sim/fault", self.fault_get)
         r.add_post("/_sim/fault", self.fault_post)
+        r.add_get("/_sim/info", lambda _: web.json_response(self.resolved.info()))
         return app
 
     @web.middleware
@@ -131,7 +139,7 @@ class SimApi:
         return model
 
     def _max_tokens(self, body: dict[str, Any], prompt_len: int, default: int | None) -> int:
-        limit = self.cfg.max_model_len
+        limit = self.context_limit
         if prompt_len >= limit:
             raise ApiError(400, "BadRequestError", f"This model's maximum context length is {limit} tokens. "
                            f"However, your request has {prompt_len} input tokens. Please reduce the length of "
@@ -146,6 +154,12 @@ class SimApi:
                            f"This model's maximum context length is {limit} tokens and your request has "
                            f"{prompt_len} input tokens ({raw} > {limit} - {prompt_len}).", "max_tokens")
         return raw
+
+    def _sampling(self, body: dict[str, Any]) -> Any:
+        try:
+            return sampling_from(body)
+        except SamplingError as exc:
+            raise ApiError(400, "BadRequestError", str(exc), exc.param) from None
 
     async def _before_generation(self) -> None:
         f = self.faults
@@ -173,7 +187,8 @@ class SimApi:
         self.on_die()
 
     # ---- generation ------------------------------------------------------------------------------
-    def _chat_prompt(self, body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool, list[int]]:
+    def _chat_prompt(self, body: dict[str, Any], *, generation_prompt: bool = True
+                     ) -> tuple[list[dict[str, Any]], bool, list[int]]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "BadRequestError", "messages must be a non-empty list of message objects", "messages")
@@ -182,20 +197,23 @@ class SimApi:
             raise ApiError(400, "BadRequestError", "chat_template_kwargs must be an object", "chat_template_kwargs")
         thinking = bool(kwargs.get("thinking", kwargs.get("enable_thinking", True)))
         try:
-            prompt_ids = textgen.encode(textgen.render_chat(messages, thinking=thinking))
+            prompt_ids = self.text.chat_prompt(messages, thinking=thinking, add_generation_prompt=generation_prompt)
         except ValueError as exc:
             raise ApiError(400, "BadRequestError", str(exc), "messages") from None
         return messages, thinking, prompt_ids
 
     async def render(self, _: web.Request, body: dict[str, Any]) -> web.Response:
         self._check_model(body)
-        return web.json_response({"token_ids": self._chat_prompt(body)[2]})
+        add = body.get("add_generation_prompt", True)
+        if not isinstance(add, bool):
+            raise ApiError(400, "BadRequestError", "add_generation_prompt must be a boolean", "add_generation_prompt")
+        return web.json_response({"token_ids": self._chat_prompt(body, generation_prompt=add)[2]})
 
     async def tokenize(self, _: web.Request, body: dict[str, Any]) -> web.Response:
         if "messages" in body:
             ids = self._chat_prompt(body)[2]
         elif isinstance(body.get("prompt"), str):
-            ids = textgen.encode(body["prompt"])
+            ids = self.text.encode(body["prompt"])
         else:
             raise ApiError(400, "BadRequestError", "give either prompt (string) or messages", "prompt")
         return web.json_response({"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids,
@@ -207,11 +225,9 @@ class SimApi:
             raise ApiError(400, "BadRequestError", "the stand-in supports only n=1", "n")
         messages, thinking, prompt_ids = self._chat_prompt(body)
         max_tokens = self._max_tokens(body, len(prompt_ids), None)
+        sampling = self._sampling(body)
         await self._before_generation()
-        seed = textgen.seed_of([messages, thinking])
-        reasoning, answer = textgen.generate(seed, textgen.last_user_text(messages), thinking=thinking,
-                                             response_tokens=self.cfg.response_tokens)
-        out = chat.build_output(reasoning, answer, thinking=thinking, max_tokens=max_tokens)
+        out = await self.text.chat(messages, prompt_ids, thinking=thinking, max_tokens=max_tokens, sampling=sampling)
         with_ids = bool(body.get("return_token_ids"))
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         usage = chat.usage(len(prompt_ids), out, reasoning_detail=self.traits.reasoning_tokens_detail)
@@ -237,22 +253,21 @@ class SimApi:
         model = self._check_model(body)
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            prompt_ids = textgen.encode(prompt)
+            prompt_ids = self.text.encode(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool)
                                                          for i in prompt):
-            bad = [i for i in prompt if not 0 <= i < textgen.VOCAB_SIZE]
+            bad = [i for i in prompt if not 0 <= i < self.text.vocab_size]
             if bad:
                 raise ApiError(400, "BadRequestError", f"token id {bad[0]} is out of vocabulary "
-                               f"(0..{textgen.VOCAB_SIZE - 1})", "prompt")
+                               f"(0..{self.text.vocab_size - 1})", "prompt")
             prompt_ids = list(prompt)
         else:
             raise ApiError(400, "BadRequestError", "prompt must be a string or a non-empty list of token ids "
                            "(batched prompts are not supported by the stand-in)", "prompt")
         max_tokens = self._max_tokens(body, len(prompt_ids), 16)  # vLLM's default for /v1/completions
+        sampling = self._sampling(body)
         await self._before_generation()
-        _, answer = textgen.generate(textgen.seed_of(prompt_ids), "", thinking=False,
-                                     response_tokens=self.cfg.response_tokens)
-        out = chat.build_output(textgen.Segment([], []), answer, thinking=False, max_tokens=max_tokens)
+        out = await self.text.complete(prompt_ids, max_tokens=max_tokens, sampling=sampling)
         with_ids = bool(body.get("return_token_ids"))
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         usage = chat.usage(len(prompt_ids), out, reasoning_detail=False)

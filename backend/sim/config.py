@@ -41,6 +41,7 @@ class SimConfig:
     stream_tokens_per_chunk: int | None = None
     max_num_seqs: int = 256
     access_log: bool = False
+    text_backend: str = "canned"
     faults: Faults = field(default_factory=Faults)
 
     @property
@@ -96,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--stream-tokens-per-chunk", type=int)
     a("--max-num-seqs", type=int, default=256)
     a("--access-log", action="store_true", help="uvicorn-style access lines (off: the benchmark is loud)")
+    a("--text-backend", choices=("canned", "tinylm", "auto"), default="canned",
+      help="canned: instant canned text (default); tinylm: a tiny local model built at first use (needs torch, "
+           "transformers, tokenizers); auto: tinylm when those import, else canned")
     a("--fault", action="append", default=[], metavar="KIND[:VALUE]")
     # accepted for command-line compatibility with `vllm serve`, no effect here
     a("--trust-remote-code", action="store_true")
@@ -148,7 +152,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         log_file=ns.log_file, stats_interval=ns.stats_interval, response_tokens=ns.response_tokens,
         latency=ns.latency, latency_per_token=ns.latency_per_token,
         stream_tokens_per_chunk=ns.stream_tokens_per_chunk, max_num_seqs=ns.max_num_seqs,
-        access_log=ns.access_log, faults=faults)
+        access_log=ns.access_log, text_backend=ns.text_backend, faults=faults)
     try:
         cfg.traits()
     except ValueError as exc:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from backend.sim import loadlog
+from backend.sim import loadlog, tinylm
 from backend.sim.config import SimConfig
 from backend.sim.gpu_state import GpuState, write_state
 from backend.sim.loadlog import API, ENGINE, WORKER, LogSink
+from backend.sim.textbackend import Resolved, TextBackendError
 
 CONTEXT_GIB = 0.5  # CUDA context + NCCL buffers before any weight
 ACTIVATION_GIB = 3.0  # peak activations vLLM reserves when profiling
@@ -30,10 +31,13 @@ class LoadFailed(Exception):
 
 
 class Loader:
-    def __init__(self, cfg: SimConfig, sink: LogSink, gpus: GpuState):
+    def __init__(self, cfg: SimConfig, sink: LogSink, gpus: GpuState,
+                 text: "asyncio.Future[Resolved] | None" = None):
         self.cfg = cfg
         self.sink = sink
         self.gpus = gpus
+        self.text = text
+        self.resolved: Resolved | None = None
         self.total_gib = cfg.gpu_total_mib / 1024
         self.used_gib = 0.0
         self.kv_tokens = 0
@@ -78,6 +82,7 @@ class Loader:
         await self._pause(0.01)
         sink.line(WORKER, "gpu_model_runner.py:2602", f"Starting to load model {cfg.model}...")
         await self._weights()
+        await self._text_backend()
         weights_s = time.monotonic() - started
         sink.line(WORKER, "default_loader.py:267", f"Loading weights took {weights_s:.2f} seconds")
         if cfg.drafter:
@@ -108,6 +113,25 @@ class Loader:
         sink.uvicorn(f"Started server process [{sink.pids[API]}]")
         sink.uvicorn("Waiting for application startup.")
         sink.uvicorn("Application startup complete.")
+
+    async def _text_backend(self) -> None:
+        """Wait for the text backend (the tiny model's first build can outlast the simulated load) and
+        say which one serves: the only SIMULATED line in the log, after the weights bar so no other
+        line lands inside it."""
+        if self.text is None:
+            return
+        if not self.text.done():
+            self.sink.line(WORKER, "sim_text.py:1", "SIMULATED text backend: waiting for the tiny verifier "
+                           f"(the first use builds it under {tinylm.cache_root()})")
+        try:
+            self.resolved = await self.text
+        except Exception as exc:  # an explicit tinylm that cannot run, or a broken build
+            why = str(exc) if isinstance(exc, TextBackendError) else f"{type(exc).__name__}: {exc}"
+            self.sink.line(WORKER, "sim_text.py:1", f"SIMULATED text backend failed: {why}", "ERROR")
+            self.sink.line(ENGINE, "core.py:708", "EngineCore failed to start.", "ERROR")
+            loadlog.engine_init_failed(self.sink)
+            raise LoadFailed("text backend") from None
+        self.sink.line(WORKER, "sim_text.py:1", self.resolved.log_line())
 
     async def _weights(self) -> None:
         cfg, sink = self.cfg, self.sink

@@ -61,7 +61,7 @@ def message_text(content: Any) -> str:
     raise ValueError(f"message content must be a string or a list of parts, not {type(content).__name__}")
 
 
-def render_chat(messages: list[dict[str, Any]], *, thinking: bool = True) -> str:
+def render_chat(messages: list[dict[str, Any]], *, thinking: bool = True, add_generation_prompt: bool = True) -> str:
     """A Kimi-style chat template: role markers, then the generation prompt (thinking on or off)."""
     out = []
     for msg in messages:
@@ -69,9 +69,10 @@ def render_chat(messages: list[dict[str, Any]], *, thinking: bool = True) -> str
         marker = {"system": "<|im_system|>", "user": "<|im_user|>", "assistant": "<|im_assistant|>"}.get(
             role, "<|im_user|>")
         out.append(f"{marker}{role}<|im_middle|>{message_text(msg.get('content'))}<|im_end|>")
-    out.append("<|im_assistant|>assistant<|im_middle|>")
-    if not thinking:
-        out.append("<think></think>")
+    if add_generation_prompt:
+        out.append("<|im_assistant|>assistant<|im_middle|>")
+        if not thinking:
+            out.append("<think></think>")
     return "".join(out)
 
 

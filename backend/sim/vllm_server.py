@@ -24,6 +24,7 @@ from backend.sim.config import SimConfig, parse_args
 from backend.sim.gpu_state import GpuState, write_state
 from backend.sim.loading import Loader, LoadFailed
 from backend.sim.loadlog import API, LogSink
+from backend.sim.textbackend import start_resolve
 
 BUSY_AT = 32  # running requests at which the simulated GPUs read 100 % busy
 
@@ -84,7 +85,8 @@ class Server:
             loadlog.address_in_use(sink, cfg.host, cfg.port)
             return 1
         self._write_gpus()
-        loader = Loader(cfg, sink, self.gpus)
+        text = start_resolve(cfg.text_backend, response_tokens=cfg.response_tokens)
+        loader = Loader(cfg, sink, self.gpus, text)
         load = asyncio.create_task(loader.run())
         stopper = asyncio.create_task(self.stop.wait())
         await asyncio.wait({load, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -100,7 +102,7 @@ class Server:
         except LoadFailed:
             sock.close()
             return 1
-        api = SimApi(cfg, sink, loader.kv_tokens)
+        api = SimApi(cfg, sink, loader.kv_tokens, loader.resolved)
         runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
         await runner.setup()
         try:
