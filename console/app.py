@@ -18,13 +18,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer
 
 from console.controller import STAGES, ActionResult, Controller, JournalLine
-from console.keys import MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
+from console.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
 from console.model import Snapshot
 from console.panes.command_log import CommandLogPane
 from console.panes.generation import GenerationPane
 from console.panes.gpus import GpusPane
 from console.panes.header import ConnectionBanner, HeaderPane
-from console.panes.journal import JournalPane
+from console.panes.journal import JournalPane, LineBatcher
 from console.panes.messages import (ActionDone, FilterClosed, JournalCommand, JournalLines, JournalUnit,
                                     SnapshotUpdated, StageSelected, StreamProblem)
 from console.panes.notices import transitions
@@ -36,6 +36,8 @@ from console.screens.confirm import ConfirmScreen
 from console.screens.help import HelpScreen
 
 RETRY_S = 2.0
+TABLE_ACTIONS = frozenset(spec.action for spec in KEYS)
+JOURNAL_BATCH_S = 0.5  # a busy journal is drawn at most twice a second
 
 
 class ConsoleApp(App[None]):
@@ -127,16 +129,20 @@ class ConsoleApp(App[None]):
     @work(exclusive=True, group="journal", exit_on_error=False)
     async def _follow_journal(self, unit: str) -> None:
         pane = self.query_one(JournalPane)
-        while True:
-            try:
-                async for line in self.controller.journal(unit):
-                    pane.post_message(JournalLines([line]))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                note = JournalLine(f"[console] log stream failed: {type(exc).__name__}: {exc}; retrying", unit)
-                pane.post_message(JournalLines([note]))
-            await asyncio.sleep(RETRY_S)
+        batcher = LineBatcher(lambda lines: pane.post_message(JournalLines(lines)), JOURNAL_BATCH_S)
+        try:
+            while True:
+                try:
+                    async for line in self.controller.journal(unit):
+                        batcher.add(line)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    batcher.add(JournalLine(f"[console] log stream failed: {type(exc).__name__}: {exc}; "
+                                            "retrying", unit))
+                await asyncio.sleep(RETRY_S)
+        finally:
+            batcher.cancel()  # lines of a unit no longer followed must not reach the pane
 
     # -- selection and view keys -----------------------------------------------------------------
 
@@ -191,8 +197,8 @@ class ConsoleApp(App[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if self.readonly and action in MUTATING_ACTIONS:
             return False  # absent from the footer, and the key does nothing
-        if isinstance(self.screen, ModalScreen) and action != "help":
-            return False  # no second dialog stacked on a confirmation
+        if isinstance(self.screen, ModalScreen) and action in TABLE_ACTIONS and action != "help":
+            return False  # no second dialog stacked on a confirmation (Tab must still move focus)
         return True
 
     def _refused(self, action: str) -> bool:

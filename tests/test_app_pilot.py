@@ -34,6 +34,16 @@ async def actions_done(app: ConsoleApp, pilot, count: int = 1) -> None:
     await pilot.pause()
 
 
+async def wait_for(pilot, condition, timeout: float = 3.0) -> None:
+    """Pause until `condition()` holds (journal lines arrive in batches every 0.25 s)."""
+    for _ in range(int(timeout / 0.02)):
+        if condition():
+            break
+        await pilot.pause(0.02)
+    await pilot.pause()
+    assert condition()
+
+
 async def select(pilot, stage_index: int) -> None:
     for _ in range(stage_index):
         await pilot.press("j")
@@ -149,13 +159,12 @@ async def test_journal_follows_server_then_selected_stage_log():
     fake = FakeController([snap], journal={SERVER_UNIT: ["a", "b"], stage_unit("generate"): ["g1"]})
     app, _ = make_app(fake)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.1)
         journal = app.query_one(JournalPane)
+        await wait_for(pilot, lambda: len(journal.buffer) == 2)
         assert journal.unit == SERVER_UNIT and [l.text for l in journal.buffer] == ["a", "b"]
         await select(pilot, 1)
         await pilot.press("l")
-        await pilot.pause(0.1)
-        assert journal.unit == stage_unit("generate")
+        await wait_for(pilot, lambda: journal.unit == stage_unit("generate") and len(journal.buffer) == 1)
         assert [l.text for l in journal.buffer] == ["g1"]
         assert fake.journal_units == [SERVER_UNIT, stage_unit("generate")]
 
@@ -164,8 +173,8 @@ async def test_journal_filter_pause_and_new_lines():
     fake = FakeController([base_snapshot()], journal={SERVER_UNIT: [f"INFO {i}" for i in range(5)] + ["ERROR x"]})
     app, _ = make_app(fake)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.1)
         journal = app.query_one(JournalPane)
+        await wait_for(pilot, lambda: len(journal.buffer) == 6)
         await pilot.press("slash")
         await pilot.pause()
         assert isinstance(app.focused, Input)
@@ -178,7 +187,7 @@ async def test_journal_filter_pause_and_new_lines():
         assert journal.paused
         fake.push_line(SERVER_UNIT, "ERROR y")
         fake.push_line(SERVER_UNIT, "INFO z")
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: len(journal.buffer) == 8)
         assert journal.new_lines == 1 and journal.shown == 1
         await pilot.press("f")
         await pilot.pause()
@@ -189,14 +198,14 @@ async def test_journal_does_not_jump_when_scrolled_up():
     fake = FakeController([base_snapshot()], journal={SERVER_UNIT: [f"line {i}" for i in range(200)]})
     app, _ = make_app(fake)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.2)
         journal = app.query_one(JournalPane)
+        await wait_for(pilot, lambda: len(journal.buffer) == 200)
         view = journal.log_view
-        assert view.is_vertical_scroll_end
+        assert view.is_vertical_scroll_end and view.scroll_y > 0
         view.scroll_home(animate=False)
         await pilot.pause()
         fake.push_line(SERVER_UNIT, "later")
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: len(journal.buffer) == 201)
         assert view.scroll_y == 0 and journal.new_lines == 1
         view.scroll_end(animate=False)
         await pilot.pause(0.1)
@@ -210,8 +219,8 @@ async def test_journal_ring_buffer_is_bounded():
         journal = app.query_one(JournalPane)
         for i in range(5200):
             fake.push_line(SERVER_UNIT, f"l{i}")
-        await pilot.pause(0.5)
-        assert len(journal.buffer) == 5000 and journal.buffer[-1].text == "l5199"
+        await wait_for(pilot, lambda: journal.buffer and journal.buffer[-1].text == "l5199")
+        assert len(journal.buffer) == 5000 and journal.log_view.line_count == 5000
 
 
 async def test_malformed_snapshots_are_contained():

@@ -23,7 +23,7 @@ def test_bar_eighths(frac, width, expected):
 
 
 def test_level_colour_thresholds():
-    assert [level_colour(f) for f in (0.05, 0.5, 0.85, None)] == ["green", "yellow", "red", "grey50"]
+    assert [level_colour(f) for f in (0.05, 0.5, 0.85, None)] == ["green", "yellow", "red", "dim"]
 
 
 def test_sparkline_scales_and_pads():
@@ -55,7 +55,7 @@ def test_stage_rows_from_snapshot():
                  RunInfo("train", "t1", "failed", "eagle3-train.service")]
     rows = {r.stage: r for r in stage_rows(snap)}
     assert rows["serve"].state == "running" and rows["serve"].unit == "eagle3-vllm.service"
-    assert rows["generate"].state == "running" and rows["generate"].detail == "1200/5000"
+    assert rows["generate"].state == "running" and rows["generate"].detail == "24%"
     assert rows["train"].state == "failed"  # newest run
     assert rows["extract"].state == "idle" and rows["extract"].unit is None
     assert stage_rows(base_snapshot(phase="failed"))[0].state == "failed"

@@ -39,7 +39,7 @@ async def settle(pilot) -> None:
     await pilot.pause(0.2)
 
 
-def training_history(n: int = 40):
+def training_history(n: int = 41):  # 41: the last point falls on a plot redraw (every 5 s)
     """Successive training snapshots so the pane has a curve (it keeps history itself)."""
     snaps = []
     for i in range(1, n + 1):

@@ -21,8 +21,11 @@ class Text(Static):
 
     def show(self, markup: str) -> None:
         if markup != self._markup:
+            # A relayout of the whole screen costs far more than repainting one widget: only ask for
+            # one when the height can change (every Text here spans its container's width).
+            layout = markup.count("\n") != self._markup.count("\n") or not markup or not self._markup
             self._markup = markup
-            self.update(markup)
+            self.update(markup, layout=layout)
 
     @property
     def markup_text(self) -> str:

@@ -23,7 +23,7 @@ def bar(fraction: float | None, width: int) -> str:
 def level_colour(fraction: float | None, low: float = 0.10, high: float = 0.80) -> str:
     """Green below `low`, yellow up to `high`, red above: the thresholds nvitop uses for memory."""
     if fraction is None:
-        return "grey50"
+        return "dim"
     if fraction < low:
         return "green"
     if fraction < high:

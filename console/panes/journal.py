@@ -1,20 +1,58 @@
 """Live tail of one unit's log: follows only at the bottom, `/` filter, pause, bounded ring buffer."""
 from __future__ import annotations
 
+import asyncio
 from collections import deque
+from typing import Callable
 
-from rich.text import Text as RichText
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.markup import escape
-from textual.widgets import Input, RichLog
+from textual.widgets import Input
 
 from console.controller import JournalLine
 from console.panes.base import Text
+from console.panes.tail_view import TailView
 from console.panes.messages import FilterClosed, JournalCommand, JournalLines, JournalUnit
 
 MAX_LINES = 5000
+
+
+class LineBatcher:
+    """Hands lines on in batches: the first line after a quiet spell at once, then at most one batch
+    per `delay` seconds while the log stays busy.
+
+    A busy log (vLLM at startup) would otherwise cost one message and one repaint per line; a plain
+    event-loop timer, armed only while lines wait, keeps a quiet log free.
+    """
+
+    def __init__(self, deliver: Callable[[list[JournalLine]], None], delay: float) -> None:
+        self._deliver = deliver
+        self._delay = delay
+        self._lines: list[JournalLine] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._last = float("-inf")  # loop time of the last delivery
+
+    def add(self, line: JournalLine) -> None:
+        self._lines.append(line)
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            wait = max(0.0, self._last + self._delay - loop.time())
+            self._timer = loop.call_later(wait, self.flush)
+
+    def flush(self) -> None:
+        self._timer = None
+        lines, self._lines = self._lines, []
+        if lines:
+            self._last = asyncio.get_running_loop().time()
+            self._deliver(lines)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._lines = []
 
 
 class JournalPane(Vertical):
@@ -24,7 +62,7 @@ class JournalPane(Vertical):
     JournalPane > #journal-status { height: 1; color: $text-muted; padding: 0 1; }
     JournalPane > #journal-filter { display: none; }
     JournalPane > #journal-filter.-shown { display: block; }
-    JournalPane > RichLog { height: 1fr; background: transparent; }
+    JournalPane > TailView { height: 1fr; background: transparent; }
     """
     BINDINGS = [Binding("escape", "close_filter", "Close filter", show=False)]
 
@@ -42,15 +80,14 @@ class JournalPane(Vertical):
     def compose(self) -> ComposeResult:
         yield Text(self._status(), id="journal-status")
         yield Input(placeholder="filter (substring, case-insensitive; empty clears)", id="journal-filter")
-        yield RichLog(max_lines=self.buffer.maxlen, auto_scroll=False, wrap=False, markup=False,
-                      highlight=False, id="journal-log")
+        yield TailView(max_lines=self.buffer.maxlen or MAX_LINES, id="journal-log")
 
     def on_mount(self) -> None:
-        self.watch(self.query_one(RichLog), "scroll_y", self._scrolled, init=False)
+        self.watch(self.log_view, "scroll_y", self._scrolled, init=False)
 
     @property
-    def log_view(self) -> RichLog:
-        return self.query_one("#journal-log", RichLog)
+    def log_view(self) -> TailView:
+        return self.query_one("#journal-log", TailView)
 
     def _matches(self, line: JournalLine) -> bool:
         return not self.filter or self.filter in line.text.lower()
@@ -70,19 +107,18 @@ class JournalPane(Vertical):
         self.query_one("#journal-status", Text).show(self._status())
 
     def on_journal_lines(self, message: JournalLines) -> None:
-        log = self.log_view
-        at_end = log.is_vertical_scroll_end
-        for line in message.lines:
-            self.buffer.append(line)
-            if not self._matches(line):
-                continue
-            if self.paused:
-                self.new_lines += 1
-                continue
-            log.write(RichText(line.text), scroll_end=at_end)
-            self.shown += 1
+        lines = message.lines  # already batched by the app's journal worker
+        self.buffer.extend(lines)
+        visible = [line.text for line in lines if self._matches(line)]
+        if self.paused:
+            self.new_lines += len(visible)
+        elif visible:
+            log = self.log_view
+            at_end = log.is_vertical_scroll_end
+            log.append(visible, follow=at_end)
+            self.shown += len(visible)
             if not at_end:
-                self.new_lines += 1
+                self.new_lines += len(visible)
         self._refresh_status()
 
     def on_journal_unit(self, message: JournalUnit) -> None:
@@ -120,12 +156,9 @@ class JournalPane(Vertical):
         """Redraw the view from the buffer (filter changed, unit changed, or resumed) and follow."""
         log = self.log_view
         log.clear()
-        self.shown = 0
-        for line in self.buffer:
-            if self._matches(line):
-                log.write(RichText(line.text), scroll_end=False)
-                self.shown += 1
-        log.scroll_end(animate=False)
+        visible = [line.text for line in self.buffer if self._matches(line)]
+        log.append(visible, follow=True)
+        self.shown = len(visible)
         self.new_lines = 0
         self._refresh_status()
 

@@ -9,7 +9,7 @@ from console.model import ServerInfo, Snapshot
 from console.panes.base import Pane, Text
 from console.panes.gauges import duration, num
 
-_PHASE_COLOUR = {"ready": "green", "failed": "red", "stopped": "grey50", "unknown": "grey50"}
+_PHASE_COLOUR = {"ready": "green", "failed": "red", "stopped": "dim", "unknown": "dim"}
 _ETA_SOURCES = {"shards": "from shard progress", "gpu_memory": "from GPU memory growth",
                 "previous_load": "from the previous load"}
 

@@ -9,7 +9,7 @@ from console.panes.base import Pane, Text
 from console.panes.gauges import human_bytes, num
 
 _STATE_COLOUR = {"active": "green", "activating": "yellow", "deactivating": "yellow",
-                 "failed": "red", "inactive": "grey50"}
+                 "failed": "red", "inactive": "dim"}
 
 
 def service_markup(svc: ServiceInfo) -> str:

@@ -18,7 +18,7 @@ from console.panes.messages import StageSelected
 LABELS = {"serve": "serve", "generate": "generate", "extract": "extract", "train": "train",
           "verify": "verify", "serve_drafter": "serve+drafter", "bench": "bench"}
 _STATE_STYLE = {"running": ("▶", "yellow"), "done": ("✔", "green"), "failed": ("✖", "red"),
-                "stale": ("?", "magenta"), "idle": ("·", "grey50")}
+                "stale": ("?", "magenta"), "idle": ("·", "dim")}
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ def stage_rows(snapshot: Snapshot) -> list[StageRow]:
         if run is None:
             rows.append(StageRow(stage, "idle", None))
         else:
-            detail = f"{run.done}/{run.total}" if run.total else ""
+            # A percentage, not done/total: it changes rarely, and each change redraws the list.
+            detail = f"{100 * run.done // run.total}%" if run.total else ""
             rows.append(StageRow(stage, run.state, run.unit, detail))
     return rows
 

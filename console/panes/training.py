@@ -15,6 +15,7 @@ from console.panes.base import Pane, Text
 from console.panes.gauges import bar, duration, num
 from console.panes.generation import pick_run
 
+PLOT_INTERVAL_S = 5.0  # redrawing the curve is the costliest repaint here; a loss curve needs no 1 Hz
 MAX_POINTS = 2000  # bounded history; at one step a second that is over half an hour of curve
 _ACC_KEY = re.compile(r"^acc_(\d+)$")
 
@@ -113,6 +114,8 @@ class TrainingPane(Pane):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.history = TrainHistory()
+        self._plot_stale = False
+        self._plotted_at: float | None = None  # snapshot time of the last redraw
 
     def compose_body(self) -> ComposeResult:
         yield Text("[dim]no training run[/]", id="training-body")
@@ -126,15 +129,20 @@ class TrainingPane(Pane):
             body.show("[dim]no training run[/]")
             plot.set_class(False, "-shown")
             return
-        point = train_point(run.last_event or {})
-        changed = self.history.feed(run.run_id, point) if point else run.run_id != self.history.run_id
-        if point is None and run.run_id != self.history.run_id:
+        if run.run_id != self.history.run_id:  # a new run: fresh curve, drawn at once
             self.history = TrainHistory()
             self.history.run_id = run.run_id
+            self._plotted_at = None
+        point = train_point(run.last_event or {})
+        changed = self.history.feed(run.run_id, point) if point else False
         body.show(training_markup(run.run_id, run.state, run.eta_s, self.history))
         plot.set_class(bool(self.history.steps), "-shown")
-        if changed:
+        self._plot_stale = self._plot_stale or changed
+        t = snapshot.taken_at
+        if self._plot_stale and (self._plotted_at is None or not 0 <= t - self._plotted_at < PLOT_INTERVAL_S):
             self._plot(plot)
+            self._plot_stale = False
+            self._plotted_at = t
 
     def _plot(self, plot: PlotextPlot) -> None:
         plt = plot.plt
