@@ -13,7 +13,7 @@ from typing import Awaitable, Callable
 
 from textual import work
 from textual.app import App, ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, ScrollableContainer, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer
 
@@ -65,9 +65,11 @@ class ConsoleApp(App[None]):
 
     def compose(self) -> ComposeResult:
         c = self.controller
-        yield HeaderPane(c.profile_name, c.host_name, c.simulated, self.clock, self.readonly, id="header")
-        yield ConnectionBanner(id="banner")
-        with Horizontal(id="main"):
+        with Vertical(id="top"):
+            yield HeaderPane(c.profile_name, c.host_name, c.simulated, self.clock, self.readonly, id="header")
+            yield ConnectionBanner(id="banner")
+        # Scrollable: many GPUs or a short terminal must not push the journal or header off screen.
+        with ScrollableContainer(id="main", can_focus=False):
             with Vertical(id="left"):
                 yield ServicePane(id="service")
                 yield ReadinessPane(id="readiness")
@@ -87,7 +89,7 @@ class ConsoleApp(App[None]):
         self._snapshot_targets = [self.query_one(f"#{i}") for i in
                                   ("header", "banner", "service", "readiness", "stages", "gpus",
                                    "generation", "training")]
-        self.query_one(StageList).focus()
+        self.query_one(StageList).focus(scroll_visible=False)
         self._consume_snapshots()
 
     # -- streams ---------------------------------------------------------------------------------
@@ -150,7 +152,7 @@ class ConsoleApp(App[None]):
         self.selected_stage = message.stage
 
     def on_filter_closed(self, _message: FilterClosed) -> None:
-        self.query_one(StageList).focus()
+        self.query_one(StageList).focus(scroll_visible=False)
 
     def action_filter(self) -> None:
         self.query_one(JournalPane).post_message(JournalCommand("filter"))

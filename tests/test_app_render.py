@@ -111,3 +111,35 @@ def test_transitions():
     before.runs = [RunInfo("generate", "g", "running")]
     after.runs = [RunInfo("generate", "g", "done")]
     assert [n.text for n in transitions(before, after)] == ["Stage generate finished (g)"]
+
+
+def test_clean_line_strips_terminal_control():
+    from console.panes.tail_view import clean_line
+    assert clean_line("\x1b[31mERROR\x1b[0m\tboom\r\n") == "ERROR    boom"
+    assert clean_line("title\x1b]0;pwned\x07 ok\x00\x9b") == "title ok"
+
+
+async def test_line_batcher_delivers_first_at_once_then_batches():
+    import asyncio
+
+    from console.controller import JournalLine
+    from console.panes.journal import LineBatcher
+    got: list[list[str]] = []
+    b = LineBatcher(lambda lines: got.append([l.text for l in lines]), 0.05)
+    b.add(JournalLine("a", "u"))
+    await asyncio.sleep(0.01)
+    b.add(JournalLine("b", "u"))
+    b.add(JournalLine("c", "u"))
+    await asyncio.sleep(0.1)
+    assert got == [["a"], ["b", "c"]]
+    b.add(JournalLine("d", "u"))
+    b.cancel()  # a unit no longer followed: its waiting lines are dropped
+    await asyncio.sleep(0.1)
+    assert got == [["a"], ["b", "c"]]
+
+
+def test_help_lists_remapped_keys():
+    from console.keys import visible_keys
+    from console.screens.help import help_markup
+    text = help_markup(visible_keys(False), {"stop_stage": "X"}, readonly=False)
+    assert "X" in text and "stop_stage" in text and "?" in text
