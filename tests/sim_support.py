@@ -23,8 +23,9 @@ def free_port() -> int:
 
 class SimServer:
     def __init__(self, workdir: Path, *args: str, load_seconds: float = 0.4, shards: int = 4,
-                 port: int | None = None):
+                 port: int | None = None, env: dict[str, str] | None = None):
         self.port = port or free_port()
+        self.env = {**os.environ, **env} if env else None
         self.workdir = workdir
         self.out_path = workdir / f"stdout-{self.port}.log"
         self.log_path = workdir / f"file-{self.port}.log"
@@ -37,7 +38,8 @@ class SimServer:
 
     def start(self) -> "SimServer":
         self._out = open(self.out_path, "wb")
-        self.proc = subprocess.Popen(self.argv, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT,
+                                     env=self.env)
         return self
 
     def output(self) -> str:

@@ -121,8 +121,10 @@ class Loader:
         if self.text is None:
             return
         if not self.text.done():
-            self.sink.line(WORKER, "sim_text.py:1", "SIMULATED text backend: waiting for the tiny verifier "
-                           f"(the first use builds it under {tinylm.cache_root()})")
+            where = tinylm.model_dir()
+            what = (f"loading it from {where}" if (where / "config.json").is_file() else
+                    f"first use: building it in {where}, about 15 s on a small CPU")
+            self.sink.line(WORKER, "sim_text.py:1", f"SIMULATED text backend: waiting for the tiny verifier ({what})")
         try:
             self.resolved = await self.text
         except Exception as exc:  # an explicit tinylm that cannot run, or a broken build

@@ -1,0 +1,290 @@
+"""The tiny verifier (backend/sim/tinylm.py) and the stand-in's `--text-backend tinylm|auto`.
+
+The model is built once per session into a temp cache (a real build: tokenizer, 4-layer Llama, a few
+seconds of CPU training); the stand-in subprocess is pointed at that cache with XDG_CACHE_HOME, so it
+finds the build there instead of making its own. Tests that need torch/transformers skip without them;
+the fallback to canned text runs everywhere.
+"""
+from __future__ import annotations
+
+import builtins
+import json
+from pathlib import Path
+
+import pytest
+
+from backend.sim import textbackend, tinycorpus, tinylm
+from backend.sim.chat import CONTENT, REASONING
+from tests.sim_support import SimServer
+
+pytestmark = pytest.mark.timeout(180)
+
+ASK = [{"role": "user", "content": "Explain B-trees to a new engineer."}]
+
+
+def _needs_train_extra() -> None:
+    for mod in ("torch", "transformers", "tokenizers"):
+        pytest.importorskip(mod)
+
+
+@pytest.fixture(scope="session")
+def cache_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(cache_home) -> Path:
+    _needs_train_extra()
+    built: list[Path] = []
+    path = tinylm.ensure_model(root=cache_home / "eagle3-console" / "tiny-verifier", on_build=built.append)
+    assert built == [path]  # a fresh cache really builds
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_text(tiny_dir):
+    from backend.sim.tinylm_text import TinyText
+    return TinyText(tiny_dir)
+
+
+# ---- the checkpoint -------------------------------------------------------------------------------
+def test_build_is_a_complete_hf_directory_and_cached(tiny_dir, cache_home, monkeypatch):
+    names = {p.name for p in tiny_dir.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json", "recipe.json"} <= names
+    assert not [p for p in tiny_dir.parent.iterdir() if p.name.startswith(".tiny-llama") and p.is_dir()]
+    tok_cfg = json.loads((tiny_dir / "tokenizer_config.json").read_text())
+    assert tok_cfg["chat_template"] == tinylm.CHAT_TEMPLATE and tok_cfg["eos_token"] == "<|im_end|>"
+    config = json.loads((tiny_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] >= 4
+    assert not config["tie_word_embeddings"]  # speculators looks up lm_head.weight by name
+    recipe = json.loads((tiny_dir / "recipe.json").read_text())
+    assert recipe["final_loss"] < 1.0  # it learned the corpus, not just noise
+    # the second call finds it (and the same id comes from the cache root the stand-in computes)
+    stamp = (tiny_dir / "model.safetensors").stat().st_mtime_ns
+    again = tinylm.ensure_model(root=tiny_dir.parent, on_build=lambda _: pytest.fail("rebuilt"))
+    assert again == tiny_dir and (tiny_dir / "model.safetensors").stat().st_mtime_ns == stamp
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    assert tinylm.model_dir() == tiny_dir
+
+
+def test_transformers_loads_it_back(tiny_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.vocab_size == len(tok)
+    assert tok.eos_token == "<|im_end|>" and model.config.eos_token_id == tok.eos_token_id
+    text = tok.apply_chat_template(ASK, tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_user|>user<|im_middle|>Explain B-trees to a new engineer.<|im_end|><|im_assistant|>assistant<|im_middle|>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    # what the hidden-states stage reads: one state per layer boundary, hidden 64
+    assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+    assert out.hidden_states[0].shape == (1, len(ids), model.config.hidden_size)
+    # greedy decoding follows the trained structure
+    gen = model.generate(torch.tensor([ids]), max_new_tokens=400, do_sample=False,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    new = tok.decode(gen[0, len(ids):], skip_special_tokens=False)
+    assert new.startswith("<think>") and "</think>" in new and new.endswith("<|im_end|>")
+
+
+def test_template_render_is_prefix_stable(tiny_text):
+    """speculators derives loss masks from gen-prompt render being a prefix of the full render."""
+    for thinking in (True, False):
+        prompt = tiny_text.chat_prompt(ASK, thinking=thinking)
+        full = tiny_text.chat_prompt(ASK + [{"role": "assistant", "content": "Short answer."}],
+                                     thinking=thinking, add_generation_prompt=False)
+        assert full[:len(prompt)] == prompt, thinking
+    turn = tinycorpus.render_turn("Q?", "R.", "A.", system=False, thinking=True)
+    assert tiny_text.chat_prompt([{"role": "user", "content": "Q?"},
+                                  {"role": "assistant", "content": "A.", "reasoning": "R."}],
+                                 thinking=True, add_generation_prompt=False) == tiny_text.encode(turn)
+
+
+# ---- output splitting -----------------------------------------------------------------------------
+def test_split_at_end_of_thinking(tiny_text):
+    t = tiny_text
+    words = t.encode(" one two")
+    ids = [t.think_id, *words, t.end_think_id, *t.encode("Answer."), t.eos_id]
+    out = t.to_output(ids, thinking=True)
+    assert out.kinds == [REASONING] * (len(words) + 2) + [CONTENT] * (len(ids) - len(words) - 2)
+    assert out.reasoning_text == " one two" and out.content_text == "Answer." and out.finish_reason == "stop"
+    cut = t.to_output(ids[:3], thinking=True)  # budget spent inside the thinking
+    assert cut.content_text is None and cut.reasoning_text and cut.finish_reason == "length"
+    off = t.to_output(t.encode("Answer.") + [t.eos_id], thinking=False)
+    assert off.reasoning_text is None and off.content_text == "Answer."
+
+
+def test_pieces_rebuild_text_including_multibyte(tiny_text):
+    text = "héllo wörld ✓ 数据 done"
+    ids = tiny_text.encode(text)
+    pieces = tiny_text.pieces(ids)
+    assert len(pieces) == len(ids) and "".join(pieces) == text
+    assert "\ufffd" not in "".join(pieces)
+
+
+def test_sampling_parameters_checked():
+    from backend.sim.tinylm_text import SamplingError, sampling_from
+
+    s = sampling_from({"temperature": 0, "top_p": 0.5, "top_k": 5, "seed": 7})
+    assert (s.temperature, s.top_p, s.top_k, s.seed) == (0.0, 0.5, 5, 7)
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": 0}, {"seed": 1.5}, {"temperature": "hot"},
+                {"top_p": True}):
+        with pytest.raises(SamplingError):
+            sampling_from(bad)
+
+
+# ---- auto and its fallback ------------------------------------------------------------------------
+def test_auto_falls_back_when_transformers_does_not_import(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_transformers(name, *args, **kwargs):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError("No module named 'transformers'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delenv(tinylm.DISABLE_ENV, raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    resolved = textbackend.resolve("auto")
+    assert resolved.backend.name == "canned" and "transformers" in resolved.note
+    assert resolved.info() == {"simulated": True, "text_backend": "canned", "model_dir": None,
+                               "requested": "auto", "note": resolved.note}
+    assert resolved.log_line().startswith("SIMULATED text backend: canned (")
+    with pytest.raises(textbackend.TextBackendError, match="--text-backend tinylm needs torch"):
+        textbackend.resolve("tinylm")
+    with pytest.raises(textbackend.TextBackendError, match="unknown text backend"):
+        textbackend.resolve("gpt")
+
+
+def test_stand_in_auto_without_train_extra_serves_canned(tmp_path):
+    sim = SimServer(tmp_path, "--text-backend", "auto", env={tinylm.DISABLE_ENV: "1"}).start()
+    try:
+        sim.wait_ready(timeout=30)
+        info = sim.get("/_sim/info").json()
+        assert info["simulated"] is True and info["text_backend"] == "canned" and info["model_dir"] is None
+        assert info["requested"] == "auto" and tinylm.DISABLE_ENV in info["note"]
+        assert "SIMULATED text backend: canned (canned reasoning text, toy tokenizer; auto: " in sim.output()
+        msg = sim.post("/v1/chat/completions", {"messages": ASK}).json()["choices"][0]["message"]
+        assert msg["reasoning"].startswith('The user asks: "Explain B-trees')
+    finally:
+        sim.kill()
+
+
+def test_stand_in_explicit_tinylm_unavailable_fails_the_load(tmp_path):
+    sim = SimServer(tmp_path, "--text-backend", "tinylm", env={tinylm.DISABLE_ENV: "1"}).start()
+    try:
+        assert sim.wait_exit(30) == 1
+        out = sim.output()
+        assert "ERROR" in out and "SIMULATED text backend failed: --text-backend tinylm needs torch" in out
+        assert "EngineCore failed to start." in out and "Application startup complete." not in out
+    finally:
+        sim.kill()
+
+
+def test_default_backend_is_canned_and_says_so(tmp_path):
+    sim = SimServer(tmp_path).start()
+    try:
+        sim.wait_ready()
+        assert sim.get("/_sim/info").json() == {"simulated": True, "text_backend": "canned", "model_dir": None,
+                                                "requested": "canned", "note": None}
+        assert "SIMULATED text backend: canned (canned reasoning text, toy tokenizer)" in sim.output()
+    finally:
+        sim.kill()
+
+
+# ---- the stand-in generating with it ----------------------------------------------------------------
+def _sse(text: str) -> list[dict]:
+    events = [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_dir, cache_home, tmp_path_factory):
+    sim = SimServer(tmp_path_factory.mktemp("simtiny"), "--text-backend", "tinylm", "--served-model-name", "kimi",
+                    "--vllm-version", "0.13.0", env={"XDG_CACHE_HOME": str(cache_home)}).start()
+    try:
+        yield sim.wait_ready(timeout=90)
+    finally:
+        sim.kill()
+
+
+def test_info_and_log_line_name_the_model(tiny_server, tiny_dir):
+    assert tiny_server.get("/_sim/info").json() == {"simulated": True, "text_backend": "tinylm",
+                                                    "model_dir": str(tiny_dir), "requested": "tinylm", "note": None}
+    out = tiny_server.output()
+    assert f"SIMULATED text backend: tinylm ({tiny_dir}, 4 layers, vocab " in out
+    assert "first use: building" not in out  # found in the cache
+    assert "Writing model shards" not in out and "Loading weights:" not in out  # no foreign progress bars
+
+
+def test_chat_completion_generates_reasoning_and_content(tiny_server, tiny_text):
+    body = {"model": "kimi", "messages": ASK, "return_token_ids": True, "temperature": 0, "max_tokens": 600}
+    resp = tiny_server.post("/v1/chat/completions", body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    choice = data["choices"][0]
+    msg, ids = choice["message"], choice["token_ids"]
+    assert choice["finish_reason"] == "stop"
+    assert msg["reasoning"] and msg["reasoning"] == msg["reasoning_content"] and msg["content"]
+    # ids are the real tokenizer's: thinking markers included, text decodes back, EOS last
+    t = tiny_text
+    assert ids[0] == t.think_id and t.end_think_id in ids and ids[-1] == t.eos_id
+    end = ids.index(t.end_think_id)
+    assert t._fast.decode(ids[1:end]) == msg["reasoning"]
+    assert t._fast.decode(ids[end + 1:-1]) == msg["content"]
+    assert data["prompt_token_ids"] == t.chat_prompt(ASK, thinking=True)
+    assert data["prompt_token_ids"] == tiny_server.post("/v1/chat/completions/render", body).json()["token_ids"]
+    usage = data["usage"]
+    assert usage["prompt_tokens"] == len(data["prompt_token_ids"]) and usage["completion_tokens"] == len(ids)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert tiny_server.post("/tokenize", {"messages": ASK}).json()["tokens"] == data["prompt_token_ids"]
+
+
+def test_streaming_matches_the_plain_answer(tiny_server):
+    body = {"messages": ASK, "temperature": 0, "max_tokens": 600, "return_token_ids": True}
+    plain = tiny_server.post("/v1/chat/completions", body, timeout=60).json()["choices"][0]
+    stream = tiny_server.post("/v1/chat/completions", {**body, "stream": True,
+                                                       "stream_options": {"include_usage": True}}, timeout=60)
+    events = _sse(stream.text)
+    deltas = [e["choices"][0] for e in events if e["choices"]]
+    reasoning = "".join(d["delta"].get("reasoning", "") for d in deltas)
+    content = "".join(d["delta"].get("content", "") or "" for d in deltas)
+    assert reasoning == plain["message"]["reasoning"] and content == plain["message"]["content"]
+    assert [i for d in deltas for i in d.get("token_ids", [])] == plain["token_ids"]
+    assert deltas[-1]["finish_reason"] == "stop"
+    assert events[-1]["usage"]["completion_tokens"] == len(plain["token_ids"])
+
+
+def test_max_tokens_cuts_the_thinking(tiny_server):
+    body = {"messages": ASK, "max_tokens": 5, "seed": 11, "return_token_ids": True}
+    choice = tiny_server.post("/v1/chat/completions", body, timeout=60).json()["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 5
+    assert choice["message"]["content"] is None and choice["message"]["reasoning"]
+    # seeded sampling repeats
+    again = tiny_server.post("/v1/chat/completions", body, timeout=60).json()["choices"][0]
+    assert again["token_ids"] == choice["token_ids"]
+
+
+def test_thinking_off_gives_content_only(tiny_server):
+    body = {"messages": ASK, "temperature": 0, "max_tokens": 300, "chat_template_kwargs": {"thinking": False}}
+    msg = tiny_server.post("/v1/chat/completions", body, timeout=60).json()["choices"][0]["message"]
+    assert msg["reasoning"] is None and msg["content"]
+
+
+def test_completions_with_token_id_prompt(tiny_server, tiny_text):
+    prompt = tiny_text.chat_prompt(ASK, thinking=True)
+    data = tiny_server.post("/v1/completions", {"model": "kimi", "prompt": prompt, "max_tokens": 1,
+                                                "temperature": 0, "return_token_ids": True}).json()
+    choice = data["choices"][0]
+    assert choice["prompt_token_ids"] == prompt and choice["token_ids"] == [tiny_text.think_id]
+    assert choice["finish_reason"] == "length" and data["usage"]["prompt_tokens"] == len(prompt)
+    bad = tiny_server.post("/v1/completions", {"prompt": [1, tiny_text.vocab_size]})
+    assert bad.status_code == 400 and "out of vocabulary" in bad.json()["error"]["message"]
+    too_long = tiny_server.post("/v1/completions", {"prompt": [5] * tiny_text.max_positions})
+    assert too_long.status_code == 400 and "maximum context length is 4096" in too_long.json()["error"]["message"]
+    hot = tiny_server.post("/v1/chat/completions", {"messages": ASK, "temperature": -1})
+    assert hot.status_code == 400 and hot.json()["error"]["param"] == "temperature"
