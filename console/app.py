@@ -45,6 +45,7 @@ class ConsoleApp(App[None]):
     TITLE = "eagle3-console"
     BINDINGS = app_bindings()
     ENABLE_COMMAND_PALETTE = False  # its actions would bypass --readonly
+    AUTO_FOCUS = None  # on_mount focuses the stage list without scrolling the pane area to it
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]  # sets the screen class app.tcss uses
 
     def __init__(self, controller: Controller, readonly: bool = False,
