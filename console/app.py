@@ -16,6 +16,7 @@ from textual.app import App, ComposeResult
 from textual.containers import Horizontal, ScrollableContainer, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer
+from textual.worker import Worker, WorkerState
 
 from console.controller import STAGES, ActionResult, Controller, JournalLine
 from console.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
@@ -123,6 +124,12 @@ class ConsoleApp(App[None]):
             self._prev = snapshot
         if self.journal_unit is None and isinstance(unit, str) and unit:
             self.follow_unit(unit)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # Workers catch what they expect; anything else is a bug, shown rather than fatal.
+        if event.state == WorkerState.ERROR:
+            self.notify(f"{event.worker.name or event.worker.group}: {event.worker.error!r}",
+                        title="internal error", severity="error")
 
     def follow_unit(self, unit: str) -> None:
         self.journal_unit = unit

@@ -277,3 +277,33 @@ async def test_state_changes_notify():
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.2)
         assert any("Server ready" in n.message for n in app._notifications)
+
+
+class BrokenStream(FakeController):
+    """snapshots() fails once, then works: the app must show it and retry, never crash."""
+
+    def __init__(self) -> None:
+        super().__init__([base_snapshot()])
+        self.attempts = 0
+
+    async def snapshots(self):
+        self.attempts += 1
+        if self.attempts == 1:
+            raise ConnectionError("collector crashed")
+        async for snap in super().snapshots():
+            yield snap
+
+    async def deep_check(self):
+        raise RuntimeError("port forward failed")
+
+
+async def test_stream_failure_and_action_exception_are_shown(monkeypatch):
+    monkeypatch.setattr("console.app.RETRY_S", 0.05)
+    app, fake = make_app(BrokenStream())
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.last_snapshot is not None)
+        assert fake.attempts == 2 and app.is_running
+        await pilot.press("d")
+        await actions_done(app, pilot)
+        name, result = app.results[-1]
+        assert name == "deep check" and not result.ok and "port forward failed" in result.message
