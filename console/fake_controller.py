@@ -148,7 +148,7 @@ def generation_run(done: int = 1200, total: int = 5000, ts: float = 1_700_000_00
              "total": total, "failed": 3, "skipped": 0, "truncated": done // 25,
              "reasoning_captured": done - done // 50, "prompt_tokens": done * 180,
              "completion_tokens": done * 900, "rate": 4.2, "bytes_written": done * 6100,
-             "disk_free_bytes": 512 * 2**30}
+             "free_disk": 512 * 2**30}
     return RunInfo("generate", "gen-0001", "running", stage_unit("generate"), done, total, 3, 4.2,
                    (total - done) / 4.2, event)
 

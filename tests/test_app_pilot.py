@@ -120,6 +120,8 @@ async def test_readonly_has_no_mutating_keys():
         assert fake.calls == []
         shown = {b.binding.action for b in app.active_bindings.values() if b.enabled}
         assert not shown & {"start_stage", "stop_stage", "restart_server"}
+        screen_text = app.export_screenshot()
+        assert "Deep check" in screen_text and "Stop stage" not in screen_text and "Start stage" not in screen_text
         # The methods refuse too, not only the keys.
         app.action_start_stage()
         app.action_stop_stage()

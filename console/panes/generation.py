@@ -10,7 +10,7 @@ from console.model import RunInfo, Snapshot
 from console.panes.base import Pane, Text
 from console.panes.gauges import bar, duration, human_bytes, num, pct
 
-_FREE_DISK_KEYS = ("disk_free_bytes", "free_disk_bytes", "disk_free")
+_FREE_DISK_KEYS = ("free_disk", "disk_free_bytes", "free_disk_bytes")  # generate emits free_disk
 
 
 def pick_run(runs: list[RunInfo], stage: str) -> RunInfo | None:
