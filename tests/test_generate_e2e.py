@@ -130,9 +130,11 @@ def test_every_reasoning_field_captured_and_wrapped(standin, tmp_path, field, ve
     recs = records(run)
     assert len(recs) == good
     for rec in recs:
-        assert rec["reasoning"] and rec["reasoning_captured"]
-        assert rec["conversations"][-1] == {"role": "assistant", "content": "<think>" + rec["reasoning"] + "</think>"
-                                            + rec["content"]}
+        turn = rec["conversations"][-1]
+        rec_reasoning = turn["reasoning_content"]
+        assert rec_reasoning and rec["reasoning_captured"]
+        assert turn == {"role": "assistant", "content": turn["content"], "reasoning_content": rec_reasoning}
+        assert rec["assistant"] == "<think>" + rec_reasoning + "</think>" + turn["content"]
         assert rec["conversations"][:-1] == [{"role": "user",
                                               "content": rec["source"]["conversations"][0]["value"]}]
     summary = json.loads((run / "summary.json").read_text())

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from backend.generate.records import (ResponseError, assistant_text, assistant_turn, build_record, dumps_line,
-                                      parse_completion, prompt_turns, token_row)
+from backend.generate.records import (ResponseError, assistant_text, build_record, content_of, dumps_line,
+                                      parse_completion, prompt_turns, reasoning_of, token_row)
 
 
 def _body(message, finish="stop", **extra):
@@ -34,9 +34,10 @@ def test_truncated_inside_thinking():
     rec = build_record(sample_id="s", index=0, model="m", prompt=[{"role": "user", "content": "q"}],
                        completion=done, source={"k": 1})
     assert rec["truncated"] is True and rec["finish_reason"] == "length"
-    assert assistant_turn(rec) == "<think>still thinking</think>"
-    assert rec["conversations"][-1] == {"role": "assistant", "content": "<think>still thinking</think>"}
-    assert rec["reasoning"] == "still thinking" and rec["content"] is None
+    assert rec["assistant"] == "<think>still thinking</think>"
+    assert rec["conversations"][-1] == {"role": "assistant", "content": "",
+                                        "reasoning_content": "still thinking"}
+    assert reasoning_of(rec) == "still thinking" and content_of(rec) == ""
 
 
 def test_think_wrapping_is_exact():
@@ -76,8 +77,9 @@ def test_record_line_is_one_json_line_and_prepare_data_shaped():
     rec = json.loads(line)
     assert list(rec)[0] == "id"
     assert rec["conversations"][:2] == prompt == prompt_turns(rec)
-    assert rec["conversations"][2] == {"role": "assistant", "content": "<think>é</think>a\nb"}
-    assert rec["reasoning"] == "é" and rec["content"] == "a\nb"
+    assert rec["conversations"][2] == {"role": "assistant", "content": "a\nb", "reasoning_content": "é"}
+    assert rec["assistant"] == "<think>é</think>a\nb"
+    assert reasoning_of(rec) == "é" and content_of(rec) == "a\nb"
     assert rec["source"] == {"big": 2**70}  # falls back to the stdlib for ints orjson cannot hold
 
 
@@ -97,6 +99,10 @@ def test_prepare_data_reads_the_conversation_as_is():
     rec = json.loads(dumps_line(build_record(sample_id="s", index=0, model="m",
                                              prompt=[{"role": "user", "content": "2+2?"}], completion=done,
                                              source={})))
-    turns = [(t.get("from", t.get("role")), t.get("value") or t.get("content")) for t in rec["conversations"]]
-    assert turns == [("user", "2+2?"), ("assistant", "<think>two plus two</think>4")]
+    turns = [(t.get("from", t.get("role")), t.get("value") or t.get("content") or "",
+              t.get("thinking") or t.get("reasoning_content")) for t in rec["conversations"]]
+    assert turns == [("user", "2+2?", None), ("assistant", "4", "two plus two")]
+    no_reasoning = build_record(sample_id="s", index=0, model="m", prompt=[], source={},
+                                completion=parse_completion(_body({"content": "4"})))
+    assert no_reasoning["conversations"][-1] == {"role": "assistant", "content": "4", "reasoning_content": None}
     assert "input_ids" not in rec and "loss_mask" not in rec  # else prepare-data takes the pre-tokenized path

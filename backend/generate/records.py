@@ -1,14 +1,17 @@
 """One completed sample: the chat-completion response parsed into the output record.
 
-The generated text is stored twice and no more (it is ~all of a record's bytes, and writing it is
-most of the stage's CPU): `reasoning` and `content` as the server returned them, and the assistant
-turn as the model produced it (`<think>` + reasoning + `</think>` + content) as the last turn of
-`conversations`. `conversations` (prompt turns, then that assistant turn) is the column `speculators
-prepare-data` reads (it normalises `role`/`content` turns and drops every other column), so the output
-file is its `--data` as is; chat templates that know reasoning (Qwen3 style) split the `<think>` block
-off the content themselves, and the rest see the text the model emitted. The prompt turns are
-`conversations[:-1]`. With token ids returned, `token_row` gives the pre-tokenized form (`input_ids` +
-`loss_mask`) that prepare-data passes through without a render endpoint.
+The generated text is stored twice and no more (it is ~all of a record's bytes, and writing it is most
+of the stage's CPU):
+- `conversations`: the prompt turns, then the assistant turn with the answer as `content` and the
+  thinking as `reasoning_content`. This is the column `speculators prepare-data` reads (its normaliser
+  keeps role/content/reasoning_content and drops every other column), so the output file is its `--data`
+  as is. Chat templates that know reasoning (Kimi, Qwen3, the stand-in's tiny model) render that turn
+  back into exactly the tokens the model produced; the text with the `<think>` markers already in
+  `content` would render a second, empty think block in front of it under Kimi's template.
+- `assistant`: the turn as the model produced it, `<think>` + reasoning + `</think>` + content.
+`reasoning_of`, `content_of` and `prompt_turns` read the pieces back. With token ids returned,
+`token_row` gives the pre-tokenized form (`input_ids` + `loss_mask`) that prepare-data passes through
+without a render endpoint.
 """
 from __future__ import annotations
 
@@ -115,7 +118,9 @@ def assistant_text(reasoning: str | None, content: str | None) -> str:
 
 def build_record(*, sample_id: str, index: int, model: str, prompt: list[dict[str, str]],
                  completion: Completion, source: Any) -> dict[str, Any]:
-    assistant = {"role": "assistant", "content": assistant_text(completion.reasoning, completion.content)}
+    reasoning, content = completion.reasoning, completion.content
+    # reasoning_content is always present (null without reasoning) so every row has one schema
+    assistant = {"role": "assistant", "content": content or "", "reasoning_content": reasoning}
     # Key order matters: id first keeps records greppable and cheap to index on resume.
     return {
         "id": sample_id,
@@ -123,12 +128,11 @@ def build_record(*, sample_id: str, index: int, model: str, prompt: list[dict[st
         "model": model,
         "finish_reason": completion.finish_reason,
         "truncated": completion.finish_reason == "length",
-        "reasoning_captured": bool(completion.reasoning),
+        "reasoning_captured": bool(reasoning),
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens,
         "reasoning_tokens": completion.reasoning_tokens,
-        "reasoning": completion.reasoning,
-        "content": completion.content,
+        "assistant": assistant_text(reasoning, content),
         "conversations": [*prompt, assistant],
         "prompt_token_ids": completion.prompt_token_ids,
         "token_ids": completion.token_ids,
@@ -140,8 +144,11 @@ def prompt_turns(record: dict[str, Any]) -> list[dict[str, Any]]:
     return record["conversations"][:-1]
 
 
-def assistant_turn(record: dict[str, Any]) -> str:
-    """The assistant turn as the model saw it (the last turn of `conversations`)."""
+def reasoning_of(record: dict[str, Any]) -> str | None:
+    return record["conversations"][-1].get("reasoning_content")
+
+
+def content_of(record: dict[str, Any]) -> str:
     return record["conversations"][-1]["content"]
 
 
