@@ -98,10 +98,13 @@ def test_template_render_is_prefix_stable(tiny_text):
         full = tiny_text.chat_prompt(ASK + [{"role": "assistant", "content": "Short answer."}],
                                      thinking=thinking, add_generation_prompt=False)
         assert full[:len(prompt)] == prompt, thinking
-    turn = tinycorpus.render_turn("Q?", "R.", "A.", system=False, thinking=True)
-    assert tiny_text.chat_prompt([{"role": "user", "content": "Q?"},
-                                  {"role": "assistant", "content": "A.", "reasoning": "R."}],
-                                 thinking=True, add_generation_prompt=False) == tiny_text.encode(turn)
+    # the training corpus is laid out exactly as the template renders (prompt and whole turn)
+    for thinking in (True, False):
+        turn = tinycorpus.render_turn("Q?", "R." if thinking else "", "A.", system=True, thinking=thinking)
+        conv = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Q?"}]
+        assert tiny_text.chat_prompt(conv, thinking=thinking) == tiny_text.encode(turn.prompt)
+        done = conv + [{"role": "assistant", "content": "A.", "reasoning": "R." if thinking else None}]
+        assert tiny_text.chat_prompt(done, thinking=thinking, add_generation_prompt=False) == tiny_text.encode(turn.text)
 
 
 # ---- output splitting -----------------------------------------------------------------------------

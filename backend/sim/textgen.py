@@ -150,12 +150,15 @@ def _fill(rng: random.Random, pool: tuple[str, ...], target: int, lead: str | No
     return seg
 
 
-def generate(seed: int, topic: str, *, thinking: bool, response_tokens: int | None = None) -> tuple[Segment, Segment]:
+def generate(seed: int, topic: str, *, thinking: bool, response_tokens: int | None = None,
+             quote_topic: bool = True) -> tuple[Segment, Segment]:
     """(reasoning, answer) for one request. Without `response_tokens`, a few sentences of each;
-    with it, the two together come to about that many tokens (reasoning about 40 %)."""
+    with it, the two together come to about that many tokens (reasoning about 40 %). The reasoning
+    opens by quoting the question unless `quote_topic` is off (the tiny model cannot learn to copy)."""
     rng = random.Random(seed)
     words = topic.split()[:8]
     lead = f"The user asks: \"{' '.join(words)}\"." if words else "The user sent an empty message."
+    lead = lead if quote_topic else None
     if response_tokens is not None:
         total = max(4, response_tokens)
         think_target = total * 2 // 5 if thinking else 0

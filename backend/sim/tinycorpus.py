@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import dataclass
 
 from backend.sim import textgen
 
@@ -26,29 +27,45 @@ def questions() -> list[str]:
     return [a.format(t=t) for t in DEMO_TOPICS for a in DEMO_ASKS] + list(_EXTRA_QUESTIONS)
 
 
-def render_turn(question: str, reasoning: str, answer: str, *, system: bool, thinking: bool) -> str:
+@dataclass(frozen=True)
+class Turn:
+    """One conversation as the template renders it: the prompt (up to and including the generation
+    prompt) and the completion the model must learn to produce after it."""
+    prompt: str
+    completion: str
+
+    @property
+    def text(self) -> str:
+        return self.prompt + self.completion
+
+
+def render_turn(question: str, reasoning: str, answer: str, *, system: bool, thinking: bool) -> Turn:
     """One finished conversation as the chat template renders it (see tinylm.CHAT_TEMPLATE)."""
     head = f"<|im_system|>system<|im_middle|>{_SYSTEM}<|im_end|>" if system else ""
-    think = f"<think>{reasoning}</think>" if thinking else "<think></think>"
-    return f"{head}<|im_user|>user<|im_middle|>{question}<|im_end|><|im_assistant|>assistant<|im_middle|>{think}{answer}<|im_end|>"
+    prompt = f"{head}<|im_user|>user<|im_middle|>{question}<|im_end|><|im_assistant|>assistant<|im_middle|>"
+    if thinking:
+        return Turn(prompt, f"<think>{reasoning}</think>{answer}<|im_end|>")
+    return Turn(prompt + "<think></think>", f"{answer}<|im_end|>")  # the template adds it when thinking is off
 
 
-def samples(count: int, seed: int) -> list[str]:
-    """`count` rendered conversations; about one in eight has thinking off (`<think></think>`)."""
+def samples(count: int, seed: int) -> list[Turn]:
+    """`count` conversations; about one in eight has thinking off (`<think></think>` in the prompt)."""
     rng = random.Random(seed)
     qs = questions()
     out = []
     for i in range(count):
         q = qs[i % len(qs)]
         thinking = rng.random() >= 0.125
-        reasoning, answer = textgen.generate(rng.getrandbits(64), q, thinking=thinking)
+        reasoning, answer = textgen.generate(rng.getrandbits(64), q, thinking=thinking, quote_topic=False)
         out.append(render_turn(q, reasoning.text, answer.text, system=rng.random() < 0.25, thinking=thinking))
     return out
 
 
-def digest(texts: list[str]) -> str:
+def digest(turns: list[Turn]) -> str:
     h = hashlib.sha256()
-    for t in texts:
-        h.update(t.encode())
+    for t in turns:
+        h.update(t.prompt.encode())
+        h.update(b"\0")
+        h.update(t.completion.encode())
         h.update(b"\0")
     return h.hexdigest()

@@ -30,8 +30,8 @@ from typing import Any, Callable
 from backend.sim import tinycorpus
 
 SPECIAL_TOKENS = ("<|im_end|>", "<think>", "</think>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
-                  "<|im_middle|>", "[BOS]", "[PAD]")
-EOS, BOS, PAD = "<|im_end|>", "[BOS]", "[PAD]"
+                  "<|im_middle|>", "[BOS]", "[PAD]", "[MASK]")
+EOS, BOS, PAD, MASK = "<|im_end|>", "[BOS]", "[PAD]", "[MASK]"  # speculators wants a mask token
 THINK, END_THINK = "<think>", "</think>"
 
 # Same layout as textgen.render_chat and tinycorpus.render_turn. A past assistant turn always carries its
@@ -57,7 +57,7 @@ CHAT_TEMPLATE = (
 @dataclass(frozen=True)
 class Recipe:
     """Everything that decides the built weights; its hash names the cache directory."""
-    version: int = 1
+    version: int = 4
     vocab_size: int = 1024
     hidden_size: int = 64
     intermediate_size: int = 192
@@ -67,7 +67,7 @@ class Recipe:
     max_positions: int = 4096
     samples: int = 400
     seed: int = 1
-    steps: int = 160
+    steps: int = 240
     batch: int = 8
     block: int = 128
     lr: float = 8e-3
@@ -108,16 +108,16 @@ def cache_root() -> Path:
 
 
 def model_dir(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None) -> Path:
-    texts = tinycorpus.samples(recipe.samples, recipe.seed)
-    return (root or cache_root()) / recipe.ident(tinycorpus.digest(texts))
+    turns = tinycorpus.samples(recipe.samples, recipe.seed)
+    return (root or cache_root()) / recipe.ident(tinycorpus.digest(turns))
 
 
 def ensure_model(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None,
                  on_build: Callable[[Path], None] | None = None) -> Path:
     """The model directory for `recipe`, built first if it is not in the cache yet."""
-    texts = tinycorpus.samples(recipe.samples, recipe.seed)
+    turns = tinycorpus.samples(recipe.samples, recipe.seed)
     root = root or cache_root()
-    final = root / recipe.ident(tinycorpus.digest(texts))
+    final = root / recipe.ident(tinycorpus.digest(turns))
     if (final / "config.json").is_file():
         return final
     check_available()
@@ -133,7 +133,7 @@ def ensure_model(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None,
             on_build(final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
         try:
-            build(recipe, texts, tmp)
+            build(recipe, turns, tmp)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -141,7 +141,7 @@ def ensure_model(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None,
     return final
 
 
-def _train_tokenizer(recipe: Recipe, texts: list[str]) -> Any:
+def _train_tokenizer(recipe: Recipe, turns: list[tinycorpus.Turn]) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -150,7 +150,7 @@ def _train_tokenizer(recipe: Recipe, texts: list[str]) -> Any:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
+    tok.train_from_iterator([t.text for t in turns], trainer)
     return tok
 
 
@@ -158,23 +158,23 @@ def _tokenizer_config(recipe: Recipe) -> dict[str, Any]:
     # written by hand rather than by save_pretrained: transformers 5 would name its own tokenizer class
     # and move the template to chat_template.jinja, which older transformers (and vLLM) do not read
     return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
-            "pad_token": PAD, "model_max_length": recipe.max_positions, "clean_up_tokenization_spaces": False,
+            "pad_token": PAD, "mask_token": MASK, "model_max_length": recipe.max_positions, "clean_up_tokenization_spaces": False,
             "add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE}
 
 
-def build(recipe: Recipe, texts: list[str], out: Path) -> None:
-    """Train tokenizer and model on `texts` and save both into `out` (an existing, empty directory)."""
+def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path) -> None:
+    """Train tokenizer and model on `turns` and save both into `out` (an existing, empty directory)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the stand-in builds while it prints vLLM's log: no foreign bars
     started = time.monotonic()
-    tok = _train_tokenizer(recipe, texts)
+    tok = _train_tokenizer(recipe, turns)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(recipe), indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS,
-                                                             "pad_token": PAD}, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
+                                                             "mask_token": MASK}, indent=2) + "\n")
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     config = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=recipe.hidden_size,
                          intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.layers,
@@ -188,7 +188,7 @@ def build(recipe: Recipe, texts: list[str], out: Path) -> None:
         gen = torch.Generator().manual_seed(recipe.seed)
         torch.manual_seed(recipe.seed)
         model = LlamaForCausalLM(config)
-        loss = _train(model, tok, texts, recipe, gen)
+        loss = _train(model, tok, turns, recipe, gen)
     finally:
         torch.set_num_threads(threads)
     model.generation_config = GenerationConfig(
@@ -196,23 +196,34 @@ def build(recipe: Recipe, texts: list[str], out: Path) -> None:
         eos_token_id=ids[EOS], pad_token_id=ids[PAD])
     model.save_pretrained(str(out))
     (out / "recipe.json").write_text(json.dumps({
-        "recipe": asdict(recipe), "corpus_sha256": tinycorpus.digest(texts), "final_loss": round(loss, 4),
+        "recipe": asdict(recipe), "corpus_sha256": tinycorpus.digest(turns), "final_loss": round(loss, 4),
         "build_seconds": round(time.monotonic() - started, 2), "simulated": True}, indent=2) + "\n")
 
 
-def _train(model: Any, tok: Any, texts: list[str], recipe: Recipe, gen: Any) -> float:
-    """Next-token training on the turns packed into fixed blocks (no padding, no mask: cheapest)."""
+def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, gen: Any) -> float:
+    """Next-token training on the turns packed into fixed blocks (no padding, no attention mask:
+    cheapest). Only completions are learned: trained on the prompts too, the model picks up that a
+    question mark ends a turn, and with thinking-off prompts it learns to skip its own thinking."""
     import torch
 
-    stream = torch.tensor([i for enc in tok.encode_batch(texts) for i in enc.ids])
-    blocks = stream[: len(stream) // recipe.block * recipe.block].view(-1, recipe.block)
+    ids: list[int] = []
+    labels: list[int] = []
+    # prompts end at a special token, so encoding the two parts apart gives the same ids as the whole
+    prompts = tok.encode_batch([t.prompt for t in turns])
+    completions = tok.encode_batch([t.completion for t in turns])
+    for prompt, completion in zip(prompts, completions):
+        ids.extend(prompt.ids + completion.ids)
+        labels.extend([-100] * len(prompt.ids) + completion.ids)
+    usable = len(ids) // recipe.block * recipe.block
+    blocks = torch.tensor(ids[:usable]).view(-1, recipe.block)
+    targets = torch.tensor(labels[:usable]).view(-1, recipe.block)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=recipe.steps, pct_start=0.1)
     model.train()
     loss = float("nan")
     for _ in range(recipe.steps):
-        batch = blocks[torch.randint(0, len(blocks), (recipe.batch,), generator=gen)]
-        out = model(input_ids=batch, labels=batch)
+        pick = torch.randint(0, len(blocks), (recipe.batch,), generator=gen)
+        out = model(input_ids=blocks[pick], labels=targets[pick])
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
