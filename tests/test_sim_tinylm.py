@@ -287,6 +287,7 @@ def test_completions_with_token_id_prompt(tiny_server, tiny_text):
     assert choice["finish_reason"] == "length" and data["usage"]["prompt_tokens"] == len(prompt)
     bad = tiny_server.post("/v1/completions", {"prompt": [1, tiny_text.vocab_size]})
     assert bad.status_code == 400 and "out of vocabulary" in bad.json()["error"]["message"]
+    assert tiny_server.get("/v1/models").json()["data"][0]["max_model_len"] == tiny_text.max_positions == 4096
     too_long = tiny_server.post("/v1/completions", {"prompt": [5] * tiny_text.max_positions})
     assert too_long.status_code == 400 and "maximum context length is 4096" in too_long.json()["error"]["message"]
     hot = tiny_server.post("/v1/chat/completions", {"messages": ASK, "temperature": -1})

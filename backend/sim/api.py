@@ -7,7 +7,6 @@ benchmark pushes tens of thousands of long completions through it at high concur
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 import uuid
@@ -35,7 +34,8 @@ class SimApi:
         self.cfg = cfg
         self.resolved = text or Resolved(CannedText(cfg.response_tokens), "canned", "")
         self.text = self.resolved.backend
-        # a real model cannot go past its trained context, whatever --max-model-len says
+        # a real model cannot go past its trained context, whatever --max-model-len says (vLLM would
+        # refuse to start; the stand-in serves, and reports, the smaller limit)
         self.context_limit = min(cfg.max_model_len, self.text.max_model_len or cfg.max_model_len)
         self.traits = cfg.traits()
         self.sink = sink
@@ -84,7 +84,7 @@ class SimApi:
 
     async def models(self, _: web.Request) -> web.Response:
         card = {"id": self.cfg.served_name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                "root": self.cfg.model, "parent": None, "max_model_len": self.cfg.max_model_len,
+                "root": self.cfg.model, "parent": None, "max_model_len": self.context_limit,
                 "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
                                 "created": int(time.time()), "allow_create_engine": False,
                                 "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
@@ -216,7 +216,7 @@ class SimApi:
             ids = self.text.encode(body["prompt"])
         else:
             raise ApiError(400, "BadRequestError", "give either prompt (string) or messages", "prompt")
-        return web.json_response({"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids,
+        return web.json_response({"count": len(ids), "max_model_len": self.context_limit, "tokens": ids,
                                   "token_strs": None})
 
     async def chat_completions(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
