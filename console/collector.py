@@ -26,7 +26,7 @@ from console.parsers.tmux import tmux_status
 from console.parsers.vllm_load import LoadTracker
 from console.parsers.vllm_log import split_cr
 from console.probe import build_probe, parse_df, parse_listen, parse_runs_listing, split_sections
-from console.readiness import HttpState, check_http, deep_check, model_mismatch
+from console.readiness import HttpState, check_http, deep_check, model_mismatch, sim_text_backend
 from console.runs_view import RunBook
 
 LOG_READ_MAX = 1 << 20
@@ -309,6 +309,8 @@ class Collector:
         try:
             client = await self._http()
             self.http = await check_http(client, self.profile)
+            if self.profile.host.simulated and self.http.health == 200 and self.host_info.sim_text is None:
+                self.host_info.sim_text = await sim_text_backend(client)
         except (HostError, OSError) as e:
             self.http = HttpState(error=f"port forward failed: {e}")
             await self._drop_http()

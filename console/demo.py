@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from backend.profile import DEFAULT_GPU_QUERY, Profile, load_profile, write_profile
+from backend.sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
 from console.host.base import CommandResult
 from console.managers import server_start_argv, server_stop_argv
 
@@ -70,6 +71,9 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
         "--load-seconds", f"{BASE_LOAD_SECONDS / max(speed, 0.01):g}", "--gpus", str(count),
         "--gpu-state", state, "--weights-gib", f"{p.server.expected_weights_gib or 70:g}",
         "--stats-interval", "5",
+        # a tiny real language model when the `train` extra is installed, canned text otherwise;
+        # the console's header and `status` say which
+        "--text-backend", "auto",
         # answers take a couple of seconds, as on a real server, so generation is watchable
         "--latency", f"{0.5 / max(speed, 0.01):g}", "--latency-per-token", f"{0.01 / max(speed, 0.01):g}",
     ]
@@ -82,20 +86,14 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
     return p
 
 
-_TOPICS = ("binary search", "the CAP theorem", "photosynthesis", "TCP slow start", "Rust lifetimes",
-           "speculative decoding", "the Fourier transform", "B-trees", "mixture-of-experts models",
-           "Raft consensus", "garbage collection", "the birthday paradox")
-_ASKS = ("Explain {t} to a new engineer.", "What are the trade-offs of {t}?",
-         "Give a short example that shows {t}.", "What is a common mistake people make with {t}?")
-
-
 def write_demo_dataset(path: Path, rows: int = 200) -> None:
     """Small ShareGPT-shaped prompts (as open-perfectblend), made here: nothing is downloaded."""
     if path.exists():
         return
     lines = []
     for i in range(rows):
-        q = _ASKS[i % len(_ASKS)].format(t=_TOPICS[(i // len(_ASKS)) % len(_TOPICS)])
+        # the same questions the tiny verifier was trained on, so its answers stay on topic
+        q = DEMO_ASKS[i % len(DEMO_ASKS)].format(t=DEMO_TOPICS[(i // len(DEMO_ASKS)) % len(DEMO_TOPICS)])
         lines.append(json.dumps({"conversations": [{"from": "human", "value": q},
                                                    {"from": "gpt", "value": "(original answer, dropped)"}],
                                  "source": "demo"}))

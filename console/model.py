@@ -25,6 +25,7 @@ class HostInfo:
     error: str | None = None
     rtt_ms: float | None = None
     simulated: bool = False
+    sim_text: str | None = None  # demo host only: which text backend the vLLM stand-in runs
 
 
 @dataclass

@@ -86,6 +86,19 @@ async def check_http(client: httpx.AsyncClient, profile: Profile) -> HttpState:
     return state
 
 
+async def sim_text_backend(client: httpx.AsyncClient) -> str | None:
+    """Demo host only: which text the vLLM stand-in serves (`GET /_sim/info`, not a vLLM endpoint)."""
+    try:
+        info = (await client.get("/_sim/info")).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(info, dict) or not info.get("text_backend"):
+        return None
+    backend = str(info["text_backend"])
+    label = "tiny language model" if backend == "tinylm" else "canned text"
+    return f"{label}" + (f" ({info['note']})" if info.get("note") else "")
+
+
 def model_mismatch(profile: Profile, served: str | None) -> str | None:
     expected = profile.server.model_id
     if served is not None and served != expected:

@@ -57,14 +57,20 @@ class RunBook:
         self.unit_states: dict[str, str] = {}
 
     def reads_wanted(self) -> list[EventsRead]:
-        return [EventsRead(t.run_dir, t.offset) for t in self.tracks.values() if t.size > t.offset]
+        # unfinished runs are read every time, whatever the last listing said: the probe asks their
+        # units before it reads their events, so a finish written just before the exit is never missed
+        return [EventsRead(t.run_dir, t.offset) for t in self.tracks.values()
+                if t.size > t.offset or (t.stage and t.finish is None)]
 
     def pending_units(self) -> list[str]:
         return [t.unit for t in self.tracks.values() if t.finish is None and t.stage]
 
     def apply_listing(self, files: list[RunFile]) -> None:
         for rf in files:
-            self.tracks.setdefault(rf.run_dir, RunTrack(rf.run_dir, rf.run_id)).size = rf.size
+            track = self.tracks.get(rf.run_dir)
+            if track is None or rf.size < track.offset:  # new, or replaced (`--fresh` archived the old one)
+                track = self.tracks[rf.run_dir] = RunTrack(rf.run_dir, rf.run_id)
+            track.size = rf.size
 
     def apply_events(self, run_dir: str, data: bytes) -> None:
         track = self.tracks[run_dir]

@@ -105,7 +105,8 @@ def human(snap: Snapshot) -> str:
     h, s, v = snap.host, snap.service, snap.server
     lines = []
     if h.simulated:
-        lines.append("*** SIMULATED demo host: no real GPU or vLLM ***")
+        text = f", serving {h.sim_text}" if h.sim_text else ""
+        lines.append(f"*** SIMULATED demo host: no real GPU or vLLM{text} ***")
     lines.append(f"host     {h.name}: " + ("reachable" + (f" ({h.rtt_ms} ms)" if h.rtt_ms else "")
                                           if h.reachable else f"UNREACHABLE: {h.error}"))
     lines.append(f"service  {s.manager} {s.unit}: {s.active_state}/{s.sub_state}"
