@@ -13,7 +13,7 @@ from textual.widgets import Input
 
 from console.controller import JournalLine
 from console.panes.base import Text
-from console.panes.tail_view import TailView
+from console.panes.tail_view import TailView, clean_line
 from console.panes.messages import FilterClosed, JournalCommand, JournalLines, JournalUnit
 
 MAX_LINES = 5000
@@ -71,7 +71,9 @@ class JournalPane(Vertical):
         self.border_title = "Journal"
         self.unit: str | None = None
         self.note: str | None = None
-        self.buffer: deque[JournalLine] = deque(maxlen=max_lines)
+        # Cleaned text only (the unit is the pane's): a JournalLine object per line would cost more
+        # memory than the text, and the view shares these very strings.
+        self.buffer: deque[str] = deque(maxlen=max_lines)
         self.filter = ""
         self.paused = False
         self.new_lines = 0  # matching lines not yet seen (scrolled up or paused)
@@ -89,8 +91,8 @@ class JournalPane(Vertical):
     def log_view(self) -> TailView:
         return self.query_one("#journal-log", TailView)
 
-    def _matches(self, line: JournalLine) -> bool:
-        return not self.filter or self.filter in line.text.lower()
+    def _matches(self, text: str) -> bool:
+        return not self.filter or self.filter in text.lower()
 
     def _status(self) -> str:
         parts = [f"unit [b]{escape(self.unit or '—')}[/b]"]
@@ -107,9 +109,9 @@ class JournalPane(Vertical):
         self.query_one("#journal-status", Text).show(self._status())
 
     def on_journal_lines(self, message: JournalLines) -> None:
-        lines = message.lines  # already batched by the app's journal worker
+        lines = [clean_line(line.text) for line in message.lines]  # batched by the app's worker
         self.buffer.extend(lines)
-        visible = [line.text for line in lines if self._matches(line)]
+        visible = [text for text in lines if self._matches(text)]
         if self.paused:
             self.new_lines += len(visible)
         elif visible:
@@ -156,7 +158,7 @@ class JournalPane(Vertical):
         """Redraw the view from the buffer (filter changed, unit changed, or resumed) and follow."""
         log = self.log_view
         log.clear()
-        visible = [line.text for line in self.buffer if self._matches(line)]
+        visible = [text for text in self.buffer if self._matches(text)]
         log.append(visible, follow=True)
         self.shown = len(visible)
         self.new_lines = 0
