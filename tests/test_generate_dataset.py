@@ -107,3 +107,12 @@ def test_missing_or_unsupported_path(tmp_path):
         ds.data_files(str(tmp_path / "x.csv"))
     with pytest.raises(ds.DatasetError, match="no .parquet"):
         ds.data_files(str(tmp_path))
+
+
+def test_sample_id_is_the_hash_of_the_canonical_json_and_survives_odd_rows():
+    import hashlib
+
+    row = {"conversations": [{"from": "human", "value": "é?"}], "b": 2**70, "a": float("nan")}
+    blob = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str).encode()
+    assert ds.sample_id(7, row) == f"00000007-{hashlib.sha256(blob).hexdigest()[:12]}"  # ids of older runs hold
+    assert ds.sample_id(1, {"s": "\ud800"}) != ds.sample_id(1, {"s": "\ud801"})  # lone surrogates: no crash

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from backend.generate.records import model_turn
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "kimi-sim"
 
@@ -134,7 +136,7 @@ def test_every_reasoning_field_captured_and_wrapped(standin, tmp_path, field, ve
         rec_reasoning = turn["reasoning_content"]
         assert rec_reasoning and rec["reasoning_captured"]
         assert turn == {"role": "assistant", "content": turn["content"], "reasoning_content": rec_reasoning}
-        assert rec["assistant"] == "<think>" + rec_reasoning + "</think>" + turn["content"]
+        assert model_turn(rec) == "<think>" + rec_reasoning + "</think>" + turn["content"]
         assert rec["conversations"][:-1] == [{"role": "user",
                                               "content": rec["source"]["conversations"][0]["value"]}]
     summary = json.loads((run / "summary.json").read_text())

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from backend.generate.records import (ResponseError, assistant_text, build_record, content_of, dumps_line,
-                                      parse_completion, prompt_turns, reasoning_of, token_row)
+                                      model_turn, parse_completion, prompt_turns, reasoning_of,
+                                      token_row)
 
 
 def _body(message, finish="stop", **extra):
@@ -34,7 +35,7 @@ def test_truncated_inside_thinking():
     rec = build_record(sample_id="s", index=0, model="m", prompt=[{"role": "user", "content": "q"}],
                        completion=done, source={"k": 1})
     assert rec["truncated"] is True and rec["finish_reason"] == "length"
-    assert rec["assistant"] == "<think>still thinking</think>"
+    assert model_turn(rec) == "<think>still thinking</think>"
     assert rec["conversations"][-1] == {"role": "assistant", "content": "",
                                         "reasoning_content": "still thinking"}
     assert reasoning_of(rec) == "still thinking" and content_of(rec) == ""
@@ -78,19 +79,19 @@ def test_record_line_is_one_json_line_and_prepare_data_shaped():
     assert list(rec)[0] == "id"
     assert rec["conversations"][:2] == prompt == prompt_turns(rec)
     assert rec["conversations"][2] == {"role": "assistant", "content": "a\nb", "reasoning_content": "é"}
-    assert rec["assistant"] == "<think>é</think>a\nb"
+    assert model_turn(rec) == "<think>é</think>a\nb"
     assert reasoning_of(rec) == "é" and content_of(rec) == "a\nb"
     assert rec["source"] == {"big": 2**70}  # falls back to the stdlib for ints orjson cannot hold
 
 
-def test_generated_text_is_stored_twice_not_more():
-    # the text is ~all of a record's bytes: reasoning + content, and the wrapped assistant turn only
+def test_generated_text_is_stored_once():
+    # the text is ~all of a record's bytes (and writing it most of the stage's CPU): one copy
     reasoning, content = "R" * 5000, "C" * 3000
     done = parse_completion(_body({"content": content, "reasoning": reasoning}))
     line = dumps_line(build_record(sample_id="s", index=0, model="m", prompt=[{"role": "user", "content": "q"}],
                                    completion=done, source={"conversations": [{"from": "human", "value": "q"}]}))
-    assert line.count(b"R" * 5000) == 2 and line.count(b"C" * 3000) == 2
-    assert len(line) < 2 * (5000 + 3000) + 600
+    assert line.count(b"R" * 5000) == 1 and line.count(b"C" * 3000) == 1
+    assert len(line) < 5000 + 3000 + 600
 
 
 def test_prepare_data_reads_the_conversation_as_is():
@@ -106,3 +107,8 @@ def test_prepare_data_reads_the_conversation_as_is():
                                 completion=parse_completion(_body({"content": "4"})))
     assert no_reasoning["conversations"][-1] == {"role": "assistant", "content": "4", "reasoning_content": None}
     assert "input_ids" not in rec and "loss_mask" not in rec  # else prepare-data takes the pre-tokenized path
+
+
+def test_lone_surrogate_still_makes_one_valid_json_line():
+    line = dumps_line({"id": "s", "source": {"s": "\ud800 é"}})
+    assert line.endswith(b"\n") and json.loads(line.decode("utf-8")) == {"id": "s", "source": {"s": "\ud800 é"}}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.generate.records import model_turn
 from backend.profile import load_profile
 from console.host.ssh import SshHost
 from console.stages import launch_generate, stop_stage_unit
@@ -141,7 +142,7 @@ async def test_run_generate_wait_in_a_transient_unit(systemd_rig, rig_ssh, tmp_p
         for r in recs:
             turn = r["conversations"][-1]
             assert r["reasoning_captured"] and turn["reasoning_content"]
-            assert r["assistant"] == f"<think>{turn['reasoning_content']}</think>{turn['content']}"
+            assert model_turn(r) == f"<think>{turn['reasoning_content']}</think>{turn['content']}"
         finish = (await events_of(rig_ssh, run_dir))[-1]
         assert finish["kind"] == "finish" and finish["status"] == "completed", finish
     finally:

@@ -112,6 +112,8 @@ def _jsonl_rows(name: str) -> Iterator[Any]:
         for line in f:
             if not line.strip():
                 continue
+            # json, not orjson: orjson 3.8 turns ints over 64 bits into floats, which would change the
+            # row, hence its sample id, between backend versions (a resume would redo those samples)
             try:
                 yield json.loads(line)
             except ValueError as exc:
@@ -128,10 +130,15 @@ def raw_rows(path: str) -> Iterator[Any]:
         yield from (_jsonl_rows(name) if name.endswith(".jsonl") else _datasets_rows(name))
 
 
+# What json.dumps(row, sort_keys=True, ensure_ascii=False, default=str) builds on every call; one
+# instance gives the same text without constructing an encoder per row.
+_ID_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str)
+
+
 def sample_id(index: int, row: Any) -> str:
     """Stable across restarts: the row's position plus a hash of its content, so a changed row
     never matches an old record (the manifest already refuses a changed dataset)."""
-    blob = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str).encode()
+    blob = _ID_ENCODER.encode(row).encode("utf-8", "surrogatepass")  # a lone surrogate must not crash
     return f"{index:08d}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
 

@@ -1,15 +1,17 @@
 """One completed sample: the chat-completion response parsed into the output record.
 
-The generated text is stored twice and no more (it is ~all of a record's bytes, and writing it is most
-of the stage's CPU):
-- `conversations`: the prompt turns, then the assistant turn with the answer as `content` and the
-  thinking as `reasoning_content`. This is the column `speculators prepare-data` reads (its normaliser
-  keeps role/content/reasoning_content and drops every other column), so the output file is its `--data`
-  as is. Chat templates that know reasoning (Kimi, Qwen3, the stand-in's tiny model) render that turn
-  back into exactly the tokens the model produced; the text with the `<think>` markers already in
-  `content` would render a second, empty think block in front of it under Kimi's template.
-- `assistant`: the turn as the model produced it, `<think>` + reasoning + `</think>` + content.
-`reasoning_of`, `content_of` and `prompt_turns` read the pieces back. With token ids returned,
+The generated text is ~all of a record's bytes, and writing it is most of the stage's own CPU, so it is
+stored once: in `conversations`, the prompt turns followed by the assistant turn with the answer as
+`content` and the thinking as `reasoning_content`. That is the column `speculators prepare-data` reads
+(its normaliser keeps role/content/reasoning_content and drops every other column), so the output file
+is its `--data` as is, and chat templates that know reasoning (Kimi, Qwen3, the stand-in's tiny model)
+render the turn back into exactly the tokens the model produced. The `<think>` markers are not put in
+`content`: Kimi's template would render a second, empty think block in front of them.
+
+The turn as the model produced it, `<think>` + reasoning + `</think>` + content, is `model_turn(record)`:
+a pure function of the stored fields (it was only ever built from them, the server having split the
+output). Storing it as well would double the bytes written per record (~0.1 ms CPU per completion).
+`reasoning_of`, `content_of` and `prompt_turns` read the other pieces. With token ids returned,
 `token_row` gives the pre-tokenized form (`input_ids` + `loss_mask`) that prepare-data passes through
 without a render endpoint.
 """
@@ -44,9 +46,10 @@ def dumps_line(obj: Any) -> bytes:
         try:
             # orjson appends the newline itself: no second copy of an ~80 KB line
             return _orjson.dumps(obj, option=_LINE)
-        except TypeError:  # e.g. an int over 64 bits in a source row: the stdlib copes
+        except TypeError:  # an int over 64 bits or a lone surrogate in a source row: the stdlib copes
             pass
-    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode()
+    # ASCII escapes keep a lone surrogate valid JSON in valid UTF-8 (a raw one cannot be encoded)
+    return (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,6 @@ def build_record(*, sample_id: str, index: int, model: str, prompt: list[dict[st
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens,
         "reasoning_tokens": completion.reasoning_tokens,
-        "assistant": assistant_text(reasoning, content),
         "conversations": [*prompt, assistant],
         "prompt_token_ids": completion.prompt_token_ids,
         "token_ids": completion.token_ids,
@@ -150,6 +152,11 @@ def reasoning_of(record: dict[str, Any]) -> str | None:
 
 def content_of(record: dict[str, Any]) -> str:
     return record["conversations"][-1]["content"]
+
+
+def model_turn(record: dict[str, Any]) -> str:
+    """The assistant turn as the model produced it: `<think>` + reasoning + `</think>` + content."""
+    return assistant_text(reasoning_of(record), content_of(record))
 
 
 def token_row(record: dict[str, Any]) -> dict[str, Any] | None:
