@@ -116,11 +116,12 @@ class ConsoleApp(App[None]):
         try:
             notices = transitions(self._prev, snapshot)
             unit = snapshot.service.unit
+            reachable = bool(snapshot.host.reachable)
         except Exception:  # malformed snapshot: the panes show the error, no toast
-            notices, unit = [], None
+            notices, unit, reachable = [], None, False
         for notice in notices:
             self.notify(notice.text, severity=notice.severity)  # type: ignore[arg-type]
-        if snapshot.host.reachable:
+        if reachable:
             self._prev = snapshot
         if self.journal_unit is None and isinstance(unit, str) and unit:
             self.follow_unit(unit)
