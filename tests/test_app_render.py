@@ -142,4 +142,4 @@ def test_help_lists_remapped_keys():
     from console.keys import visible_keys
     from console.screens.help import help_markup
     text = help_markup(visible_keys(False), {"stop_stage": "X"}, readonly=False)
-    assert "X" in text and "stop_stage" in text and "?" in text
+    assert "X" in text and "stop_stage" in text and "?" in text and "\\[keys]" in text

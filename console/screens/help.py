@@ -17,7 +17,8 @@ def help_markup(specs: tuple[KeySpec, ...], keymap: dict[str, str], readonly: bo
         keys = ", ".join(display_key(k) for k in effective_keys(spec, keymap))
         lines.append(f"  [b]{escape(keys):<12}[/b] {escape(spec.description):<16} [dim]{spec.id}[/]")
     lines += ["", "  [b]↑/↓ j/k[/b]      select a stage", "  [b]esc[/b]          close this help",
-              "", "[dim]Remap in $XDG_CONFIG_HOME/eagle3-console/keys.toml, e.g.  [keys] stop_stage = \"X\"[/]"]
+              "", "[dim]" + escape('Remap in $XDG_CONFIG_HOME/eagle3-console/keys.toml, e.g.  [keys] stop_stage = "X"')
+              + "[/]"]
     return "\n".join(lines)
 
 
