@@ -5,8 +5,9 @@ stored once: in `conversations`, the prompt turns followed by the assistant turn
 `content` and the thinking as `reasoning_content`. That is the column `speculators prepare-data` reads
 (its normaliser keeps role/content/reasoning_content and drops every other column), so the output file
 is its `--data` as is, and chat templates that know reasoning (Kimi, Qwen3, the stand-in's tiny model)
-render the turn back into exactly the tokens the model produced. The `<think>` markers are not put in
-`content`: Kimi's template would render a second, empty think block in front of them.
+render the turn back into exactly the tokens the model produced (checked with prepare-data against the
+stand-in's tiny model, whose template has Kimi's layout). The `<think>` markers are not put in `content`:
+a template that renders `reasoning_content` itself would put a second, empty think block before them.
 
 The turn as the model produced it, `<think>` + reasoning + `</think>` + content, is `model_turn(record)`:
 a pure function of the stored fields (it was only ever built from them, the server having split the
@@ -44,7 +45,7 @@ _LINE = _orjson.OPT_APPEND_NEWLINE if _orjson is not None else 0
 def dumps_line(obj: Any) -> bytes:
     if _orjson is not None:
         try:
-            # orjson appends the newline itself: no second copy of an ~80 KB line
+            # orjson appends the newline itself: no second copy of a ~40 KB line
             return _orjson.dumps(obj, option=_LINE)
         except TypeError:  # an int over 64 bits or a lone surrogate in a source row: the stdlib copes
             pass
