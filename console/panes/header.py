@@ -39,6 +39,7 @@ class HeaderPane(Horizontal):
         self.reachable: bool | None = None
         self._rtt: float | None = None
         self._error: str | None = None
+        self._sim_text: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Text(self._left(), id="header-left")
@@ -57,7 +58,8 @@ class HeaderPane(Horizontal):
         parts = [f"[b]eagle3-console[/b]", f"profile [b]{escape(self.profile)}[/b]",
                  f"host [b]{escape(self.host)}[/b]", connection_markup(self.reachable, self._rtt, self._error)]
         if self.simulated:
-            parts.append("[reverse yellow] SIMULATED [/]")
+            what = f": {escape(self._sim_text)}" if self._sim_text else ""
+            parts.append(f"[reverse yellow] SIMULATED{what} [/]")
         if self.readonly:
             parts.append("[reverse cyan] READ-ONLY [/]")
         return " │ ".join(parts)
@@ -66,6 +68,7 @@ class HeaderPane(Horizontal):
         host = message.snapshot.host
         self.reachable, self._rtt, self._error = host.reachable, host.rtt_ms, host.error
         self.simulated = self.simulated or host.simulated
+        self._sim_text = getattr(host, "sim_text", None) or self._sim_text
         self.query_one("#header-left", Text).show(self._left())
 
 
