@@ -26,7 +26,8 @@ from console.parsers.tmux import tmux_status
 from console.parsers.vllm_load import LoadTracker
 from console.parsers.vllm_log import split_cr
 from console.probe import build_probe, parse_df, parse_listen, parse_runs_listing, split_sections
-from console.readiness import HttpState, check_http, deep_check, model_mismatch, sim_text_backend
+from console.readiness import HttpState, check_http, deep_check, fetch_metrics, model_mismatch, sim_text_backend
+from console.server_metrics import MetricsWindow
 from console.runs_view import RunBook
 
 LOG_READ_MAX = 1 << 20
@@ -47,6 +48,7 @@ class Collector:
         self.tracker = LoadTracker()
         self.history: list[LoadRecord] = []
         self.runbook = RunBook(profile.server.manager)
+        self.metrics = MetricsWindow()
         self.host_info = HostInfo(name=profile.host.name, simulated=profile.host.simulated)
         self.service = ServiceInfo(manager=profile.server.manager, unit=profile.server.unit)  # type: ignore[arg-type]
         self.gpus: list[GpuInfo] = []
@@ -311,6 +313,10 @@ class Collector:
             self.http = await check_http(client, self.profile)
             if self.profile.host.simulated and self.http.health == 200 and self.host_info.sim_text is None:
                 self.host_info.sim_text = await sim_text_backend(client)
+            if self.http.health == 200 and self.metrics.due(self.clock()):
+                text = await fetch_metrics(client)
+                if text is not None:
+                    self.metrics.feed(text, self.clock(), self.http.model_id)
         except (HostError, OSError) as e:
             self.http = HttpState(error=f"port forward failed: {e}")
             await self._drop_http()
@@ -355,6 +361,7 @@ class Collector:
             return info
         if self.http.listening and self.http.health == 200:
             info.phase = "ready"
+            info.metrics = self.metrics.current
             info.progress = t.progress
             wrong = model_mismatch(self.profile, self.http.model_id)
             if wrong:

@@ -49,6 +49,19 @@ class Progress:
 
 
 @dataclass
+class ServerMetrics:
+    """From vLLM's /metrics (rates over the interval between two scrapes)."""
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+    kv_cache_usage_pct: float | None = None
+    generation_tps: float | None = None
+    prompt_tps: float | None = None
+    spec_acceptance_rate: float | None = None  # accepted / drafted tokens, drafter only
+    spec_mean_acceptance_length: float | None = None
+    spec_per_position: list[float] | None = None
+
+
+@dataclass
 class ServerInfo:
     phase: Phase = "unknown"
     progress: Progress | None = None
@@ -61,6 +74,7 @@ class ServerInfo:
     error: str | None = None
     reasoning_field: str | None = None  # set by the deep check
     deep_check: str | None = None
+    metrics: ServerMetrics | None = None
 
 
 @dataclass

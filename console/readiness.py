@@ -86,6 +86,15 @@ async def check_http(client: httpx.AsyncClient, profile: Profile) -> HttpState:
     return state
 
 
+async def fetch_metrics(client: httpx.AsyncClient) -> str | None:
+    """/metrics is open even with --api-key; None when it cannot be read (never an error to the caller)."""
+    try:
+        r = await client.get("/metrics")
+    except httpx.HTTPError:
+        return None
+    return r.text if r.status_code == 200 else None
+
+
 async def sim_text_backend(client: httpx.AsyncClient) -> str | None:
     """Demo host only: which text the vLLM stand-in serves (`GET /_sim/info`, not a vLLM endpoint)."""
     try:
