@@ -49,6 +49,7 @@ class Collector:
         self.history: list[LoadRecord] = []
         self.runbook = RunBook(profile.server.manager)
         self.metrics = MetricsWindow()
+        self.checkpoint_bytes: int | None = None
         self.host_info = HostInfo(name=profile.host.name, simulated=profile.host.simulated)
         self.service = ServiceInfo(manager=profile.server.manager, unit=profile.server.unit)  # type: ignore[arg-type]
         self.gpus: list[GpuInfo] = []
@@ -76,7 +77,33 @@ class Collector:
         self.host_info.error = None
         hist = await self.host.read_from(f"{self.profile.paths.work_dir}/{LOADS_FILE}", 0)
         self.history = parse_load_history(hist.data.decode(errors="replace"))
+        if self.checkpoint_bytes is None:
+            self.checkpoint_bytes = await self._checkpoint_bytes()
         await self._prime_server_log()
+
+    async def _checkpoint_bytes(self) -> int | None:
+        """Size of the model's weight files on the host: over the GPU count, what each GPU will hold
+        once loaded (the first load's progress signal, before any load was seen on this host)."""
+        path = self.profile.server.model_path
+        if not path.startswith("/"):
+            return None  # a hub id: nothing on disk to measure
+        argv = ["find", path, "-maxdepth", "1", "-type", "f", "(", "-name", "*.safetensors", "-o",
+                "-name", "*.bin", "-o", "-name", "*.pt", ")", "-printf", "%s\n"]
+        try:
+            res = await self.host.run(argv, timeout=30)
+        except HostError:
+            return None
+        if not res.ok:
+            return None
+        return sum(int(s) for s in res.stdout.split() if s.isdigit()) or None
+
+    def expected_weights_gib(self) -> float | None:
+        if self.profile.server.expected_weights_gib:
+            return self.profile.server.expected_weights_gib
+        gpus = self.profile.gpus.count or len(self.gpus)
+        if self.checkpoint_bytes and gpus:
+            return self.checkpoint_bytes / gpus / 2**30
+        return None
 
     async def close(self) -> None:
         if self._client is not None:
@@ -397,7 +424,7 @@ class Collector:
             shards=(t.progress.done, t.progress.total) if t.progress else None,
             shard_eta_s=t.shard_eta_s,
             shards_live=self.profile.server.manager == "tmux",
-            gpus=self.gpus, expected_weights_gib=self.profile.server.expected_weights_gib,
+            gpus=self.gpus, expected_weights_gib=self.expected_weights_gib(),
             baseline_mib=self._baseline_mib,
             previous=last_load(self.history, self.profile.server.model_id))
         info.eta_s = None if est.eta_s is None else round(est.eta_s, 1)

@@ -40,3 +40,26 @@ def test_history_parsing_skips_torn_lines():
     recs = parse_load_history(text)
     assert len(recs) == 3
     assert last_load(recs, "m").ready == 260
+
+
+def test_checkpoint_size_gives_the_first_loads_expected_weights(tmp_path):
+    """Before any load was seen on a host, the weights on disk over the GPU count say what to expect."""
+    import asyncio
+
+    from backend.profile import profile_from_dict
+    from console.collector import Collector
+    from console.host.local import LocalHost
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for i in range(4):  # sparse files: 4 x 2 GiB of "weights"
+        with open(model / f"model-0000{i}-of-00004.safetensors", "wb") as f:
+            f.truncate(2 * 2**30)
+    (model / "config.json").write_text("{}")
+    p = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
+                           "server": {"model_path": str(model), "manager": "tmux", "unit": "e3-ckpt"},
+                           "paths": {"work_dir": str(tmp_path / "work")}, "gpus": {"count": 8}})
+    c = Collector(p, LocalHost())
+    asyncio.run(c.connect())
+    assert c.checkpoint_bytes == 8 * 2**30
+    assert c.expected_weights_gib() == 1.0
