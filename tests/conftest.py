@@ -61,3 +61,14 @@ def systemd_rig(tmp_path_factory):
         rig_unavailable(str(exc))
     yield rig
     rig.stop()
+
+
+@pytest.fixture(scope="module")
+async def rig_ssh(systemd_rig):
+    """An SshHost logged into the booted systemd rig (one connection per test module)."""
+    from console.host.ssh import SshHost
+
+    host = SshHost(systemd_rig.host, port=systemd_rig.port, username=systemd_rig.username,
+                   identity_file=systemd_rig.identity_file, known_hosts=systemd_rig.known_hosts)
+    yield host
+    await host.close()

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +17,10 @@ from pathlib import Path
 import pytest
 
 from backend.generate.records import model_turn
+from tests.sim_support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "kimi-sim"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class StandIn:

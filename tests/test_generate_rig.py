@@ -30,14 +30,6 @@ REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "console.cli"]
 
 
-@pytest.fixture(scope="module")
-async def rig_ssh(systemd_rig):
-    host = SshHost(systemd_rig.host, port=systemd_rig.port, username=systemd_rig.username,
-                   identity_file=systemd_rig.identity_file, known_hosts=systemd_rig.known_hosts)
-    yield host
-    await host.close()
-
-
 async def sh(ssh: SshHost, script: str, *args: str, input: str | None = None, timeout: float = 30) -> str:
     res = await ssh.run(["sh", "-c", script, "sh", *args], input=input, timeout=timeout)
     assert res.ok, f"{script} {args}: exit {res.returncode}: {res.stderr}"

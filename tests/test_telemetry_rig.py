@@ -36,14 +36,6 @@ LOAD_ORDER = ["starting", "loading_weights", "compiling", "allocating_kv_cache",
 CLI = [sys.executable, "-m", "console.cli"]
 
 
-@pytest.fixture(scope="module")
-async def rig_ssh(systemd_rig):
-    host = SshHost(systemd_rig.host, port=systemd_rig.port, username=systemd_rig.username,
-                   identity_file=systemd_rig.identity_file, known_hosts=systemd_rig.known_hosts)
-    yield host
-    await host.close()
-
-
 @dataclass
 class RigUnit:
     name: str
