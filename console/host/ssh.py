@@ -17,114 +17,24 @@ import contextlib
 import os
 import random
 import shlex
-from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
 
 import asyncssh
 
 from .base import (AuthenticationFailed, CommandResult, CommandTimeout, HostDisconnected, HostError,
                    HostKeyError, HostUnreachable, ReadChunk)
+from .jump import JumpHost, parse_jump_host
+from .known_hosts import _known_keys, fetch_host_key, fingerprint, known_hosts_pattern, trust_host_key
+from .known_hosts import why as _why
+
+__all__ = ["SshHost", "JumpHost", "parse_jump_host", "fetch_host_key", "fingerprint", "known_hosts_pattern",
+           "trust_host_key"]
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 # Failures that mean "the transport is gone", as opposed to the command failing.
 _DROPPED = (asyncssh.ConnectionLost, asyncssh.DisconnectError, asyncssh.ChannelOpenError,
             BrokenPipeError, ConnectionError)
-
-
-@dataclass(frozen=True)
-class JumpHost:
-    host: str
-    port: int = 22
-    username: str | None = None
-
-
-def parse_jump_host(spec: str) -> JumpHost:
-    """Parse `[user@]host[:port]` (IPv6 as `[addr]:port`), the ProxyJump form."""
-    text = spec.strip()
-    if not text:
-        raise ValueError("jump host is empty")
-    user: str | None = None
-    if "@" in text:
-        user, text = text.rsplit("@", 1)
-        if not user:
-            raise ValueError(f"jump host {spec!r}: empty user name before '@'")
-    port = 22
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep:
-            raise ValueError(f"jump host {spec!r}: missing ']' after IPv6 address")
-        if rest:
-            if not rest.startswith(":"):
-                raise ValueError(f"jump host {spec!r}: expected ':port' after ']'")
-            port = _parse_port(rest[1:], spec)
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-        port = _parse_port(port_text, spec)
-    else:
-        host = text  # a bare IPv6 address has several ':' and no port
-    if not host:
-        raise ValueError(f"jump host {spec!r}: no host name")
-    return JumpHost(host, port, user)
-
-
-def _parse_port(text: str, spec: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise ValueError(f"jump host {spec!r}: port {text!r} is not a number in 1..65535")
-    return int(text)
-
-
-def fingerprint(key: asyncssh.SSHKey) -> str:
-    return key.get_fingerprint("sha256")
-
-
-def known_hosts_pattern(host: str, port: int) -> str:
-    return host if port == 22 else f"[{host}]:{port}"
-
-
-def trust_host_key(known_hosts_path: str | os.PathLike[str], host: str, port: int,
-                   key: asyncssh.SSHKey) -> str:
-    """Append `key` for host:port to a known_hosts file (created 0600 in a 0700 dir); return the line.
-
-    Only for a key the operator has accepted after seeing its fingerprint. A changed key's old line is
-    left in place: deleting trust is the operator's call, made in the file itself."""
-    path = os.path.expanduser(os.fspath(known_hosts_path))
-    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    key_type, key_data = key.export_public_key("openssh").decode().split()[:2]
-    line = f"{known_hosts_pattern(host, port)} {key_type} {key_data}\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "a+b") as f:
-        f.seek(0, os.SEEK_END)
-        needs_newline = False
-        if f.tell() > 0:
-            f.seek(-1, os.SEEK_END)
-            needs_newline = f.read(1) != b"\n"
-        f.write((("\n" if needs_newline else "") + line).encode())
-    return line
-
-
-async def fetch_host_key(hostname: str, port: int = 22, *, timeout: float = 15.0,
-                         tunnel: asyncssh.SSHClientConnection | None = None) -> asyncssh.SSHKey:
-    """The host key a server presents, without trusting or authenticating (to show its fingerprint)."""
-    try:
-        key = await asyncio.wait_for(
-            asyncssh.get_server_host_key(hostname, port, tunnel=tunnel or ()), timeout)
-    except (OSError, asyncio.TimeoutError, asyncssh.Error) as exc:
-        raise HostUnreachable(f"cannot read the host key of {hostname}:{port}: {_why(exc)}") from exc
-    if key is None:
-        raise HostError(f"{hostname}:{port} presented no host key")
-    return key
-
-
-def _why(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
-
-
-def _known_keys(known_hosts: str, host: str, port: int) -> list[asyncssh.SSHKey]:
-    try:
-        return list(asyncssh.read_known_hosts(known_hosts).match(host, "", port)[0])
-    except (OSError, ValueError, asyncssh.KeyImportError):
-        return []
 
 
 class SshHost:
