@@ -115,8 +115,10 @@ class RunBook:
                 state = "running"
             else:
                 state = "stale"
-            out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit,
-                               done=int(p.get("done") or 0), total=int(p.get("total") or t.total),
-                               failed=int(p.get("failed") or 0), rate=p.get("rate"), eta_s=p.get("eta_s"),
-                               last_event=p or None))
+            done, total, rate = int(p.get("done") or 0), int(p.get("total") or t.total), p.get("rate")
+            eta = p.get("eta_s")
+            if eta is None and state == "running" and isinstance(rate, (int, float)) and rate > 0 and total > done:
+                eta = round((total - done) / rate, 1)  # the stage reports its rate; the ETA follows
+            out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
+                               failed=int(p.get("failed") or 0), rate=rate, eta_s=eta, last_event=p or None))
         return out

@@ -38,3 +38,11 @@ def test_replaced_run_dir_is_read_from_the_start():
     assert book.infos()[0].state == "failed"
     book.apply_listing([RunFile("/w/runs/r1", "r1", size=5, mtime=1)])  # --fresh: a new, shorter file
     assert book.reads_wanted()[0].offset == 0
+
+
+def test_running_eta_from_rate():
+    book = RunBook("tmux")
+    book.apply_listing([RunFile("/w/runs/r1", "r1", size=1, mtime=0)])
+    book.apply_events("/w/runs/r1", line("start", total=100) + line("progress", done=40, total=100, rate=4.0))
+    book.apply_unit_states("e3-generate-r1 0\n", book.pending_units())
+    assert book.infos()[0].eta_s == 15.0
