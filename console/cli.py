@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from console import demo
 from console.commands import profile_cmd, run_cmd, server_cmd, trust_cmd
@@ -14,6 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--demo", action="store_true", help="start a local SIMULATED GPU host and open it")
     parser.add_argument("--demo-speed", type=float, default=1.0,
                         help="demo only: >1 makes the simulated load faster (default 1: a ~20 s load)")
+    parser.add_argument("--demo-dir", type=Path, default=None,
+                        help="demo only: the demo host's work dir (default: under the user cache dir)")
     parser.add_argument("--readonly", action="store_true", help="no action that changes the host")
     parser.add_argument("--keymap", help="TOML file remapping keys")
     sub = parser.add_subparsers(dest="command")

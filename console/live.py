@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator
 
 from backend.profile import Profile
 from console.collector import Collector, server_log_path
@@ -19,8 +19,7 @@ LOG_POLL_S = 0.5
 
 
 class LiveController:
-    def __init__(self, profile: Profile, *, readonly: bool = False, interval: float = 1.0,
-                 on_close: Callable[[], Awaitable[None]] | None = None):
+    def __init__(self, profile: Profile, *, readonly: bool = False, interval: float = 1.0):
         self.profile = profile
         self.profile_name = profile.name or "profile"
         self.host_name = profile.host.name
@@ -29,7 +28,6 @@ class LiveController:
         self.interval = interval
         self.host = host_for_profile(profile)
         self.collector = Collector(profile, self.host, readonly=readonly)
-        self._on_close = on_close
         self._connected = False
         self._follower: asyncio.Task | None = None
 
@@ -176,5 +174,3 @@ class LiveController:
         await self.collector.close()
         with contextlib.suppress(Exception):
             await self.host.close()
-        if self._on_close is not None:
-            await self._on_close()

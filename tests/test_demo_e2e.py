@@ -69,20 +69,32 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
+def pids_running(*needles: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if all(n in cmd for n in needles):
+                found.append(int(proc.name))
+    return found
+
+
 def server_pid(demo_dir: Path) -> int:
     return int(json.loads((demo_dir / "gpus.json").read_text())["pid"])
 
 
 def test_demo_app_end_to_end(tmp_path):
-    cache = tmp_path / "cache"
-    demo_dir = cache / "eagle3-console" / "demo"
-    cmd = [sys.executable, "-m", "console.cli", "--demo", "--demo-speed", "4"]
-    screen = Screen(tmp_path, cmd, {"XDG_CACHE_HOME": str(cache), "PYTHONPATH": str(ROOT)})
+    demo_dir = tmp_path / "demo"
+    cmd = [sys.executable, "-m", "console.cli", "--demo", "--demo-speed", "2", "--demo-dir", str(demo_dir)]
+    screen = Screen(tmp_path, cmd, {"PYTHONPATH": str(ROOT)})
     try:
         screen.wait_for(r"SIMULATED", 60)
-        screen.wait_for(r"phase\s+(starting|loading_weights|compiling)", 60)
+        screen.wait_for(r"phase\s+(starting|loading_weights|compiling|allocating|capturing)", 60)
         first_pid = server_pid(demo_dir)
-        text = screen.wait_for(r"phase\s+ready", 60)
+        text = screen.wait_for(r"phase\s+ready", 120)  # the first use builds the tiny verifier
         assert "kimi-k2.5-int4" in text and re.search(r"max_model_len \d+", text)
         # the header says what the stand-in serves: a tiny real model (train extra) or canned text
         assert re.search(r"SIMULATED: (tiny language model|canned text)", text), text.splitlines()[0]
@@ -109,9 +121,15 @@ def test_demo_app_end_to_end(tmp_path):
         screen.keys("s")
         screen.wait_for(r"respawn-pane", 20)
         screen.wait_for(r"phase\s+(starting|loading_weights|compiling|allocating|capturing|starting_api)", 30)
-        screen.wait_for(r"phase\s+ready", 60)
+        screen.wait_for(r"phase\s+ready", 120)
         second_pid = server_pid(demo_dir)
         assert second_pid != first_pid and pid_alive(second_pid)
+
+        # a generation run on the demo host, started with `s` on the generate stage
+        screen.keys("j", "s")
+        screen.wait_for(r"run\s+generate-\S+\s+running", 60)
+        stage_pids = pids_running("backend.generate", str(demo_dir))
+        assert stage_pids
 
         screen.keys("q")
         deadline = time.monotonic() + 30
@@ -123,6 +141,7 @@ def test_demo_app_end_to_end(tmp_path):
         while pid_alive(second_pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not pid_alive(second_pid)
+        assert not [p for p in stage_pids if pid_alive(p)]
         tmux_env = {**os.environ, "TMUX_TMPDIR": str(demo_dir / "tmux")}
         tmux_env.pop("TMUX", None)
         left = subprocess.run(["tmux", "list-sessions"], capture_output=True, text=True, env=tmux_env)

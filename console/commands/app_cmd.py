@@ -14,28 +14,33 @@ def run_app(a: argparse.Namespace) -> int:
     from console.keys import KeymapError
     from console.live import LiveController
 
-    on_close = None
+    work_dir = None
     if a.demo:
-        work_dir = demo.default_dir()
+        work_dir = a.demo_dir or demo.default_dir()
         print(f"starting the SIMULATED demo host in {work_dir} ...", file=sys.stderr)
         try:
             profile = asyncio.run(demo.start(work_dir, speed=a.demo_speed))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-
-        async def on_close() -> None:  # the demo host is ours: quitting the demo ends it
-            await demo.stop(work_dir)
     elif a.profile:
         profile = load_or_exit(a.profile)
     else:
         print("error: give --profile FILE (see `eagle3-console profile init --help`) or --demo", file=sys.stderr)
         return 2
-    controller = LiveController(profile, readonly=a.readonly, on_close=on_close)
+    controller = LiveController(profile, readonly=a.readonly)
     try:
-        app = ConsoleApp(controller, readonly=a.readonly, keymap_path=a.keymap)
-    except KeymapError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    app.run()
+        try:
+            app = ConsoleApp(controller, readonly=a.readonly, keymap_path=a.keymap)
+        except KeymapError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        app.run()
+    finally:
+        if work_dir is not None:
+            # the demo host is ours: quitting the demo ends it, after the app has let go of the terminal
+            # (a stage's graceful stop can take longer than the app's own shutdown may wait)
+            print("stopping the SIMULATED demo host ...", file=sys.stderr)
+            stopped = asyncio.run(demo.stop(work_dir))
+            print(f"stopped: {', '.join(stopped) or 'nothing was running'}", file=sys.stderr)
     return 0
