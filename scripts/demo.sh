@@ -8,5 +8,6 @@ if ! command -v tmux >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq tmux >/dev/null
     else echo "tmux is needed for the demo host: sudo apt-get install tmux" >&2; exit 1; fi
 fi
-"$PY" -m pip install -q -e .
+# the console, plus what the stage programs need on the (here: local) GPU host
+"$PY" -m pip install -q -e '.[host]'
 exec "$PY" -m console.cli --demo "$@"

@@ -22,11 +22,12 @@ from backend.generate.records import ResponseError, dumps_line, loads, parse_com
 
 REQUIRED_MODULES = ("aiohttp", "datasets", "pyarrow")
 SMOKE_PROMPT = "Reply with one short sentence: what is 2 + 2?"
-# Bytes one record can take per max_token: text ~4.2 B/token, stored three times (reasoning/content,
-# the <think> assistant turn, the prepare-data conversation); token ids ~7 B/token, twice with the
-# pre-tokenized export.
-TEXT_BYTES_PER_TOKEN = 13
+# Bytes a record takes per generated token: the text once (~4.2 B/token, rounded up); token ids ~7 B/token,
+# twice counting the pre-tokenized export. Answers average well under max_tokens, but a reasoning model
+# runs long: plan for answers half the budget long, which still leaves room for a run that goes long.
+TEXT_BYTES_PER_TOKEN = 5
 IDS_BYTES_PER_TOKEN = 14
+EXPECTED_FILL = 0.5
 
 
 @dataclass
@@ -67,7 +68,8 @@ def check_modules(report: PreflightReport, modules: tuple[str, ...] = REQUIRED_M
 
 
 def estimate_bytes(samples: int, max_tokens: int, token_ids: bool, avg_row_bytes: int) -> int:
-    per = max_tokens * (TEXT_BYTES_PER_TOKEN + (IDS_BYTES_PER_TOKEN if token_ids else 0)) + 2 * avg_row_bytes
+    tokens = max_tokens * EXPECTED_FILL
+    per = int(tokens * (TEXT_BYTES_PER_TOKEN + (IDS_BYTES_PER_TOKEN if token_ids else 0))) + 2 * avg_row_bytes
     return samples * per
 
 
