@@ -5,7 +5,6 @@ Every process started here is killed by its pid at the end of its test.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
