@@ -86,7 +86,7 @@ async def ensure_backend(host: Host, profile: Profile, shown: list[str]) -> str:
 
 
 def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, limit: int | None = None,
-                  fresh: bool = False, preflight_only: bool = False) -> list[str]:
+                  fresh: bool = False, preflight_only: bool = False, api_key_path: str | None = None) -> list[str]:
     g = profile.generate
     dataset = dataset or g.dataset
     if not dataset:
@@ -101,15 +101,28 @@ def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, 
             "--expect-reasoning" if profile.server.expect_reasoning else "--no-expect-reasoning"]
     if g.chat_template_kwargs:
         argv += ["--chat-template-kwargs", json.dumps(g.chat_template_kwargs, separators=(",", ":"))]
-    if profile.server.api_key_env:
-        argv += ["--api-key-env", profile.server.api_key_env]
-    if profile.server.api_key_file:
-        argv += ["--api-key-file", profile.server.api_key_file]
+    if api_key_path:
+        argv += ["--api-key-file", api_key_path]
     if fresh:
         argv.append("--fresh")
     if preflight_only:
         argv.append("--preflight-only")
     return argv
+
+
+async def upload_api_key(host: Host, profile: Profile) -> str | None:
+    """The stage runs detached, where the console's environment does not reach: hand it the API key as
+    a 0600 file in a 0700 dir on the host, so it is in no command line, unit property or log."""
+    from console.readiness import api_key
+    key = api_key(profile)
+    if not key:
+        return None
+    secrets_dir = f"{profile.paths.work_dir}/secrets"
+    await host.run(["sh", "-c", 'umask 077 && mkdir -p "$1" && chmod 700 "$1"', "sh", secrets_dir],
+                   timeout=30, check=True)
+    path = f"{secrets_dir}/vllm-api-key"
+    await host.upload(key.encode() + b"\n", path, mode=0o600)
+    return path
 
 
 def stage_log_path(profile: Profile, unit: str) -> str:
@@ -123,7 +136,9 @@ async def launch_generate(host: Host, profile: Profile, *, run_id: str | None = 
     shown: list[str] = []
     code_dir = await ensure_backend(host, profile, shown)
     env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1"}
-    preflight = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh, preflight_only=True)
+    key_path = await upload_api_key(host, profile)
+    preflight = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh, preflight_only=True,
+                              api_key_path=key_path)
     pre_cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *preflight]
     shown.append(shlex.join(pre_cmd))
     res = await host.run(pre_cmd, timeout=300)
@@ -131,7 +146,7 @@ async def launch_generate(host: Host, profile: Profile, *, run_id: str | None = 
         raise StageError("preflight failed:\n" + _preflight_text(res.stdout, res.stderr))
     unit = stage_unit_name("generate", run_id)
     run_dir = f"{profile.paths.work_dir}/runs/{run_id}"
-    argv = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh)
+    argv = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh, api_key_path=key_path)
     start = stage_start_argv(profile, unit, argv, log_path=stage_log_path(profile, unit),
                              cwd=profile.paths.work_dir, env=env)
     shown.append(shlex.join(start))

@@ -1,0 +1,32 @@
+"""The API key reaches a detached stage as a 0600 file, never in its command line."""
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+
+from backend.profile import profile_from_dict
+from console.host.local import LocalHost
+from console.stages import generate_argv, upload_api_key
+
+
+def test_api_key_is_uploaded_private_and_never_in_argv(tmp_path, monkeypatch):
+    monkeypatch.setenv("E3_TEST_VLLM_KEY", "sk-very-secret")
+    p = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
+                           "server": {"model_path": "/m", "manager": "tmux", "unit": "u",
+                                      "api_key_env": "E3_TEST_VLLM_KEY"},
+                           "paths": {"work_dir": str(tmp_path)}, "generate": {"dataset": "/d.jsonl"}})
+    path = asyncio.run(upload_api_key(LocalHost(), p))
+    assert path and open(path).read().strip() == "sk-very-secret"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    argv = generate_argv(p, "r1", api_key_path=path)
+    assert "sk-very-secret" not in " ".join(argv) and argv[argv.index("--api-key-file") + 1] == path
+
+
+def test_no_key_no_file(tmp_path):
+    p = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
+                           "server": {"model_path": "/m", "manager": "tmux", "unit": "u"},
+                           "paths": {"work_dir": str(tmp_path)}})
+    assert asyncio.run(upload_api_key(LocalHost(), p)) is None
+    assert not (tmp_path / "secrets").exists()
