@@ -28,6 +28,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--json", action="store_true", help="one JSON object (the scripting contract)")
     st.add_argument("--watch", action="store_true", help="a JSON line per change, until interrupted")
     st.add_argument("--interval", type=float, default=0.5, help="seconds between probes with --watch")
+    st.add_argument("--deep", action="store_true",
+                    help="when ready, also send one tiny chat completion: did content and reasoning come back?")
     st.set_defaults(func=cmd_status)
 
     wr = sub.add_parser("wait-ready", help="exit 0 when the server is ready, 1 if its load failed, 2 on timeout")
@@ -84,7 +86,7 @@ async def reconnect(collector: Collector) -> None:
         collector.host_info.error = str(e)
 
 
-async def snapshot_once(profile: Profile) -> Snapshot:
+async def snapshot_once(profile: Profile, *, deep: bool = False) -> Snapshot:
     collector = await open_collector(profile)
     try:
         if not collector.host_info.reachable:
@@ -94,6 +96,9 @@ async def snapshot_once(profile: Profile) -> Snapshot:
             if collector.settled():
                 break
             snap = await collector.refresh()
+        if deep and snap.server.phase == "ready":
+            await collector.run_deep_check()
+            snap = collector.snapshot()
         return snap
     finally:
         await collector.close()
@@ -121,6 +126,8 @@ def human(snap: Snapshot) -> str:
     lines.append(f"server   {v.phase}{extra}")
     if v.model_id:
         lines.append(f"         model {v.model_id}, max_model_len {v.max_model_len}, vLLM {v.version}")
+    if v.deep_check:
+        lines.append(f"         deep check {v.deep_check}")
     if v.error:
         lines.append(f"         ERROR: {v.error}")
     if snap.gpu_error:
@@ -141,8 +148,8 @@ def cmd_status(a: argparse.Namespace) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(watch(profile, a.interval))
         return 0
-    snap = asyncio.run(snapshot_once(profile))
-    print(json.dumps(public(snap), indent=None if a.json else 2) if a.json else human(snap))
+    snap = asyncio.run(snapshot_once(profile, deep=a.deep))
+    print(json.dumps(public(snap)) if a.json else human(snap))
     return 0 if snap.host.reachable else 3
 
 
