@@ -161,6 +161,12 @@ async def test_stop_is_graceful_and_the_same_run_id_resumes(systemd_rig, rig_ssh
             return [e for e in evs if e.get("kind") == "progress" and e.get("done", 0) > 0]
 
         await wait_for(progressed, "a progress event with durable records", timeout=60)
+        # a console started now (a new process, a new SSH connection) finds the run and reattaches
+        status = await asyncio.to_thread(subprocess.run, CLI + ["status", "--profile", str(profile_path), "--json"],
+                                         capture_output=True, text=True, timeout=120, cwd=REPO)
+        found = [r for r in json.loads(status.stdout)["runs"] if r["run_id"] == run_id]
+        assert found and found[0]["state"] == "running" and found[0]["unit"] == launch.unit, status.stdout
+        assert found[0]["done"] > 0 and found[0]["total"] == 40
         shown = await stop_stage_unit(host, profile, launch.unit)  # what `x` runs
         assert shown == [shlex.join(["systemctl", "stop", launch.unit])]
 
