@@ -17,7 +17,7 @@ import httpx
 
 from backend.profile import Profile
 from console.eta import LOADS_FILE, LoadRecord, estimate_load, last_load, parse_load_history
-from console.host.base import Host, HostError
+from console.host.base import AuthenticationFailed, Host, HostError, HostKeyError
 from console.model import GpuInfo, HostInfo, RunInfo, ServerInfo, ServiceInfo, Snapshot
 from console.parsers.journal import journal_follow_argv, parse_journal_json
 from console.parsers.nvidia_smi import classify_gpu_error, parse_gpu_csv
@@ -50,6 +50,7 @@ class Collector:
         self.runbook = RunBook(profile.server.manager)
         self.metrics = MetricsWindow()
         self.checkpoint_bytes: int | None = None
+        self.final_error: str | None = None  # set when connecting cannot succeed without the operator
         self.host_info = HostInfo(name=profile.host.name, simulated=profile.host.simulated)
         self.service = ServiceInfo(manager=profile.server.manager, unit=profile.server.unit)  # type: ignore[arg-type]
         self.gpus: list[GpuInfo] = []
@@ -70,6 +71,24 @@ class Collector:
         self.nvml_note: str | None = None
 
     # -- connection ---------------------------------------------------------------------------------
+
+    async def try_connect(self) -> bool:
+        """Connect, recording why not in host_info. A refused key or host key is final: retrying it in a
+        loop would only hammer sshd (and trip fail2ban); the operator has to act first."""
+        try:
+            await self.connect()
+            return True
+        except HostKeyError as e:
+            hint = (" Check it with the host's owner, then run `eagle3-console trust-host --profile "
+                    f"{self.profile.source or 'PROFILE'}` to accept it.") if not e.changed else ""
+            self.final_error = f"{e}{hint}"
+        except AuthenticationFailed as e:
+            self.final_error = str(e)
+        except HostError as e:
+            self.host_info.reachable, self.host_info.error = False, str(e)
+            return False
+        self.host_info.reachable, self.host_info.error = False, self.final_error
+        return False
 
     async def connect(self) -> None:
         await self.host.connect()
@@ -206,7 +225,7 @@ class Collector:
         is_server = feed_tracker and unit == self.profile.server.unit
         cursor = self.journal_cursor if is_server else None
         delay = 0.5
-        while True:
+        while self.final_error is None:
             argv = journal_follow_argv(unit, cursor=cursor, lines=0 if cursor else 200)
             try:
                 async for line in self.host.stream(argv):
@@ -220,6 +239,8 @@ class Collector:
                             self.tracker.feed(entry.message, entry.ts)
                     delay = 0.5
                     yield entry.message
+            except (AuthenticationFailed, HostKeyError) as e:
+                self.final_error = str(e)
             except HostError:
                 pass
             await asyncio.sleep(delay)
@@ -237,6 +258,8 @@ class Collector:
         except HostError as e:
             self.host_info.reachable = False
             self.host_info.error = str(e)
+            if isinstance(e, (AuthenticationFailed, HostKeyError)):
+                self.final_error = str(e)  # the reconnect was refused: stop knocking
             await self._drop_http()
             return self.snapshot()
         await self._check_http()

@@ -9,7 +9,7 @@ from typing import AsyncIterator
 from backend.profile import Profile
 from console.collector import Collector, server_log_path
 from console.controller import ActionResult, JournalLine
-from console.host.base import HostError, HostKeyError
+from console.host.base import HostError
 from console.host.factory import host_for_profile
 from console.managers import server_restart_argvs, server_start_argv, server_stop_argv
 from console.model import Snapshot
@@ -33,25 +33,13 @@ class LiveController:
 
     # -- data ---------------------------------------------------------------------------------------
 
-    async def _connect(self) -> None:
-        info = self.collector.host_info
-        try:
-            await self.collector.connect()
-            self._connected = True
-        except HostKeyError as e:
-            info.reachable, info.error = False, (
-                f"{e} Run `eagle3-console trust-host --profile {self.profile.source}` after checking it."
-                if not e.changed else str(e))
-        except HostError as e:
-            info.reachable, info.error = False, str(e)
-
     async def snapshots(self) -> AsyncIterator[Snapshot]:
         self.collector.host_info.error = "connecting..."
         yield self.collector.snapshot()
         while True:
-            if not self._connected:
-                await self._connect()
-            if self._connected:
+            if not self._connected and self.collector.final_error is None:
+                self._connected = await self.collector.try_connect()
+            if self._connected and self.collector.final_error is None:
                 if self._follower is None and self.profile.server.manager == "systemd":
                     self._follower = asyncio.create_task(self._feed_tracker())
                 snap = await self.collector.refresh()

@@ -80,3 +80,19 @@ def test_destructive_commands_need_confirmation(tmp_path, sshd_server):
     profile = write_profile(tmp_path, sshd_server, sshd_server.known_hosts)
     res = cli("stop-server", "--profile", str(profile))
     assert res.returncode == 2 and "--yes" in res.stderr
+
+
+def test_refused_key_is_reported_once_not_retried(tmp_path, sshd_server):
+    """An unknown host key or a refused client key needs the operator: --watch and wait-ready say so and
+    stop instead of knocking on sshd every second."""
+    import time
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    profile = write_profile(tmp_path, sshd_server, known)
+    started = time.monotonic()
+    watch = cli("status", "--profile", str(profile), "--watch", timeout=30)
+    lines = [json.loads(l) for l in watch.stdout.splitlines()]
+    assert len(lines) == 1 and "SHA256:" in lines[0]["host"]["error"]
+    wait = cli("wait-ready", "--profile", str(profile), "--timeout", "600", timeout=30)
+    assert wait.returncode == 2 and "SHA256:" in wait.stderr
+    assert time.monotonic() - started < 25  # neither waited out its own limit

@@ -14,7 +14,7 @@ import time
 
 from backend.profile import Profile, ProfileError, load_profile
 from console.collector import Collector, server_log_path
-from console.host.base import HostError, HostKeyError
+from console.host.base import HostError
 from console.host.factory import host_for_profile
 from console.managers import server_restart_argvs, server_start_argv, server_stop_argv
 from console.model import Snapshot
@@ -70,20 +70,8 @@ def _stable(d: dict) -> dict:
 
 async def open_collector(profile: Profile, *, readonly: bool = False) -> Collector:
     collector = Collector(profile, host_for_profile(profile), readonly=readonly)
-    await reconnect(collector)
+    await collector.try_connect()
     return collector
-
-
-async def reconnect(collector: Collector) -> None:
-    try:
-        await collector.connect()
-    except HostKeyError as e:
-        collector.host_info.reachable = False
-        hint = " Check it, then run `eagle3-console trust-host --profile ...` to accept it." if not e.changed else ""
-        collector.host_info.error = f"{e}{hint}"
-    except HostError as e:
-        collector.host_info.reachable = False
-        collector.host_info.error = str(e)
 
 
 async def snapshot_once(profile: Profile, *, deep: bool = False) -> Snapshot:
@@ -166,12 +154,15 @@ async def live_snapshots(profile: Profile, interval: float):
         while True:
             if collector.host_info.reachable and follower is None and profile.server.manager == "systemd":
                 follower = asyncio.create_task(_follow(collector))
-            if collector.host_info.reachable:
+            if collector.host_info.reachable and collector.final_error is None:
+                snap = await collector.refresh()
+            elif collector.final_error is None and await collector.try_connect():
                 snap = await collector.refresh()
             else:
-                await reconnect(collector)
-                snap = await collector.refresh() if collector.host_info.reachable else collector.snapshot()
+                snap = collector.snapshot()
             yield snap
+            if collector.final_error:
+                return  # a refused key will not fix itself: say so once and stop
             await asyncio.sleep(interval)
     finally:
         if follower:
@@ -197,7 +188,7 @@ async def wait_ready(profile: Profile, timeout: float, interval: float) -> tuple
         while time.monotonic() < deadline:
             try:
                 snap = await asyncio.wait_for(gen.__anext__(), max(0.1, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+            except (asyncio.TimeoutError, StopAsyncIteration):
                 break
             if snap.server.phase == "ready" and not snap.server.error:
                 return 0, snap
