@@ -297,7 +297,7 @@ class GenerateSection:
     max_tokens: int = knob(8192, min=1, max=10_000_000)
     request_timeout_s: float = knob(1800.0, min=1, max=86400)
     temperature: float = knob(0.6, min=0, max=5)
-    top_p: float = knob(0.95, min=0, max=1)
+    top_p: float = knob(0.95, min=0.001, max=1, doc="vLLM accepts (0, 1]")
     chat_template_kwargs: dict[str, Any] = knob({})
     return_token_ids: str = knob("auto", choices=("auto", "on", "off"))
     max_retries: int = knob(5, min=0, max=100)

@@ -30,3 +30,22 @@ def test_no_key_no_file(tmp_path):
                            "paths": {"work_dir": str(tmp_path)}})
     assert asyncio.run(upload_api_key(LocalHost(), p)) is None
     assert not (tmp_path / "secrets").exists()
+
+
+def test_backend_is_uploaded_once_per_content(tmp_path, monkeypatch):
+    """The host gets the backend when its copy is older (another content hash), and nothing otherwise."""
+    from console import stages
+    p = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
+                           "server": {"model_path": "/m", "manager": "tmux", "unit": "u"},
+                           "paths": {"work_dir": str(tmp_path)}})
+    shown: list[str] = []
+    code_dir = asyncio.run(stages.ensure_backend(LocalHost(), p, shown))
+    assert len(shown) == 1 and (tmp_path / "code").is_dir()
+    assert os.path.exists(os.path.join(code_dir, "backend", "generate", "__main__.py"))
+    again: list[str] = []
+    assert asyncio.run(stages.ensure_backend(LocalHost(), p, again)) == code_dir and again == []
+    version, bundle = stages.backend_bundle()
+    monkeypatch.setattr(stages, "backend_bundle", lambda: ("0123456789abcdef", bundle))
+    newer: list[str] = []
+    assert asyncio.run(stages.ensure_backend(LocalHost(), p, newer)).endswith("/0123456789abcdef")
+    assert len(newer) == 1 and version != "0123456789abcdef"
