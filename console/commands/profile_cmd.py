@@ -4,10 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from backend.profile import (
-    GenerateSection, GpusSection, HostSection, PathsSection, Profile, ProfileError, ServerSection,
-    load_profile, profile_from_dict, write_profile,
-)
+from backend.profile import Profile, ProfileError, load_profile, profile_from_dict, write_profile
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -88,5 +85,3 @@ def cmd_check(a: argparse.Namespace) -> int:
           f"model {p.server.model_id}, work dir {p.paths.work_dir}")
     return 0
 
-
-__all__ = ["add_parser", "HostSection", "ServerSection", "PathsSection", "GpusSection", "GenerateSection"]
