@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend.profile import Profile
-from console.host.base import Host, HostError
+from console.host.base import Host
 from console.managers import stage_start_argv, stage_stop_argv
 from console.probe import stage_unit_name
 
@@ -179,5 +179,3 @@ async def stop_stage_unit(host: Host, profile: Profile, unit: str) -> list[str]:
         raise StageError(f"stopping {unit} failed: {(res.stderr or res.stdout).strip()}")
     return [shlex.join(argv)]
 
-
-__all__ = ["Launch", "StageError", "launch_generate", "stop_stage_unit", "ensure_backend", "HostError"]
