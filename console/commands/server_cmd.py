@@ -55,10 +55,6 @@ def load_or_exit(path: str) -> Profile:
         raise SystemExit(2) from None
 
 
-def public(snapshot: Snapshot) -> dict:
-    return snapshot.to_json()
-
-
 def _stable(d: dict) -> dict:
     """The snapshot without what changes every tick, to decide whether anything changed."""
     d = json.loads(json.dumps(d))
@@ -137,7 +133,7 @@ def cmd_status(a: argparse.Namespace) -> int:
             asyncio.run(watch(profile, a.interval))
         return 0
     snap = asyncio.run(snapshot_once(profile, deep=a.deep))
-    print(json.dumps(public(snap)) if a.json else human(snap))
+    print(json.dumps(snap.to_json()) if a.json else human(snap))
     return 0 if snap.host.reachable else 3
 
 
@@ -173,7 +169,7 @@ async def live_snapshots(profile: Profile, interval: float):
 async def watch(profile: Profile, interval: float) -> None:
     last = None
     async for snap in live_snapshots(profile, interval):
-        d = public(snap)
+        d = snap.to_json()
         stable = _stable(d)
         if stable != last:
             last = stable
