@@ -13,8 +13,8 @@ import asyncio
 import os
 import time
 
-from console.app import ConsoleApp
-from console.fake_controller import FakeController, demo_snapshot
+from console.ui.app import ConsoleApp
+from tests.fake_controller import FakeController, demo_snapshot
 
 
 def rss_bytes() -> int:

@@ -112,7 +112,7 @@ def build_tokenizer(directory: Path) -> None:
     """A word-level tokenizer over the stand-in's vocabulary, for the peer's detokenizer (no download)."""
     from tokenizers import Tokenizer, models
 
-    from backend.sim.textgen import VOCAB_SIZE
+    from sim.textgen import VOCAB_SIZE
 
     vocab = {f"w{i}": i for i in range(VOCAB_SIZE)}
     directory.mkdir(parents=True, exist_ok=True)
@@ -149,7 +149,7 @@ def main() -> int:
         build_tokenizer(Path(model))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "backend.sim.vllm_server", "--host", "127.0.0.1",
+    server = subprocess.Popen([sys.executable, "-m", "sim.vllm_server", "--host", "127.0.0.1",
                                "--port", str(port), "--model", "/models/bench", "--served-model-name", model,
                                "--load-seconds", "0", "--latency", "0", "--max-num-seqs", "1024",
                                "--response-tokens", str(args.response_tokens), *canned_text_args()],

@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.profile import DEFAULT_GPU_QUERY, profile_from_dict  # noqa: E402
-from console.collector import Collector  # noqa: E402
+from console.profile import DEFAULT_GPU_QUERY, profile_from_dict  # noqa: E402
+from console.telemetry.collector import Collector  # noqa: E402
 from console.commands.server_cmd import server_action  # noqa: E402
 from console.host.ssh import SshHost  # noqa: E402
 from tests.rig import keys  # noqa: E402
@@ -41,12 +41,12 @@ def bench_profile(sshd: SshdServer, work: Path, load_seconds: float):
         "server": {"manager": "tmux", "unit": f"e3-bench-probe-{port}", "model_path": "/models/bench",
                    "served_model_name": "bench", "port": port, "expected_weights_gib": 40.0,
                    "stop_timeout_s": 20.0,
-                   "command": [*python, "-m", "backend.sim.vllm_server", "--model", "/models/bench",
+                   "command": [*python, "-m", "sim.vllm_server", "--model", "/models/bench",
                                "--served-model-name", "bench", "--port", str(port), "--gpus", "8",
                                "--gpu-state", state, "--weights-gib", "40", "--load-seconds", str(load_seconds),
                                "--stats-interval", "5"]},
         "paths": {"work_dir": str(work)},
-        "gpus": {"command": [*python, "-m", "backend.sim.nvidia_smi", "--state", state, *DEFAULT_GPU_QUERY[1:]]},
+        "gpus": {"command": [*python, "-m", "sim.nvidia_smi", "--state", state, *DEFAULT_GPU_QUERY[1:]]},
     })
 
 

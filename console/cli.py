@@ -5,8 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from console import demo
-from console.commands import profile_cmd, run_cmd, server_cmd, trust_cmd
+from console.commands import demo_cmd, profile_cmd, run_cmd, server_cmd, trust_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     profile_cmd.add_parser(sub)
     server_cmd.add_parsers(sub)
-    demo.add_parser(sub)
+    demo_cmd.add_parser(sub)
     run_cmd.add_parser(sub)
     trust_cmd.add_parser(sub)
     return parser

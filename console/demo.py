@@ -7,7 +7,6 @@ every process it started without touching the operator's own tmux sessions.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -16,10 +15,11 @@ import socket
 import sys
 from pathlib import Path
 
-from backend.profile import DEFAULT_GPU_QUERY, Profile, load_profile, write_profile
-from backend.sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
+from console.profile import DEFAULT_GPU_QUERY, Profile, load_profile, write_profile
+from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
 from console.host.base import CommandResult
-from console.managers import server_start_argv, server_stop_argv
+from console.host.factory import env_prefix
+from console.control.units import server_start_argv, server_stop_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "profiles" / "demo.toml"
@@ -29,15 +29,6 @@ BASE_LOAD_SECONDS = 20.0
 def default_dir() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "eagle3-console" / "demo"
-
-
-def tmux_env(work_dir: str) -> dict[str, str]:
-    return {"TMUX_TMPDIR": f"{work_dir}/tmux"}
-
-
-def env_prefix(work_dir: str) -> list[str]:
-    """Prefix for every command on the demo host: its private tmux server, never the operator's $TMUX."""
-    return ["env", "-u", "TMUX", *(f"{k}={v}" for k, v in tmux_env(work_dir).items())]
 
 
 def _free_port() -> int:
@@ -66,7 +57,7 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
     p.server.port = port or _free_port()
     count = p.gpus.count or 8
     p.server.command = [
-        *_python(), "-m", "backend.sim.vllm_server", "--host", "127.0.0.1", "--port", str(p.server.port),
+        *_python(), "-m", "sim.vllm_server", "--host", "127.0.0.1", "--port", str(p.server.port),
         "--model", p.server.model_path, "--served-model-name", p.server.model_id,
         "--load-seconds", f"{BASE_LOAD_SECONDS / max(speed, 0.01):g}", "--gpus", str(count),
         "--gpu-state", state, "--weights-gib", f"{p.server.expected_weights_gib or 70:g}",
@@ -77,7 +68,7 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
         # answers take a couple of seconds, as on a real server, so generation is watchable
         "--latency", f"{0.5 / max(speed, 0.01):g}", "--latency-per-token", f"{0.01 / max(speed, 0.01):g}",
     ]
-    p.gpus.command = [*_python(), "-m", "backend.sim.nvidia_smi", "--state", state, *DEFAULT_GPU_QUERY[1:]]
+    p.gpus.command = [*_python(), "-m", "sim.nvidia_smi", "--state", state, *DEFAULT_GPU_QUERY[1:]]
     dataset = data_dir / "demo-prompts.jsonl"
     write_demo_dataset(dataset)
     p.generate.dataset = str(dataset)
@@ -108,7 +99,7 @@ async def _run(argv: list[str], timeout: float = 60) -> CommandResult:
 
 
 async def start(work_dir: Path, *, speed: float = 1.0) -> Profile:
-    from console.collector import server_log_path
+    from console.telemetry.collector import server_log_path
     profile = prepare(work_dir, speed=speed)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)
@@ -132,40 +123,9 @@ async def stop(work_dir: Path) -> list[str]:
     sessions = await _run(prefix + ["tmux", "list-sessions", "-F", "#{session_name}"])
     names = sessions.stdout.split() if sessions.ok else []
     for name in names:
-        from console.managers import tmux_stop_argv
+        from console.control.units import tmux_stop_argv
         argv = server_stop_argv(profile) if name == profile.server.unit else tmux_stop_argv(name, 20)
         await _run(prefix + argv, timeout=90)
         done.append(name)
     await _run(prefix + ["tmux", "kill-server"])
     return done
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo-host", help="run the SIMULATED demo host headless (scripts, tests, benchmarks)")
-    p.add_argument("action", choices=("start", "stop", "status"))
-    p.add_argument("--dir", type=Path, default=None, help=f"demo work dir (default {default_dir()})")
-    p.add_argument("--speed", type=float, default=1.0, help=">1 loads faster (default: a ~20 s load)")
-    p.set_defaults(func=cmd_demo_host)
-
-
-def cmd_demo_host(a: argparse.Namespace) -> int:
-    work_dir = a.dir or default_dir()
-    if a.action == "start":
-        try:
-            profile = asyncio.run(start(work_dir, speed=a.speed))
-        except RuntimeError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        print(profile.source)
-        return 0
-    if a.action == "stop":
-        stopped = asyncio.run(stop(work_dir))
-        print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
-        return 0
-    path = effective_profile(work_dir)
-    if not path.exists():
-        print(f"no demo host in {work_dir} (start one with `eagle3-console demo-host start`)")
-        return 3
-    from console.commands.server_cmd import human, snapshot_once
-    print(human(asyncio.run(snapshot_once(load_profile(path)))))
-    return 0

@@ -13,6 +13,9 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "/shared/kimi-k2.5-int4"
+# The interpreter with this checkout importable, for commands run over SSH or under systemd, where
+# neither the test's cwd nor an editable install can be relied on to find `sim` and `backend`.
+PYTHON = ["env", f"PYTHONPATH={REPO}", sys.executable]
 
 
 def free_port() -> int:
@@ -30,7 +33,7 @@ class SimServer:
         self.out_path = workdir / f"stdout-{self.port}.log"
         self.log_path = workdir / f"file-{self.port}.log"
         self.state_path = workdir / f"gpus-{self.port}.json"
-        self.argv = [sys.executable, "-m", "backend.sim.vllm_server", "--model", MODEL, "--host", "127.0.0.1",
+        self.argv = [sys.executable, "-m", "sim.vllm_server", "--model", MODEL, "--host", "127.0.0.1",
                      "--port", str(self.port), "--load-seconds", str(load_seconds), "--shards", str(shards),
                      "--gpu-state", str(self.state_path), "--log-file", str(self.log_path), *args]
         self.proc: subprocess.Popen | None = None

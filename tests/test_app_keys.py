@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from console.app import ConsoleApp
-from console.fake_controller import FakeController
-from console.keys import (KEYS, KeymapError, default_keymap_path, effective_keys, load_keymap, parse_keymap,
+from console.ui.app import ConsoleApp
+from tests.fake_controller import FakeController
+from console.ui.keys import (KEYS, KeymapError, default_keymap_path, effective_keys, load_keymap, parse_keymap,
                           spec_for, visible_keys)
 
 

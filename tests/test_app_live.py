@@ -8,10 +8,10 @@ import time
 import pytest
 
 from console import demo
-from console.app import ConsoleApp
-from console.collector import server_log_path
-from console.live import LiveController
-from console.managers import server_start_argv, server_stop_argv
+from console.ui.app import ConsoleApp
+from console.telemetry.collector import server_log_path
+from console.session import LiveController
+from console.control.units import server_start_argv, server_stop_argv
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -7,15 +7,15 @@ import html
 import pytest
 from textual.widgets import Button, Input
 
-from console.app import ConsoleApp
-from console.controller import ActionResult
-from console.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
+from console.ui.app import ConsoleApp
+from console.control.stages import ActionResult
+from tests.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
                                      stage_unit, training_run)
-from console.panes.command_log import CommandLogPane
-from console.panes.journal import JournalPane
-from console.panes.stages import StageList
-from console.screens.confirm import ConfirmScreen
-from console.screens.help import HelpScreen
+from console.ui.panes.command_log import CommandLogPane
+from console.ui.panes.journal import JournalPane
+from console.ui.panes.stages import StageList
+from console.ui.screens.confirm import ConfirmScreen
+from console.ui.screens.help import HelpScreen
 
 pytestmark = pytest.mark.timeout(30)
 SIZE = (160, 50)
@@ -301,7 +301,7 @@ class BrokenStream(FakeController):
 
 
 async def test_stream_failure_and_action_exception_are_shown(monkeypatch):
-    monkeypatch.setattr("console.app.RETRY_S", 0.05)
+    monkeypatch.setattr("console.ui.app.RETRY_S", 0.05)
     app, fake = make_app(BrokenStream())
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.last_snapshot is not None)

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from console.fake_controller import base_snapshot, generation_run, training_run
-from console.model import GpuInfo, RunInfo
-from console.panes.gauges import bar, duration, human_bytes, level_colour, pct, sparkline
-from console.panes.generation import TokenRate, generation_markup, pick_run
-from console.panes.gpus import gpu_row
-from console.panes.notices import transitions
-from console.panes.readiness import readiness_markup
-from console.panes.stages import stage_rows
-from console.panes.training import TrainHistory, train_point
+from tests.fake_controller import base_snapshot, generation_run, training_run
+from console.telemetry.snapshot import GpuInfo, RunInfo
+from console.ui.panes.gauges import bar, duration, human_bytes, level_colour, pct, sparkline
+from console.ui.panes.generation import TokenRate, generation_markup, pick_run
+from console.ui.panes.gpus import gpu_row
+from console.ui.panes.notices import transitions
+from console.ui.panes.readiness import readiness_markup
+from console.ui.panes.stages import stage_rows
+from console.ui.panes.training import TrainHistory, train_point
 
 
 @pytest.mark.parametrize("frac, width, expected", [
@@ -114,7 +114,7 @@ def test_transitions():
 
 
 def test_clean_line_strips_terminal_control():
-    from console.panes.tail_view import clean_line
+    from console.ui.panes.tail_view import clean_line
     assert clean_line("\x1b[31mERROR\x1b[0m\tboom\r\n") == "ERROR    boom"
     assert clean_line("title\x1b]0;pwned\x07 ok\x00\x9b") == "title ok"
 
@@ -122,8 +122,8 @@ def test_clean_line_strips_terminal_control():
 async def test_line_batcher_delivers_first_at_once_then_batches():
     import asyncio
 
-    from console.controller import JournalLine
-    from console.panes.journal import LineBatcher
+    from console.control.stages import JournalLine
+    from console.ui.panes.journal import LineBatcher
     got: list[list[str]] = []
     b = LineBatcher(lambda lines: got.append([l.text for l in lines]), 0.05)
     b.add(JournalLine("a", "u"))
@@ -139,7 +139,7 @@ async def test_line_batcher_delivers_first_at_once_then_batches():
 
 
 def test_help_lists_remapped_keys():
-    from console.keys import visible_keys
-    from console.screens.help import help_markup
+    from console.ui.keys import visible_keys
+    from console.ui.screens.help import help_markup
     text = help_markup(visible_keys(False), {"stop_stage": "X"}, readonly=False)
     assert "X" in text and "stop_stage" in text and "?" in text and "\\[keys]" in text

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from console.app import ConsoleApp
-from console.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run, stage_unit,
+from console.ui.app import ConsoleApp
+from tests.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run, stage_unit,
                                      training_run)
 
 pytestmark = pytest.mark.timeout(60)

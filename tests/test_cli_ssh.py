@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from tests.sim_support import PYTHON
 
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ def write_profile(tmp_path: Path, sshd, known_hosts: Path, **server) -> Path:
         "server": {"manager": "tmux", "unit": f"e3t-{tmp_path.name[-12:].replace('_', '-')}",
                    "model_path": "/m", "served_model_name": "kimi-sim", "port": 1, **server},
         "paths": {"work_dir": str(work), "python": sys.executable},
-        "gpus": {"command": [sys.executable, "-m", "backend.sim.nvidia_smi", "--state", str(work / "none.json"),
+        "gpus": {"command": [*PYTHON, "-m", "sim.nvidia_smi", "--state", str(work / "none.json"),
                              "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,temperature.gpu,"
                              "power.draw", "--format=csv,noheader,nounits"]},
     }

@@ -4,8 +4,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from backend.profile import profile_from_dict
-from console.readiness import deep_check
+from console.profile import profile_from_dict
+from console.telemetry.http_checks import deep_check
 from tests.sim_support import MODEL, SimServer
 
 

@@ -1,6 +1,6 @@
 """Load ETA from the best signal (pure)."""
-from console.eta import LoadRecord, estimate_load, last_load, parse_load_history
-from console.model import GpuInfo
+from console.telemetry.eta import LoadRecord, estimate_load, last_load, parse_load_history
+from console.telemetry.snapshot import GpuInfo
 
 
 def gpus(used):
@@ -46,8 +46,8 @@ def test_checkpoint_size_gives_the_first_loads_expected_weights(tmp_path):
     """Before any load was seen on a host, the weights on disk over the GPU count say what to expect."""
     import asyncio
 
-    from backend.profile import profile_from_dict
-    from console.collector import Collector
+    from console.profile import profile_from_dict
+    from console.telemetry.collector import Collector
     from console.host.local import LocalHost
 
     model = tmp_path / "model"

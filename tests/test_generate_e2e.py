@@ -1,4 +1,4 @@
-"""The generate stage end to end against the vLLM stand-in (backend/sim/vllm_server.py), as subprocesses.
+"""The generate stage end to end against the vLLM stand-in (sim/vllm_server.py), as subprocesses.
 
 Every process started here is killed by its pid at the end of its test.
 """
@@ -36,7 +36,7 @@ class StandIn:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, *args: str, wait: bool = True) -> "StandIn":
-        argv = [sys.executable, "-m", "backend.sim.vllm_server", "--host", "127.0.0.1", "--port", str(self.port),
+        argv = [sys.executable, "-m", "sim.vllm_server", "--host", "127.0.0.1", "--port", str(self.port),
                 "--model", "/models/kimi", "--served-model-name", MODEL, "--load-seconds", "0.2",
                 "--response-tokens", "120", *args]
         log = open(self.tmp / f"sim-{self.port}-{time.monotonic_ns()}.log", "wb")

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from backend.generate.records import model_turn
-from backend.profile import load_profile
+from console.profile import load_profile
 from console.host.ssh import SshHost
-from console.stages import launch_generate, stop_stage_unit
+from console.control.launch import launch_generate, stop_stage_unit
 from tests.test_telemetry_rig import RigUnit, install_unit, stop_unit
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(180)]

@@ -11,6 +11,7 @@ from contextlib import aclosing
 import pytest
 
 from console.host.ssh import SshHost
+from tests.sim_support import PYTHON
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(120)]
 
@@ -42,7 +43,7 @@ async def test_systemctl_show_a_unit(rig_host):
 
 
 async def test_project_python_runs_inside_the_rig(rig_host):
-    res = await rig_host.run([sys.executable, "-c", "import console.host.base, sys; print(sys.version_info[:2])"],
+    res = await rig_host.run([*PYTHON, "-c", "import console.host.base, sys; print(sys.version_info[:2])"],
                              check=True)
     assert res.stdout.strip() == str(tuple(sys.version_info[:2]))
 

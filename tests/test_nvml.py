@@ -4,10 +4,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from backend.profile import profile_from_dict
-from console.collector import Collector
+from console.profile import profile_from_dict
+from console.telemetry.collector import Collector
 from console.host.local import LocalHost
-from console.nvml import read_gpus
+from console.telemetry.nvml import read_gpus
+from tests.sim_support import PYTHON
 
 
 def test_read_gpus_never_raises():
@@ -21,7 +22,7 @@ def test_local_host_falls_back_to_the_command_without_nvml(tmp_path):
         "host": {"name": "localhost", "transport": "local"},
         "server": {"model_path": "/m", "manager": "tmux", "unit": "e3-nvml-test", "port": 1},
         "paths": {"work_dir": str(tmp_path)},
-        "gpus": {"command": [sys.executable, "-m", "backend.sim.nvidia_smi", "--state", str(state),
+        "gpus": {"command": [*PYTHON, "-m", "sim.nvidia_smi", "--state", str(state),
                              "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,temperature.gpu,"
                              "power.draw", "--format=csv,noheader,nounits"]},
     })

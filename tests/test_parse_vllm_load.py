@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from console.model import Progress
+from console.telemetry.snapshot import Progress
 from console.parsers.vllm_load import LOAD_PHASES, LoadTracker
-from console.parsers.vllm_log import LoadTracker as ReExported
 
 SAMPLES = Path(__file__).parent / "samples" / "vllm"
 LOAD_ORDER = ["starting", "loading_weights", "compiling", "allocating_kv_cache",
@@ -215,11 +214,10 @@ def test_teardown_noise_after_stop_is_not_a_failure():
 
 
 def test_phase_names_match_the_model():
-    from console.model import PHASES
+    from console.telemetry.snapshot import PHASES
     assert set(LOAD_PHASES) <= set(PHASES)
     assert LOAD_PHASES == ("stopped", "starting", "loading_weights", "compiling", "allocating_kv_cache",
                            "capturing_cuda_graphs", "starting_api", "ready", "failed")
-    assert ReExported is LoadTracker
     for name in TRANSITIONS:
         _, changes = replay(name)
         assert {p for p, _ in changes} <= set(LOAD_PHASES)

@@ -5,9 +5,9 @@ import asyncio
 import json
 import shlex
 
-from backend.profile import profile_from_dict
+from console.profile import profile_from_dict
 from console.host.local import LocalHost
-from console.probe import EventsRead, build_probe, parse_df, parse_runs_listing, split_sections
+from console.telemetry.probe import EventsRead, build_probe, parse_df, parse_runs_listing, split_sections
 
 
 def profile(tmp_path, **server):
@@ -48,7 +48,7 @@ def test_probe_quotes_profile_values(tmp_path):
 
 def test_split_sections_tolerates_truncation():
     marker = "@@M"
-    from console.probe import ProbePlan
+    from console.telemetry.probe import ProbePlan
     plan = ProbePlan(marker=marker, sections=["a", "b"])
     out = f"{marker} a\nx\ny\n{marker} rc=0\n{marker} b\npartial"
     sec = split_sections(out, plan)

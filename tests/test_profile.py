@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from backend.profile import ProfileError, load_profile, profile_from_dict, write_profile
+from console.profile import ProfileError, load_profile, profile_from_dict, write_profile
 from console.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

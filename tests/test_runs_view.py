@@ -1,7 +1,7 @@
 """Run states from events and units (pure), including the races between a stage's exit and the probe."""
 from backend.events import Event
-from console.probe import RunFile
-from console.runs_view import RunBook
+from console.telemetry.probe import RunFile
+from console.telemetry.runs import RunBook
 
 
 def line(kind, **data) -> bytes:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from console.panes.readiness import readiness_markup
-from console.model import ServerInfo
-from console.server_metrics import MetricsWindow
+from console.ui.panes.readiness import readiness_markup
+from console.telemetry.snapshot import ServerInfo
+from console.telemetry.metrics_window import MetricsWindow
 
 SAMPLES = Path(__file__).parent / "samples" / "metrics"
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from backend.sim.gpu_state import read_state
+from sim.gpu_state import read_state
 from tests.sim_support import SimServer, free_port
 
 pytestmark = pytest.mark.timeout(60)

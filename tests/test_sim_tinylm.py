@@ -1,4 +1,4 @@
-"""The tiny verifier (backend/sim/tinylm.py) and the stand-in's `--text-backend tinylm|auto`.
+"""The tiny verifier (sim/tinylm.py) and the stand-in's `--text-backend tinylm|auto`.
 
 The model is built once per session into a temp cache (a real build: tokenizer, 4-layer Llama, a few
 seconds of CPU training); the stand-in subprocess is pointed at that cache with XDG_CACHE_HOME, so it
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.sim import textbackend, tinycorpus, tinylm
-from backend.sim.chat import CONTENT, REASONING
+from sim import textbackend, tinycorpus, tinylm
+from sim.chat import CONTENT, REASONING
 from tests.sim_support import SimServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,7 +43,7 @@ def tiny_dir(cache_home) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_text(tiny_dir):
-    from backend.sim.tinylm_text import TinyText
+    from sim.tinylm_text import TinyText
     return TinyText(tiny_dir)
 
 
@@ -130,7 +130,7 @@ def test_pieces_rebuild_text_including_multibyte(tiny_text):
 
 
 def test_sampling_parameters_checked():
-    from backend.sim.tinylm_text import SamplingError, sampling_from
+    from sim.tinylm_text import SamplingError, sampling_from
 
     s = sampling_from({"temperature": 0, "top_p": 0.5, "top_k": 5, "seed": 7})
     assert (s.temperature, s.top_p, s.top_k, s.seed) == (0.0, 0.5, 5, 7)

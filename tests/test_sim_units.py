@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-from backend.sim import chat, loadlog, nvidia_smi, textgen
-from backend.sim.faults import FaultError, Faults, parse_spec
-from backend.sim.gpu_state import GpuState, read_state, write_state
-from backend.sim.versions import parse_version, traits_for
+from sim import chat, loadlog, nvidia_smi, textgen
+from sim.faults import FaultError, Faults, parse_spec
+from sim.gpu_state import GpuState, read_state, write_state
+from sim.versions import parse_version, traits_for
 
 QUERY = "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw"
 
@@ -177,7 +177,7 @@ def test_nvidia_smi_formats(tmp_path, capsys, monkeypatch):
 def test_nvidia_smi_as_a_command(tmp_path):
     path = tmp_path / "g.json"
     write_state(str(path), GpuState.idle(1))
-    run = subprocess.run(["python3", "-m", "backend.sim.nvidia_smi", "--state", str(path), QUERY,
+    run = subprocess.run(["python3", "-m", "sim.nvidia_smi", "--state", str(path), QUERY,
                           "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
     assert run.returncode == 0 and run.stdout == "0, NVIDIA H200, 4, 143771, 0, 31, 74.60\n"
     json.loads(path.read_text())

@@ -5,9 +5,9 @@ import asyncio
 import os
 import stat
 
-from backend.profile import profile_from_dict
+from console.profile import profile_from_dict
 from console.host.local import LocalHost
-from console.stages import generate_argv, upload_api_key
+from console.control.launch import generate_argv, upload_api_key
 
 
 def test_api_key_is_uploaded_private_and_never_in_argv(tmp_path, monkeypatch):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.profile import write_profile
+from console.profile import write_profile
 from console import demo
 from console.commands.server_cmd import _stable, human, wait_ready
-from console.model import GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot
+from console.telemetry.snapshot import GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot
 from tests.rig import keys
 
 pytestmark = pytest.mark.timeout(90)

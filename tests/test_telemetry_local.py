@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 
 from backend.events import EventLog
-from backend.profile import profile_from_dict
+from console.profile import profile_from_dict
 from console import demo
-from console.collector import Collector
+from console.telemetry.collector import Collector
 from console.commands.server_cmd import _stable, server_action
 from console.host.factory import host_for_profile
 from console.host.local import LocalHost
-from console.managers import tmux_start_argv
+from console.control.units import tmux_start_argv
+from tests.sim_support import PYTHON
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -208,7 +209,7 @@ async def test_gpus_mig_parent_rows(tmp_path):
 
 
 async def test_gpus_simulated_tool_with_state(tmp_path):
-    cmd = [sys.executable, "-m", "backend.sim.nvidia_smi", "--state", str(tmp_path / "none.json"),
+    cmd = [*PYTHON, "-m", "sim.nvidia_smi", "--state", str(tmp_path / "none.json"),
            "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw",
            "--format=csv,noheader,nounits"]
     snap = await probe_gpus(tmp_path, ["env", f"PYTHONPATH={REPO}", *cmd])
@@ -216,7 +217,7 @@ async def test_gpus_simulated_tool_with_state(tmp_path):
 
 
 async def test_gpus_no_driver(tmp_path):
-    snap = await probe_gpus(tmp_path, ["env", f"PYTHONPATH={REPO}", sys.executable, "-m", "backend.sim.nvidia_smi",
+    snap = await probe_gpus(tmp_path, ["env", f"PYTHONPATH={REPO}", sys.executable, "-m", "sim.nvidia_smi",
                                        "--simulate-no-driver"])
     assert snap.gpus == [] and "cannot talk to the NVIDIA driver" in snap.gpu_error
     assert snap.host.reachable  # a GPU problem is not a host problem

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from backend.profile import load_profile
-from console.collector import Collector
+from console.profile import load_profile
+from console.telemetry.collector import Collector
 from console.commands.server_cmd import server_action
 from console.host.ssh import SshHost
-from console.model import PHASES
+from console.telemetry.snapshot import PHASES
 from tests.rig import keys, procs
+from tests.sim_support import PYTHON
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(120)]
 
@@ -47,7 +48,7 @@ class RigUnit:
 
 def unit_text(unit: str, port: int, work_dir: str, *, version: str, load_seconds: float,
               extra: list[str]) -> str:
-    argv = [sys.executable, "-m", "backend.sim.vllm_server", "--model", MODEL_PATH,
+    argv = [sys.executable, "-m", "sim.vllm_server", "--model", MODEL_PATH,
             "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
             "--vllm-version", version, "--load-seconds", str(load_seconds), "--shards", "8",
             "--gpus", "2", "--gpu-state", f"{work_dir}/gpus.json", "--weights-gib", str(WEIGHTS_GIB),
@@ -61,7 +62,7 @@ def unit_text(unit: str, port: int, work_dir: str, *, version: str, load_seconds
 
 def write_profile(path: Path, rig, unit: str, port: int, work_dir: str, *, served: str = SERVED,
                   gpu_args: list[str] | None = None) -> Path:
-    gpu_cmd = [sys.executable, "-m", "backend.sim.nvidia_smi",
+    gpu_cmd = [*PYTHON, "-m", "sim.nvidia_smi",
                *(gpu_args if gpu_args is not None else ["--state", f"{work_dir}/gpus.json"]),
                "--query-gpu=index,name,memory.used,memory.total,utilization.gpu,temperature.gpu,power.draw",
                "--format=csv,noheader,nounits"]

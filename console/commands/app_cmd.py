@@ -10,9 +10,9 @@ from console.commands.server_cmd import load_or_exit
 
 
 def run_app(a: argparse.Namespace) -> int:
-    from console.app import ConsoleApp
-    from console.keys import KeymapError
-    from console.live import LiveController
+    from console.ui.app import ConsoleApp
+    from console.ui.keys import KeymapError
+    from console.session import LiveController
 
     work_dir = None
     if a.demo:

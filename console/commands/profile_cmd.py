@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from backend.profile import Profile, ProfileError, load_profile, profile_from_dict, write_profile
+from console.profile import Profile, ProfileError, load_profile, profile_from_dict, write_profile
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

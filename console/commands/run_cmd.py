@@ -6,11 +6,11 @@ import asyncio
 import contextlib
 import sys
 
-from console.collector import Collector
+from console.telemetry.collector import Collector
 from console.commands.server_cmd import load_or_exit
 from console.host.base import HostError
 from console.host.factory import host_for_profile
-from console.stages import StageError, launch_generate
+from console.control.launch import StageError, launch_generate
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -12,12 +12,12 @@ import shlex
 import sys
 import time
 
-from backend.profile import Profile, ProfileError, load_profile
-from console.collector import Collector, server_log_path
+from console.profile import Profile, ProfileError, load_profile
+from console.telemetry.collector import Collector, server_log_path
 from console.host.base import HostError
 from console.host.factory import host_for_profile
-from console.managers import server_restart_argvs, server_start_argv, server_stop_argv
-from console.model import Snapshot
+from console.control.units import server_restart_argvs, server_start_argv, server_stop_argv
+from console.telemetry.snapshot import Snapshot
 
 VOLATILE = ("taken_at", "rtt_ms")
 

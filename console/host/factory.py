@@ -3,8 +3,13 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Sequence
 
-from backend.profile import Profile
+from console.profile import Profile
 from console.host.base import CommandResult, Host
+
+
+def env_prefix(work_dir: str) -> list[str]:
+    """Prefix for every command on the demo host: its private tmux server, never the operator's $TMUX."""
+    return ["env", "-u", "TMUX", f"TMUX_TMPDIR={work_dir}/tmux"]
 
 
 class PrefixedHost:
@@ -37,7 +42,6 @@ def host_for_profile(profile: Profile) -> Host:
         from console.host.local import LocalHost
         host: Host = LocalHost(name=h.name)
         if h.simulated:
-            from console.demo import env_prefix
             host = PrefixedHost(host, env_prefix(profile.paths.work_dir))
         return host
     from console.host.ssh import SshHost

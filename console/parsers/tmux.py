@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from console.model import ServiceInfo
+from console.telemetry.snapshot import ServiceInfo
 
 PANE_FORMAT = "#{pane_pid} #{pane_dead} #{pane_dead_status}"
 

@@ -6,7 +6,7 @@ ready/failed/stopped begins a fresh load; failure and shutdown end one.
 """
 from __future__ import annotations
 
-from console.model import Progress
+from console.telemetry.snapshot import Progress
 from console.parsers import vllm_log as v
 from console.parsers.vllm_log import LogEvent, parse_line
 

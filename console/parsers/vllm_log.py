@@ -2,7 +2,7 @@
 
 Load progress is only visible in the log: while weights load, vLLM holds its port without listening,
 so no HTTP endpoint answers. `parse_line` is pure and total: any string in, a `LogEvent` or None out.
-`LoadTracker` (console/parsers/vllm_load.py, re-exported here) folds the events into a load phase.
+`LoadTracker` (console/parsers/vllm_load.py) folds the events into a load phase.
 """
 from __future__ import annotations
 
@@ -357,10 +357,3 @@ def _classify(message: str) -> tuple[str, dict] | None:  # noqa: C901 - one flat
         return EXCEPTION, {"text": message.strip(), "rank": RANK_EXCEPTION}
     return None
 
-
-def __getattr__(name: str):
-    # LoadTracker lives in its own module (it imports this one); re-exported lazily for callers.
-    if name == "LoadTracker":
-        from console.parsers.vllm_load import LoadTracker
-        return LoadTracker
-    raise AttributeError(name)

@@ -1,0 +1,41 @@
+"""`eagle3-console demo-host start|stop|status`: the SIMULATED demo host, headless."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from console.commands.server_cmd import human, snapshot_once
+from console.demo import default_dir, effective_profile, start, stop
+from console.profile import load_profile
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo-host", help="run the SIMULATED demo host headless (scripts, tests, benchmarks)")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    p.add_argument("--dir", type=Path, default=None, help=f"demo work dir (default {default_dir()})")
+    p.add_argument("--speed", type=float, default=1.0, help=">1 loads faster (default: a ~20 s load)")
+    p.set_defaults(func=cmd_demo_host)
+
+
+def cmd_demo_host(a: argparse.Namespace) -> int:
+    work_dir = a.dir or default_dir()
+    if a.action == "start":
+        try:
+            profile = asyncio.run(start(work_dir, speed=a.speed))
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(profile.source)
+        return 0
+    if a.action == "stop":
+        stopped = asyncio.run(stop(work_dir))
+        print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+        return 0
+    path = effective_profile(work_dir)
+    if not path.exists():
+        print(f"no demo host in {work_dir} (start one with `eagle3-console demo-host start`)")
+        return 3
+    print(human(asyncio.run(snapshot_once(load_profile(path)))))
+    return 0

@@ -1,0 +1,181 @@
+"""Launch, stop and find stage programs on the host.
+
+A stage is `<host python> -m backend.<stage> ...` started detached (systemd-run or tmux, see managers),
+so losing the console or SSH never kills it. The backend code is uploaded first, addressed by a hash of
+its content: a host whose copy is older gets the new one, a host that has it already gets nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import shlex
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from console.profile import Profile
+from console.host.base import Host
+from console.control.units import stage_start_argv, stage_stop_argv
+from console.telemetry.probe import stage_unit_name
+
+BACKEND_DIR = Path(__file__).resolve().parents[2] / "backend"
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+STAGE_MODULES = {"generate": "backend.generate"}
+
+
+class StageError(Exception):
+    pass
+
+
+@dataclass
+class Launch:
+    run_id: str
+    unit: str
+    run_dir: str
+    commands: list[str]
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.match(run_id):
+        raise StageError(f"run id {run_id!r}: expected letters, digits, '_' and '-' (at most 64), "
+                         "starting with a letter or digit")
+    return run_id
+
+
+def new_run_id(stage: str) -> str:
+    return f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def backend_bundle() -> tuple[str, bytes]:
+    """A deterministic tar.gz of backend/*.py and its content hash."""
+    files = sorted(p for p in BACKEND_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(str(p.relative_to(BACKEND_DIR.parent)).encode() + b"\0" + p.read_bytes() + b"\0")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for p in files:
+            info = tarfile.TarInfo(str(p.relative_to(BACKEND_DIR.parent)))
+            data = p.read_bytes()
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return digest.hexdigest()[:16], buf.getvalue()
+
+
+async def ensure_backend(host: Host, profile: Profile, shown: list[str]) -> str:
+    """Make sure the host has this backend; return the directory to put on PYTHONPATH."""
+    version, bundle = backend_bundle()
+    code_dir = f"{profile.paths.work_dir}/code/{version}"
+    check = ["test", "-f", f"{code_dir}/.complete"]
+    if (await host.run(check, timeout=30)).ok:
+        return code_dir
+    tar_path = f"{code_dir}.tar.gz"
+    mk = ["mkdir", "-p", f"{profile.paths.work_dir}/code"]
+    await host.run(mk, timeout=30, check=True)
+    await host.upload(bundle, tar_path)
+    unpack = ["sh", "-c", 'mkdir -p "$1" && tar -xzf "$2" -C "$1" && touch "$1/.complete" && rm -f "$2"',
+              "sh", code_dir, tar_path]
+    shown.append(f"(upload backend {version}) {shlex.join(unpack)}")
+    res = await host.run(unpack, timeout=120)
+    if not res.ok:
+        raise StageError(f"unpacking the backend on the host failed: {res.stderr.strip()}")
+    return code_dir
+
+
+def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, limit: int | None = None,
+                  fresh: bool = False, preflight_only: bool = False, api_key_path: str | None = None) -> list[str]:
+    g = profile.generate
+    dataset = dataset or g.dataset
+    if not dataset:
+        raise StageError("no dataset: set [generate].dataset in the profile or pass --dataset PATH")
+    argv = [profile.paths.python, "-m", STAGE_MODULES["generate"],
+            "--dataset", dataset, "--work-dir", profile.paths.work_dir, "--run-id", run_id,
+            "--endpoint", f"http://127.0.0.1:{profile.server.port}", "--model", profile.server.model_id,
+            "--max-tokens", str(g.max_tokens), "--concurrency", str(g.concurrency),
+            "--request-timeout", f"{g.request_timeout_s:g}", "--temperature", f"{g.temperature:g}",
+            "--top-p", f"{g.top_p:g}", "--return-token-ids", g.return_token_ids,
+            "--max-retries", str(g.max_retries), "--limit", str(limit or g.samples),
+            "--expect-reasoning" if profile.server.expect_reasoning else "--no-expect-reasoning"]
+    if g.chat_template_kwargs:
+        argv += ["--chat-template-kwargs", json.dumps(g.chat_template_kwargs, separators=(",", ":"))]
+    if api_key_path:
+        argv += ["--api-key-file", api_key_path]
+    if fresh:
+        argv.append("--fresh")
+    if preflight_only:
+        argv.append("--preflight-only")
+    return argv
+
+
+async def upload_api_key(host: Host, profile: Profile) -> str | None:
+    """The stage runs detached, where the console's environment does not reach: hand it the API key as
+    a 0600 file in a 0700 dir on the host, so it is in no command line, unit property or log."""
+    from console.telemetry.http_checks import api_key
+    key = api_key(profile)
+    if not key:
+        return None
+    secrets_dir = f"{profile.paths.work_dir}/secrets"
+    await host.run(["sh", "-c", 'umask 077 && mkdir -p "$1" && chmod 700 "$1"', "sh", secrets_dir],
+                   timeout=30, check=True)
+    path = f"{secrets_dir}/vllm-api-key"
+    await host.upload(key.encode() + b"\n", path, mode=0o600)
+    return path
+
+
+def stage_log_path(profile: Profile, unit: str) -> str:
+    """tmux manager: the stage's output (kept out of the run dir, which the stage alone owns)."""
+    return f"{profile.paths.work_dir}/logs/{unit}.log"
+
+
+async def launch_generate(host: Host, profile: Profile, *, run_id: str | None = None, dataset: str | None = None,
+                          limit: int | None = None, fresh: bool = False) -> Launch:
+    run_id = check_run_id(run_id or new_run_id("generate"))
+    shown: list[str] = []
+    code_dir = await ensure_backend(host, profile, shown)
+    env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1"}
+    key_path = await upload_api_key(host, profile)
+    preflight = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh, preflight_only=True,
+                              api_key_path=key_path)
+    pre_cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *preflight]
+    shown.append(shlex.join(pre_cmd))
+    res = await host.run(pre_cmd, timeout=300)
+    if not res.ok:
+        raise StageError("preflight failed:\n" + _preflight_text(res.stdout, res.stderr))
+    unit = stage_unit_name("generate", run_id)
+    run_dir = f"{profile.paths.work_dir}/runs/{run_id}"
+    argv = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh, api_key_path=key_path)
+    start = stage_start_argv(profile, unit, argv, log_path=stage_log_path(profile, unit),
+                             cwd=profile.paths.work_dir, env=env)
+    shown.append(shlex.join(start))
+    res = await host.run(start, timeout=60)
+    if not res.ok:
+        raise StageError(f"starting {unit} failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()}")
+    return Launch(run_id=run_id, unit=unit, run_dir=run_dir, commands=shown)
+
+
+def _preflight_text(stdout: str, stderr: str) -> str:
+    try:
+        report = json.loads(stdout)
+    except ValueError:
+        return (stderr or stdout).strip()[-2000:]
+    checks = report.get("checks") if isinstance(report, dict) else None
+    if not isinstance(checks, list):
+        return json.dumps(report)[:2000]
+    lines = []
+    for c in checks:
+        if isinstance(c, dict) and not c.get("ok", True):
+            fix = f" -> {c['fix']}" if c.get("fix") else ""
+            lines.append(f"- {c.get('name')}: {c.get('detail')}{fix}")
+    return "\n".join(lines) or json.dumps(report)[:2000]
+
+
+async def stop_stage_unit(host: Host, profile: Profile, unit: str) -> list[str]:
+    argv = stage_stop_argv(profile, unit)
+    res = await host.run(argv, timeout=180)
+    if not res.ok:
+        raise StageError(f"stopping {unit} failed: {(res.stderr or res.stdout).strip()}")
+    return [shlex.join(argv)]
+

@@ -1,0 +1,102 @@
+"""Load progress and ETA while vLLM loads weights, from whichever signal is best right now.
+
+journald holds a tqdm bar back until it finishes, so for a systemd unit the shard counter arrives only
+at the end. Three signals, best first:
+1. "shards": a live tqdm bar (log file or tmux pipe), with tqdm's own remaining time;
+2. "gpu_memory": memory used on the GPUs against the weight memory the previous load reported
+   (`Model loading took X GiB`) or the profile's expected_weights_gib;
+3. "previous_load": time elapsed against the previous successful load of the same model on this host.
+Load records are remembered in `<work dir>/state/loads.jsonl` on the host.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+from console.telemetry.snapshot import GpuInfo
+
+LOADS_FILE = "state/loads.jsonl"
+
+
+@dataclass(frozen=True)
+class LoadRecord:
+    model: str
+    started: float
+    ready: float
+    weights_gib: float | None = None  # per GPU, as vLLM's "Model loading took X GiB" says
+    weights_s: float | None = None
+    baseline_mib: float | None = None  # GPU memory in use before the load began
+
+    @property
+    def duration_s(self) -> float:
+        return self.ready - self.started
+
+    def to_line(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def parse_load_history(text: str) -> list[LoadRecord]:
+    records = []
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+            rec = LoadRecord(model=str(d["model"]), started=float(d["started"]), ready=float(d["ready"]),
+                             weights_gib=d.get("weights_gib"), weights_s=d.get("weights_s"),
+                             baseline_mib=d.get("baseline_mib"))
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn or foreign line must not hide the good ones
+        if rec.ready > rec.started:
+            records.append(rec)
+    return records
+
+
+def last_load(records: Iterable[LoadRecord], model: str) -> LoadRecord | None:
+    best = None
+    for r in records:
+        if r.model == model and (best is None or r.ready > best.ready):
+            best = r
+    return best
+
+
+@dataclass(frozen=True)
+class LoadEstimate:
+    fraction: float | None
+    eta_s: float | None
+    source: str | None
+
+
+def _mean_used_mib(gpus: list[GpuInfo]) -> float | None:
+    used = [g.memory_used_mib for g in gpus if g.memory_used_mib is not None]
+    return sum(used) / len(used) if used else None
+
+
+def estimate_load(*, elapsed_s: float | None, shards: tuple[int, int] | None, shard_eta_s: float | None,
+                  shards_live: bool, gpus: list[GpuInfo], expected_weights_gib: float | None,
+                  baseline_mib: float | None, previous: LoadRecord | None) -> LoadEstimate:
+    """Pure: best available fraction and ETA during weight loading."""
+    if shards_live and shards and shards[1] > 0:
+        frac = shards[0] / shards[1]
+        eta = shard_eta_s
+        if eta is None and elapsed_s and frac > 0:
+            eta = elapsed_s * (1 - frac) / frac
+        return LoadEstimate(frac, eta, "shards")
+
+    weights_gib = (previous.weights_gib if previous and previous.weights_gib else None) or expected_weights_gib
+    used = _mean_used_mib(gpus)
+    if weights_gib and used is not None:
+        base = baseline_mib if baseline_mib is not None else 0.0
+        frac = max(0.0, min(1.0, (used - base) / (weights_gib * 1024)))
+        eta = None
+        # memory tracks bytes loaded, so elapsed * remaining/done is a fair ETA once a little is in
+        if elapsed_s and frac >= 0.02:
+            eta = elapsed_s * (1 - frac) / frac
+        elif previous and previous.weights_s and elapsed_s is not None:
+            eta = max(0.0, previous.weights_s - elapsed_s)
+        return LoadEstimate(frac, eta, "gpu_memory")
+
+    if previous and elapsed_s is not None:
+        span = previous.weights_s or previous.duration_s
+        frac = max(0.0, min(0.99, elapsed_s / span)) if span > 0 else None
+        return LoadEstimate(frac, max(0.0, previous.duration_s - elapsed_s), "previous_load")
+    return LoadEstimate(None, None, None)

@@ -1,0 +1,48 @@
+"""vLLM's /metrics turned into what an operator reads: load now, throughput and acceptance over a window.
+
+Counters only make sense as rates, so two scrapes are kept; a counter that went down means the server
+restarted and that window is skipped.
+"""
+from __future__ import annotations
+
+from console.telemetry.snapshot import ServerMetrics
+from console.parsers.metrics import VllmMetrics, parse_vllm_metrics, spec_decode_window
+
+SCRAPE_EVERY_S = 5.0
+
+
+def _rate(prev: float | None, cur: float | None, dt: float) -> float | None:
+    if prev is None or cur is None or dt <= 0 or cur < prev:
+        return None
+    return round((cur - prev) / dt, 1)
+
+
+class MetricsWindow:
+    def __init__(self) -> None:
+        self.prev: tuple[float, VllmMetrics] | None = None
+        self.last_scrape = float("-inf")
+        self.current: ServerMetrics | None = None
+
+    def due(self, now: float) -> bool:
+        return now - self.last_scrape >= SCRAPE_EVERY_S
+
+    def feed(self, text: str, now: float, model_name: str | None) -> ServerMetrics:
+        self.last_scrape = now
+        cur = parse_vllm_metrics(text, model_name)
+        out = ServerMetrics(
+            requests_running=int(cur.requests_running) if cur.requests_running is not None else None,
+            requests_waiting=int(cur.requests_waiting) if cur.requests_waiting is not None else None,
+            kv_cache_usage_pct=round(cur.kv_cache_usage * 100, 1) if cur.kv_cache_usage is not None else None)
+        if self.prev is not None:
+            then, prev = self.prev
+            dt = now - then
+            out.generation_tps = _rate(prev.generation_tokens_total, cur.generation_tokens_total, dt)
+            out.prompt_tps = _rate(prev.prompt_tokens_total, cur.prompt_tokens_total, dt)
+            window = spec_decode_window(prev, cur)
+            if window is not None:
+                out.spec_acceptance_rate = window.acceptance_rate
+                out.spec_mean_acceptance_length = window.mean_acceptance_length
+                out.spec_per_position = list(window.per_position)
+        self.prev = (now, cur)
+        self.current = out
+        return out

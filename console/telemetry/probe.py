@@ -1,0 +1,184 @@
+"""One remote command per refresh: service state, GPU table, run directories, new event bytes.
+
+Opening an SSH channel per metric costs a round trip each and hits sshd's session cap; instead every
+tick runs ONE `sh -c SCRIPT` whose sections are separated by a per-probe random marker, and the pieces
+are handed to the pure parsers. The script is assembled from argv lists with shlex.join, so profile
+values never meet the shell unquoted.
+"""
+from __future__ import annotations
+
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from console.profile import Profile
+
+SYSTEMCTL_PROPS = (
+    "LoadState,ActiveState,SubState,Result,NRestarts,ExecMainPID,ActiveEnterTimestamp,"
+    "MemoryCurrent,InvocationID"
+)
+TMUX_PANE_FORMAT = "#{pane_pid} #{pane_dead} #{pane_dead_status}"
+EVENTS_READ_MAX = 512 * 1024  # per run per tick: a long backlog arrives over a few ticks
+SERVER_LOG_READ_MAX = 256 * 1024
+
+
+@dataclass(frozen=True)
+class EventsRead:
+    run_dir: str
+    offset: int
+
+
+@dataclass
+class Section:
+    text: str
+    rc: int | None
+
+
+@dataclass
+class ProbePlan:
+    """What one probe asks for, so the answer can be matched up."""
+    marker: str
+    sections: list[str] = field(default_factory=list)
+
+
+def stage_unit_name(stage: str, run_id: str) -> str:
+    return f"e3-{stage}-{run_id}"
+
+
+def service_argv(profile: Profile) -> list[list[str]]:
+    unit = profile.server.unit
+    if profile.server.manager == "systemd":
+        return [["systemctl", "show", unit, "-p", SYSTEMCTL_PROPS]]
+    # `=NAME` makes tmux match the session name exactly rather than by prefix
+    return [["tmux", "list-panes", "-t", f"={unit}", "-F", TMUX_PANE_FORMAT]]
+
+
+def _read_bytes(path: str, offset: int, limit: int) -> str:
+    tail = shlex.join(["tail", "-c", f"+{offset + 1}", path])
+    return f"{tail} 2>/dev/null | {shlex.join(['head', '-c', str(limit)])}"
+
+
+def listen_check(port: int) -> str:
+    """Shell that prints `listening`, `closed` or `unknown` for a TCP port on the host.
+
+    Asked in the probe so HTTP is tried only once vLLM listens: while it loads, its port is bound but
+    not listening, and a forwarded connection to it is refused by the remote side, which costs a
+    channel (and, on some transports, the whole connection) every tick for nothing."""
+    # /proc/net/tcp{,6} rows: `N: LOCALADDR:PORT REMADDR:PORT STATE ...`, port in hex, 0A = LISTEN
+    pattern = f"^ *[0-9]+: [0-9A-Fa-f]+:{port:04X} [0-9A-Fa-f]+:0000 0A "
+    return (f"if [ ! -r /proc/net/tcp ]; then echo unknown; "
+            f"elif grep -qE {shlex.quote(pattern)} /proc/net/tcp /proc/net/tcp6 2>/dev/null; "
+            f"then echo listening; else echo closed; fi")
+
+
+def parse_listen(text: str) -> bool | None:
+    word = text.strip()
+    return True if word == "listening" else False if word == "closed" else None
+
+
+def build_probe(profile: Profile, *, events: Sequence[EventsRead] = (), stage_units: Sequence[str] = (),
+                server_log: tuple[str, int] | None = None, listen_port: int | None = None,
+                gpus: bool = True, marker: str | None = None) -> tuple[list[str], ProbePlan]:
+    """Return (argv, plan). `events` asks for new bytes of each run's events.jsonl from an offset;
+    `listen_port` asks whether that port listens (section `listen`)."""
+    marker = marker or f"@@E3PROBE-{secrets.token_hex(6)}"
+    plan = ProbePlan(marker=marker)
+    parts: list[str] = []
+
+    def section(name: str, commands: list[list[str]], *, pipe: str | None = None) -> None:
+        plan.sections.append(name)
+        cmd = " ; ".join(shlex.join(c) for c in commands)
+        if pipe:
+            cmd = f"{cmd} | {pipe}"
+        # rc is the status of the section's last command; stderr is folded in so errors are visible
+        parts.append(f"echo {shlex.quote(marker + ' ' + name)}; {{ {cmd} ; }} 2>&1; echo {shlex.quote(marker)} rc=$?")
+
+    section("service", service_argv(profile))
+    if gpus:  # off when the console reads NVML itself (it runs on the GPU host)
+        section("gpus", [list(profile.gpus.command)])
+    runs_dir = f"{profile.paths.work_dir}/runs"
+    section("runs", [["find", runs_dir, "-mindepth", "2", "-maxdepth", "2", "-name", "events.jsonl",
+                      "-printf", "%s %T@ %h\\n"]])
+    section("disk", [["df", "-Pk", profile.paths.work_dir]])
+    if stage_units:
+        if profile.server.manager == "systemd":
+            section("stage_units", [["systemctl", "show", *stage_units, "-p", "Id,ActiveState,SubState,Result"]])
+        else:
+            section("stage_units", [["tmux", "list-panes", "-a", "-F", "#{session_name} #{pane_dead}"]])
+    if listen_port is not None:
+        plan.sections.append("listen")
+        parts.append(f"echo {shlex.quote(marker + ' listen')}; {listen_check(listen_port)}; "
+                     f"echo {shlex.quote(marker)} rc=$?")
+    reads = [(f"events:{i}", f"{ev.run_dir}/events.jsonl", ev.offset, EVENTS_READ_MAX)
+             for i, ev in enumerate(events)]
+    if server_log is not None:
+        reads.append(("server_log", server_log[0], server_log[1], SERVER_LOG_READ_MAX))
+    for name, path, offset, limit in reads:
+        plan.sections.append(name)
+        # the extra `echo` ends a line-less read so the marker always starts a line
+        parts.append(f"echo {shlex.quote(marker + ' ' + name)}; {_read_bytes(path, offset, limit)}; "
+                     f"echo; echo {shlex.quote(marker)} rc=$?")
+    return ["sh", "-c", "\n".join(parts)], plan
+
+
+def split_sections(stdout: str, plan: ProbePlan) -> dict[str, Section]:
+    """Cut the probe's output into its sections (pure; tolerant of missing or truncated output)."""
+    out: dict[str, Section] = {}
+    current: str | None = None
+    buf: list[str] = []
+    for line in stdout.split("\n"):
+        if line.startswith(plan.marker):
+            rest = line[len(plan.marker):].strip()
+            if rest.startswith("rc="):
+                if current is not None:
+                    # byte reads got an extra `echo`: its newline is the one split() consumed here
+                    text = "\n".join(buf)
+                    try:
+                        rc = int(rest[3:])
+                    except ValueError:
+                        rc = None
+                    out[current] = Section(text=text, rc=rc)
+                current, buf = None, []
+            else:
+                current, buf = rest, []
+        elif current is not None:
+            buf.append(line)
+    if current is not None:  # the output was cut short: keep what came, rc unknown
+        out[current] = Section(text="\n".join(buf), rc=None)
+    return out
+
+
+@dataclass(frozen=True)
+class RunFile:
+    run_dir: str
+    run_id: str
+    size: int
+    mtime: float
+
+
+def parse_runs_listing(text: str) -> list[RunFile]:
+    runs = []
+    for line in text.splitlines():
+        bits = line.split(" ", 2)
+        if len(bits) != 3:
+            continue
+        try:
+            size, mtime = int(bits[0]), float(bits[1])
+        except ValueError:
+            continue
+        run_dir = bits[2].rstrip("/")
+        runs.append(RunFile(run_dir=run_dir, run_id=run_dir.rsplit("/", 1)[-1], size=size, mtime=mtime))
+    return sorted(runs, key=lambda r: r.mtime)
+
+
+def parse_df(text: str) -> int | None:
+    """Free bytes from `df -Pk PATH` (None if unreadable)."""
+    lines = [l for l in text.splitlines() if l.strip()]
+    if len(lines) < 2:
+        return None
+    cols = lines[-1].split()
+    try:
+        return int(cols[3]) * 1024
+    except (IndexError, ValueError):
+        return None

@@ -1,0 +1,124 @@
+"""Stage runs as the console sees them: each run dir's events.jsonl, read by offset, and its unit.
+
+A run's state comes from its own events first (a finish event says done, failed or stopped) and from its
+unit second: no finish and no live unit means the program died without a word (kill -9, reboot): stale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backend.events import Event, parse_events
+from console.telemetry.snapshot import RunInfo
+from console.telemetry.probe import EventsRead, RunFile, stage_unit_name
+
+HISTORY_MAX = 2000  # progress events kept per run for curves
+
+
+@dataclass
+class RunTrack:
+    run_dir: str
+    run_id: str
+    offset: int = 0  # bytes of events.jsonl consumed
+    size: int = 0  # its size at the last listing
+    stage: str = ""
+    total: int = 0
+    progress: dict | None = None
+    finish: dict | None = None
+    errors: int = 0
+    started: float | None = None
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def unit(self) -> str:
+        return stage_unit_name(self.stage, self.run_id)
+
+    def apply(self, ev: Event) -> None:
+        self.stage = ev.stage or self.stage
+        d = dict(ev.data, ts=ev.ts, kind=ev.kind)
+        if ev.kind == "start":
+            self.total = int(ev.data.get("total") or 0)
+            self.started = ev.ts
+            self.finish = None  # a resumed run starts again
+        elif ev.kind == "progress":
+            self.progress = d
+            self.total = int(ev.data.get("total") or self.total)
+            self.history.append(d)
+            del self.history[:-HISTORY_MAX]
+        elif ev.kind == "error":
+            self.errors += 1
+        elif ev.kind == "finish":
+            self.finish = d
+
+
+class RunBook:
+    def __init__(self, manager: str):
+        self.manager = manager
+        self.tracks: dict[str, RunTrack] = {}
+        self.unit_states: dict[str, str] = {}
+
+    def reads_wanted(self) -> list[EventsRead]:
+        # unfinished runs are read every time, whatever the last listing said: the probe asks their
+        # units before it reads their events, so a finish written just before the exit is never missed
+        return [EventsRead(t.run_dir, t.offset) for t in self.tracks.values()
+                if t.size > t.offset or (t.stage and t.finish is None)]
+
+    def pending_units(self) -> list[str]:
+        return [t.unit for t in self.tracks.values() if t.finish is None and t.stage]
+
+    def apply_listing(self, files: list[RunFile]) -> None:
+        for rf in files:
+            track = self.tracks.get(rf.run_dir)
+            if track is None or rf.size < track.offset:  # new, or replaced (`--fresh` archived the old one)
+                track = self.tracks[rf.run_dir] = RunTrack(rf.run_dir, rf.run_id)
+            track.size = rf.size
+
+    def apply_events(self, run_dir: str, data: bytes) -> None:
+        track = self.tracks[run_dir]
+        events, consumed = parse_events(data)
+        track.offset += consumed
+        for ev in events:
+            track.apply(ev)
+
+    def apply_unit_states(self, text: str, units: list[str]) -> None:
+        if self.manager == "systemd":  # `systemctl show U1 U2 -p Id,ActiveState,...`: blocks per unit
+            current: dict[str, str] = {}
+            for block in text.split("\n\n"):
+                props = dict(l.split("=", 1) for l in block.splitlines() if "=" in l)
+                if "Id" in props:
+                    current[props["Id"].removesuffix(".service")] = props.get("ActiveState", "unknown")
+            self.unit_states = current
+        else:
+            # a session whose pane is dead is a stage that exited (remain-on-exit keeps it for its status)
+            alive = {b[0] for b in (l.split() for l in text.splitlines()) if len(b) == 2 and b[1] == "0"}
+            self.unit_states = {u: ("active" if u in alive else "inactive") for u in units}
+
+    def settled(self) -> bool:
+        """Every run's events read and every unfinished run's unit asked (a one-shot status needs a few
+        probes to get there: find runs, read events, ask units)."""
+        if any(t.size > t.offset for t in self.tracks.values()):
+            return False
+        return all(u in self.unit_states for u in self.pending_units())
+
+    def infos(self) -> list[RunInfo]:
+        out = []
+        for t in self.tracks.values():
+            if not t.stage:
+                continue
+            p = dict(t.progress or {})
+            if t.finish is not None:
+                summary = t.finish.get("summary")
+                p.update(summary if isinstance(summary, dict) else {})
+                status = t.finish.get("status")
+                p.update(kind="finish", status=status, ts=t.finish.get("ts"))
+                state = "done" if status == "completed" else ("failed" if status == "failed" else "stopped")
+            elif self.unit_states.get(t.unit, "active") in ("active", "activating"):
+                state = "running"
+            else:
+                state = "stale"
+            done, total, rate = int(p.get("done") or 0), int(p.get("total") or t.total), p.get("rate")
+            eta = p.get("eta_s")
+            if eta is None and state == "running" and isinstance(rate, (int, float)) and rate > 0 and total > done:
+                eta = round((total - done) / rate, 1)  # the stage reports its rate; the ETA follows
+            out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
+                               failed=int(p.get("failed") or 0), rate=rate, eta_s=eta, last_event=p or None))
+        return out

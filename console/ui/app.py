@@ -1,0 +1,266 @@
+"""The operations console: wires the controller's streams to the panes and keys to controller actions.
+
+Data flows one way: one long-lived worker reads snapshots and posts a SnapshotUpdated to each pane;
+another follows the selected unit's journal. Actions run as short workers and report the exact remote
+commands to the command log. Quitting only closes the controller: nothing on the host is stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Awaitable, Callable
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.containers import Horizontal, ScrollableContainer, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Footer
+from textual.worker import Worker, WorkerState
+
+from console.control.stages import STAGES, ActionResult, Controller, JournalLine
+from console.ui.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
+from console.telemetry.snapshot import Snapshot
+from console.ui.panes.command_log import CommandLogPane
+from console.ui.panes.generation import GenerationPane
+from console.ui.panes.gpus import GpusPane
+from console.ui.panes.header import ConnectionBanner, HeaderPane
+from console.ui.panes.journal import JournalPane, LineBatcher
+from console.ui.panes.messages import (ActionDone, FilterClosed, JournalCommand, JournalLines, JournalUnit,
+                                    SnapshotUpdated, StageSelected, StreamProblem)
+from console.ui.panes.notices import transitions
+from console.ui.panes.readiness import ReadinessPane
+from console.ui.panes.service import ServicePane
+from console.ui.panes.stages import StageList, StagesPane, stage_rows
+from console.ui.panes.training import TrainingPane
+from console.ui.screens.confirm import ConfirmScreen
+from console.ui.screens.help import HelpScreen
+
+RETRY_S = 2.0
+TABLE_ACTIONS = frozenset(spec.action for spec in KEYS)
+JOURNAL_BATCH_S = 0.5  # a busy journal is drawn at most twice a second
+
+
+class ConsoleApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "eagle3-console"
+    BINDINGS = app_bindings()
+    ENABLE_COMMAND_PALETTE = False  # its actions would bypass --readonly
+    AUTO_FOCUS = None  # on_mount focuses the stage list without scrolling the pane area to it
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]  # sets the screen class app.tcss uses
+
+    def __init__(self, controller: Controller, readonly: bool = False,
+                 keymap_path: str | os.PathLike[str] | None = None, *,
+                 clock: Callable[[], float] | None = None) -> None:
+        # Load the keymap first: a bad file must fail before anything starts (KeymapError names it).
+        self.keymap = load_keymap(keymap_path)
+        super().__init__()
+        self.controller = controller
+        self.readonly = readonly or bool(getattr(controller, "readonly", False))
+        self.clock = clock or time.time
+        self.selected_stage: str = STAGES[0]
+        self.journal_unit: str | None = None
+        self.last_snapshot: Snapshot | None = None
+        self.results: list[tuple[str, ActionResult]] = []
+        self._prev: Snapshot | None = None
+        self._closed = False
+
+    def compose(self) -> ComposeResult:
+        c = self.controller
+        with Vertical(id="top"):
+            yield HeaderPane(c.profile_name, c.host_name, c.simulated, self.clock, self.readonly, id="header")
+            yield ConnectionBanner(id="banner")
+        # Scrollable: many GPUs or a short terminal must not push the journal or header off screen.
+        with ScrollableContainer(id="main", can_focus=False):
+            with Vertical(id="left"):
+                yield ServicePane(id="service")
+                yield ReadinessPane(id="readiness")
+                yield StagesPane(id="stages")
+            with Vertical(id="right"):
+                yield GpusPane(id="gpus")
+                yield GenerationPane(id="generation")
+                yield TrainingPane(id="training")
+        with Horizontal(id="bottom"):
+            yield JournalPane(id="journal")
+            yield CommandLogPane(id="commands")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self.keymap:
+            self.set_keymap(self.keymap)
+        self._snapshot_targets = [self.query_one(f"#{i}") for i in
+                                  ("header", "banner", "service", "readiness", "stages", "gpus",
+                                   "generation", "training")]
+        self.query_one(StageList).focus(scroll_visible=False)
+        self._consume_snapshots()
+
+    # -- streams ---------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="snapshots", exit_on_error=False)
+    async def _consume_snapshots(self) -> None:
+        while True:
+            try:
+                async for snapshot in self.controller.snapshots():
+                    self.dispatch_snapshot(snapshot)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the controller should reconnect itself; this is the last net
+                self.query_one(ConnectionBanner).post_message(StreamProblem(f"{type(exc).__name__}: {exc}"))
+            await asyncio.sleep(RETRY_S)
+
+    def dispatch_snapshot(self, snapshot: Snapshot) -> None:
+        now = self.clock()
+        self.last_snapshot = snapshot
+        for target in self._snapshot_targets:
+            target.post_message(SnapshotUpdated(snapshot, now))
+        try:
+            notices = transitions(self._prev, snapshot)
+            unit = snapshot.service.unit
+            reachable = bool(snapshot.host.reachable)
+        except Exception:  # malformed snapshot: the panes show the error, no toast
+            notices, unit, reachable = [], None, False
+        for notice in notices:
+            self.notify(notice.text, severity=notice.severity)  # type: ignore[arg-type]
+        if reachable:
+            self._prev = snapshot
+        if self.journal_unit is None and isinstance(unit, str) and unit:
+            self.follow_unit(unit)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # Workers catch what they expect; anything else is a bug, shown rather than fatal.
+        if event.state == WorkerState.ERROR:
+            self.notify(f"{event.worker.name or event.worker.group}: {event.worker.error!r}",
+                        title="internal error", severity="error")
+
+    def follow_unit(self, unit: str) -> None:
+        self.journal_unit = unit
+        self.query_one(JournalPane).post_message(JournalUnit(unit))
+        self._follow_journal(unit)
+
+    @work(exclusive=True, group="journal", exit_on_error=False)
+    async def _follow_journal(self, unit: str) -> None:
+        pane = self.query_one(JournalPane)
+        batcher = LineBatcher(lambda lines: pane.post_message(JournalLines(lines)), JOURNAL_BATCH_S)
+        try:
+            while True:
+                try:
+                    async for line in self.controller.journal(unit):
+                        batcher.add(line)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    batcher.add(JournalLine(f"[console] log stream failed: {type(exc).__name__}: {exc}; "
+                                            "retrying", unit))
+                await asyncio.sleep(RETRY_S)
+        finally:
+            batcher.cancel()  # lines of a unit no longer followed must not reach the pane
+
+    # -- selection and view keys -----------------------------------------------------------------
+
+    def on_stage_selected(self, message: StageSelected) -> None:
+        self.selected_stage = message.stage
+
+    def on_filter_closed(self, _message: FilterClosed) -> None:
+        self.query_one(StageList).focus(scroll_visible=False)
+
+    def action_filter(self) -> None:
+        self.query_one(JournalPane).post_message(JournalCommand("filter"))
+
+    def action_toggle_follow(self) -> None:
+        self.query_one(JournalPane).post_message(JournalCommand("toggle_follow"))
+
+    def action_show_log(self) -> None:
+        unit = self._unit_of(self.selected_stage)
+        if unit is None:
+            self.notify(f"Stage {self.selected_stage} has no unit yet (not started?)", severity="warning")
+            return
+        if unit != self.journal_unit:
+            self.follow_unit(unit)
+
+    def _unit_of(self, stage: str) -> str | None:
+        if self.last_snapshot is None:
+            return None
+        try:
+            return next((row.unit for row in stage_rows(self.last_snapshot) if row.stage == stage), None)
+        except Exception:
+            return None
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(visible_keys(self.readonly), self.keymap, self.readonly))
+
+    async def action_quit(self) -> None:
+        await self.close_controller()
+        self.exit()
+
+    async def close_controller(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                await asyncio.wait_for(self.controller.close(), timeout=5.0)
+            except Exception:
+                pass  # quitting must not hang or fail on a dead connection
+
+    async def on_unmount(self) -> None:
+        await self.close_controller()
+
+    # -- actions on the host ---------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.readonly and action in MUTATING_ACTIONS:
+            return False  # absent from the footer, and the key does nothing
+        if isinstance(self.screen, ModalScreen) and action in TABLE_ACTIONS and action != "help":
+            return False  # no second dialog stacked on a confirmation (Tab must still move focus)
+        return True
+
+    def _refused(self, action: str) -> bool:
+        if self.readonly and action in MUTATING_ACTIONS:
+            self.notify(f"read-only console: {action} is not available", severity="warning")
+            return True
+        return False
+
+    def action_start_stage(self) -> None:
+        if self._refused("start_stage"):
+            return
+        stage = self.selected_stage
+        self._run(f"start {stage}", lambda: self.controller.start_stage(stage))
+
+    def action_stop_stage(self) -> None:
+        if self._refused("stop_stage"):
+            return
+        stage = self.selected_stage
+        unit = self._unit_of(stage)
+        self._confirm(f"Stop stage {stage}?", f"Stops {unit or 'its unit'} on {self.controller.host_name}.",
+                      f"stop {stage}", lambda: self.controller.stop_stage(stage))
+
+    def action_restart_server(self) -> None:
+        if self._refused("restart_server"):
+            return
+        self._confirm("Restart the vLLM server?",
+                      f"The model reloads on {self.controller.host_name}; requests fail until it is ready.",
+                      "restart server", self.controller.restart_server)
+
+    def action_deep_check(self) -> None:
+        self._run("deep check", self.controller.deep_check)
+
+    def _confirm(self, question: str, detail: str, name: str,
+                 call: Callable[[], Awaitable[ActionResult]]) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._run(name, call)
+            else:
+                self.notify(f"{name}: cancelled", timeout=2)
+        self.push_screen(ConfirmScreen(question, detail), answered)
+
+    def _run(self, name: str, call: Callable[[], Awaitable[ActionResult]]) -> None:
+        self.run_worker(self._perform(name, call), group="actions", exit_on_error=False)
+
+    async def _perform(self, name: str, call: Callable[[], Awaitable[ActionResult]]) -> None:
+        try:
+            result = await call()
+        except Exception as exc:
+            result = ActionResult(False, f"{type(exc).__name__}: {exc}")
+        self.results.append((name, result))
+        self.query_one(CommandLogPane).post_message(ActionDone(name, result, self.clock()))
+        commands = "\n".join(f"$ {c}" for c in result.commands)
+        self.notify(f"{result.message}\n{commands}".strip(), title=f"{name}: {'ok' if result.ok else 'failed'}",
+                    severity="information" if result.ok else "error")

@@ -1,0 +1,92 @@
+"""Data generation progress, from the newest "generate" run's latest progress event."""
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.markup import escape
+
+from console.telemetry.snapshot import RunInfo, Snapshot
+from console.ui.panes.base import Pane, Text
+from console.ui.panes.gauges import bar, duration, human_bytes, num, pct
+
+_FREE_DISK_KEYS = ("free_disk", "disk_free_bytes", "free_disk_bytes")  # generate emits free_disk
+
+
+def pick_run(runs: list[RunInfo], stage: str) -> RunInfo | None:
+    """The running run of `stage` if any, else the last one listed (the newest)."""
+    mine = [r for r in runs if r.stage == stage]
+    running = [r for r in mine if r.state == "running"]
+    return (running or mine or [None])[-1]
+
+
+def _number(event: dict[str, Any], key: str) -> float | None:
+    value = event.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} is {value!r}, expected a number")
+    return value
+
+
+class TokenRate:
+    """Tokens/s from successive events' completion_tokens (the event itself carries only totals)."""
+
+    def __init__(self) -> None:
+        self._prev: tuple[str, float, float] | None = None
+        self.value: float | None = None
+
+    def feed(self, run_id: str, event: dict[str, Any]) -> float | None:
+        if isinstance(event.get("tokens_per_s"), (int, float)):
+            self.value = float(event["tokens_per_s"])
+            return self.value
+        tokens, ts = _number(event, "completion_tokens"), _number(event, "ts")
+        if tokens is None or ts is None:
+            return self.value
+        if self._prev and self._prev[0] == run_id and ts > self._prev[1]:
+            self.value = (tokens - self._prev[2]) / (ts - self._prev[1])
+        elif self._prev is None or self._prev[0] != run_id:
+            self.value = None
+        if self._prev is None or ts != self._prev[1] or self._prev[0] != run_id:
+            self._prev = (run_id, ts, tokens)
+        return self.value
+
+
+def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60) -> str:
+    event = run.last_event or {}
+    done = int(_number(event, "done") or run.done)
+    total = int(_number(event, "total") or run.total)
+    errors = int(_number(event, "failed") or run.failed)
+    rate = run.rate if run.rate is not None else _number(event, "rate")
+    frac = done / total if total else None
+    free = next((event[k] for k in _FREE_DISK_KEYS if k in event), None)
+    return "\n".join([
+        f"run      [b]{escape(run.run_id)}[/b]  [dim]{escape(run.state)}[/]",
+        f"done     {done}/{total} {pct(done, total)}  ▕[green]{bar(frac, max(4, min(30, width - 40)))}[/]▏",
+        f"rate     {num(rate, '{:.2f}/s')}   ETA {duration(run.eta_s)}   "
+        f"errors {'[red]' if errors else ''}{errors}{'[/]' if errors else ''}",
+        f"reasoning captured {pct(_number(event, 'reasoning_captured'), done)}   "
+        f"truncated (length) {pct(_number(event, 'truncated'), done)}",
+        f"tokens/s {num(tokens_per_s, '{:.0f}')}   written {human_bytes(_number(event, 'bytes_written'))}"
+        f"   free disk {human_bytes(free) if isinstance(free, (int, float)) else 'N/A'}",
+    ])
+
+
+class GenerationPane(Pane):
+    TITLE = "Generation"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.tokens = TokenRate()
+
+    def compose_body(self) -> ComposeResult:
+        yield Text("[dim]no generation run[/]", id="generation-body")
+
+    def render_snapshot(self, snapshot: Snapshot) -> None:
+        run = pick_run(snapshot.runs, "generate")
+        body = self.query_one("#generation-body", Text)
+        if run is None:
+            body.show("[dim]no generation run[/]")
+            return
+        rate = self.tokens.feed(run.run_id, run.last_event or {})
+        body.show(generation_markup(run, rate, self.content_size.width or 60))

@@ -1,0 +1,82 @@
+"""Server readiness: load phase, shard progress and ETA, then what is served; root cause when failed."""
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.markup import escape
+from textual.widgets import ProgressBar
+
+from console.telemetry.snapshot import ServerInfo, Snapshot
+from console.ui.panes.base import Pane, Text
+from console.ui.panes.gauges import duration, num
+
+_PHASE_COLOUR = {"ready": "green", "failed": "red", "stopped": "dim", "unknown": "dim"}
+_ETA_SOURCES = {"shards": "from shard progress", "gpu_memory": "from GPU memory growth",
+                "previous_load": "from the previous load"}
+
+
+def readiness_markup(srv: ServerInfo) -> str:
+    colour = _PHASE_COLOUR.get(srv.phase, "yellow")
+    lines = [f"phase    [{colour}][b]{escape(str(srv.phase))}[/b][/]"]
+    if srv.phase not in ("ready", "failed", "stopped") and (srv.eta_s is not None or srv.progress):
+        source = _ETA_SOURCES.get(srv.eta_source or "", srv.eta_source or "source unknown")
+        lines.append(f"ETA      {duration(srv.eta_s)} [dim]({escape(source)})[/]")
+    if srv.phase == "ready" or srv.model_id:
+        lines.append(f"model    [b]{escape(srv.model_id or 'N/A')}[/b]  max_model_len {num(srv.max_model_len)}")
+        lines.append(f"vLLM     {escape(srv.version or 'N/A')}   reasoning "
+                     f"{escape(srv.reasoning_field or 'N/A')}")
+    m = srv.metrics
+    if srv.phase == "ready" and m is not None:
+        kv = f"{m.kv_cache_usage_pct:.0f}%" if m.kv_cache_usage_pct is not None else "N/A"
+        tps = f"{m.generation_tps:,.0f} tok/s" if m.generation_tps is not None else "N/A tok/s"
+        lines.append(f"load     {num(m.requests_running)} running, {num(m.requests_waiting)} waiting, "
+                     f"KV {kv}, {tps}")
+        if m.spec_mean_acceptance_length is not None:
+            rate = f"{m.spec_acceptance_rate:.0%}" if m.spec_acceptance_rate is not None else "N/A"
+            pos = " ".join(f"{p:.2f}" for p in (m.spec_per_position or []))
+            lines.append(f"drafter  acceptance length {m.spec_mean_acceptance_length:.2f}, {rate} "
+                         f"[dim](per position {pos})[/]")
+    if srv.deep_check:
+        lines.append(f"deep     {escape(srv.deep_check)}")
+    if srv.error:
+        lines.append(f"[b red]✖ {escape(srv.error)}[/]")
+    return "\n".join(lines)
+
+
+class ReadinessPane(Pane):
+    TITLE = "Readiness"
+    DEFAULT_CSS = """
+    ReadinessPane > #shards { height: 1; display: none; }
+    ReadinessPane > #shards.-shown { display: block; }
+    ReadinessPane > #shards Bar { width: 1fr; }
+    """
+
+    def compose_body(self) -> ComposeResult:
+        yield Text("[dim]waiting for data…[/]", id="readiness-body")
+        yield Text("", id="shards-label")
+        # A known total: an indeterminate bar animates (and costs CPU) even while hidden.
+        yield ProgressBar(total=1, show_eta=False, id="shards")
+
+    def render_snapshot(self, snapshot: Snapshot) -> None:
+        srv = snapshot.server
+        self.query_one("#readiness-body", Text).show(readiness_markup(srv))
+        bar = self.query_one("#shards", ProgressBar)
+        weights = srv.phase in ("starting", "loading_weights")
+        shards = weights and srv.progress is not None and srv.progress.total > 0
+        # under systemd the shard counter only arrives at the end: GPU memory / time give the bar then
+        estimated = weights and not shards and srv.fraction is not None
+        loading = shards or estimated
+        label = self.query_one("#shards-label", Text)
+        if shards:
+            done, total = int(srv.progress.done), int(srv.progress.total)
+            if bar.total != total or bar.progress != done:
+                bar.update(total=total, progress=done)
+            label.show(f"weights  shard {done}/{total}")
+        elif estimated:
+            pct = int(round(srv.fraction * 100))
+            if bar.total != 100 or bar.progress != pct:
+                bar.update(total=100, progress=pct)
+            label.show(f"weights  ~{pct}% [dim]({escape(_ETA_SOURCES.get(srv.eta_source or '', 'estimated'))})[/]")
+        else:
+            label.show("")
+        label.display = loading
+        bar.set_class(loading, "-shown")

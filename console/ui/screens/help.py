@@ -1,0 +1,39 @@
+"""`?`: every binding from the one table, with the keys in effect after the user keymap."""
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.markup import escape
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from console.ui.keys import KeySpec, display_key, effective_keys
+
+
+def help_markup(specs: tuple[KeySpec, ...], keymap: dict[str, str], readonly: bool) -> str:
+    lines = ["[b]Keys[/b]" + ("  [cyan](read-only: mutating actions removed)[/]" if readonly else ""), ""]
+    for spec in specs:
+        keys = ", ".join(display_key(k) for k in effective_keys(spec, keymap))
+        lines.append(f"  [b]{escape(keys):<12}[/b] {escape(spec.description):<16} [dim]{spec.id}[/]")
+    lines += ["", "  [b]↑/↓ j/k[/b]      select a stage", "  [b]esc[/b]          close this help",
+              "", "[dim]" + escape('Remap in $XDG_CONFIG_HOME/eagle3-console/keys.toml, e.g.  [keys] stop_stage = "X"')
+              + "[/]"]
+    return "\n".join(lines)
+
+
+class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 80; max-height: 90%; height: auto; border: round $accent;
+                                  background: $surface; padding: 1 2; }
+    """
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close", show=False)]
+
+    def __init__(self, specs: tuple[KeySpec, ...], keymap: dict[str, str], readonly: bool) -> None:
+        super().__init__()
+        self.text = help_markup(specs, keymap, readonly)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(self.text, id="help-text")

@@ -1,0 +1,358 @@
+"""The stand-in's HTTP surface (aiohttp.web), shaped like vLLM's OpenAI server; see vllm-surface.md.
+
+Simulated-only extras: `GET/POST /_sim/fault` (see faults.py) and `GET /_sim/info` (which text backend
+serves: {"simulated": true, "text_backend": "canned"|"tinylm", "model_dir": path or null, ...}). Everything here is cheap on purpose: a
+benchmark pushes tens of thousands of long completions through it at high concurrency.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from sim import chat, loadlog
+from sim.config import SimConfig
+from sim.faults import FaultError
+from sim.loadlog import LogSink
+from sim.metrics import ServerMetrics
+from sim.textbackend import CannedText, Resolved
+from sim.tinylm_text import SamplingError, sampling_from
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, err_type: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.err_type, self.param = status, err_type, param
+
+
+class SimApi:
+    def __init__(self, cfg: SimConfig, sink: LogSink, kv_tokens: int, text: Resolved | None = None):
+        self.cfg = cfg
+        self.resolved = text or Resolved(CannedText(cfg.response_tokens), "canned", "")
+        self.text = self.resolved.backend
+        # a real model cannot go past its trained context, whatever --max-model-len says (vLLM would
+        # refuse to start; the stand-in serves, and reports, the smaller limit)
+        self.context_limit = min(cfg.max_model_len, self.text.max_model_len or cfg.max_model_len)
+        self.traits = cfg.traits()
+        self.sink = sink
+        self.faults = cfg.faults
+        self.metrics = ServerMetrics(cfg.served_name, num_spec_tokens=cfg.num_speculative_tokens if cfg.drafter else 0,
+                                     old_cache_gauge=self.traits.old_cache_gauge)
+        self.kv_tokens = max(1, kv_tokens)
+        self.slots = asyncio.Semaphore(cfg.max_num_seqs)
+        self.running = self.waiting = 0
+        self.inflight_tokens = 0
+        self.answered = 0
+        self.on_die: Callable[[], None] = lambda: os._exit(1)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20,
+                              middlewares=[self._access_log] if self.cfg.access_log else [])
+        r = app.router
+        r.add_get("/health", self.health)
+        r.add_get("/ping", self.health)
+        r.add_post("/ping", self.health)
+        r.add_get("/version", lambda _: web.json_response({"version": self.cfg.vllm_version}))
+        r.add_get("/load", lambda _: web.json_response({"server_load": self.running + self.waiting}))
+        r.add_get("/v1/models", self.models)
+        r.add_get("/metrics", self.metrics_page)
+        r.add_post("/v1/chat/completions", self._guard(self.chat_completions))
+        r.add_post("/v1/chat/completions/render", self._guard(self.render))
+        r.add_post("/v1/completions", self._guard(self.completions))
+        r.add_post("/tokenize", self._guard(self.tokenize))
+        r.add_get("/_sim/fault", self.fault_get)
+        r.add_post("/_sim/fault", self.fault_post)
+        r.add_get("/_sim/info", lambda _: web.json_response(self.resolved.info()))
+        return app
+
+    @web.middleware
+    async def _access_log(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        resp = await handler(request)
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        who = f"{peer[0]}:{peer[1]}" if peer else "-"
+        self.sink.uvicorn(f'{who} - "{request.method} {request.path_qs} HTTP/{request.version.major}.'
+                          f'{request.version.minor}" {resp.status} {resp.reason}')
+        return resp
+
+    # ---- small endpoints -------------------------------------------------------------------------
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(status=503 if self.faults.engine_dead else 200)
+
+    async def models(self, _: web.Request) -> web.Response:
+        card = {"id": self.cfg.served_name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                "root": self.cfg.model, "parent": None, "max_model_len": self.context_limit,
+                "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                                "created": int(time.time()), "allow_create_engine": False,
+                                "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
+                                "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                                "group": None, "is_blocking": False}]}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics_page(self, _: web.Request) -> web.Response:
+        self.metrics.running.set(self.running)
+        self.metrics.waiting.set(self.waiting)
+        self.metrics.set_kv_usage(min(1.0, self.inflight_tokens / self.kv_tokens))
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def fault_get(self, _: web.Request) -> web.Response:
+        return web.json_response({"simulated": True, "faults": self.faults.describe()})
+
+    async def fault_post(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
+                raise FaultError('body must be JSON like {"kind": "5xx", "value": 3}')
+            self.faults.apply(body["kind"], body.get("value"))
+        except (ValueError, FaultError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"simulated": True, "faults": self.faults.describe()})
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _error(self, status: int, err_type: str, message: str, param: str | None = None) -> web.Response:
+        body = chat.error_body(message, err_type, status, nested=self.traits.nested_errors, param=param)
+        return web.json_response(body, status=status)
+
+    def _guard(self, handler: Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]):
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            try:
+                try:
+                    body = await request.json()
+                except ValueError as exc:
+                    raise ApiError(400, "BadRequestError", f"request body is not valid JSON: {exc}") from None
+                if not isinstance(body, dict):
+                    raise ApiError(400, "BadRequestError", "request body must be a JSON object")
+                return await handler(request, body)
+            except ApiError as exc:
+                return self._error(exc.status, exc.err_type, str(exc), exc.param)
+        return wrapped
+
+    def _check_model(self, body: dict[str, Any]) -> str:
+        model = body.get("model")
+        if model is None:
+            return self.cfg.served_name
+        if model != self.cfg.served_name:
+            raise ApiError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
+        return model
+
+    def _max_tokens(self, body: dict[str, Any], prompt_len: int, default: int | None) -> int:
+        limit = self.context_limit
+        if prompt_len >= limit:
+            raise ApiError(400, "BadRequestError", f"This model's maximum context length is {limit} tokens. "
+                           f"However, your request has {prompt_len} input tokens. Please reduce the length of "
+                           "the input messages.", "messages")
+        raw = body.get("max_completion_tokens", body.get("max_tokens"))
+        if raw is None:
+            return default if default is not None else limit - prompt_len
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+            raise ApiError(400, "BadRequestError", f"max_tokens must be an integer >= 1, got {raw!r}", "max_tokens")
+        if prompt_len + raw > limit:
+            raise ApiError(400, "BadRequestError", f"'max_tokens' or 'max_completion_tokens' is too large: {raw}. "
+                           f"This model's maximum context length is {limit} tokens and your request has "
+                           f"{prompt_len} input tokens ({raw} > {limit} - {prompt_len}).", "max_tokens")
+        return raw
+
+    def _sampling(self, body: dict[str, Any]) -> Any:
+        try:
+            return sampling_from(body)
+        except SamplingError as exc:
+            raise ApiError(400, "BadRequestError", str(exc), exc.param) from None
+
+    async def _before_generation(self) -> None:
+        f = self.faults
+        if f.error_burst > 0:
+            f.error_burst -= 1
+            raise ApiError(500, "InternalServerError", "Simulated internal server error (5xx fault).")
+        if f.engine_dead:
+            raise ApiError(500, "InternalServerError",
+                           "EngineCore encountered an issue. See stack trace (above) for the root cause.")
+        if f.stall:
+            await asyncio.Event().wait()  # accepted, never answered (until the client gives up)
+
+    def _after_generation(self) -> None:
+        self.answered += 1
+        f = self.faults
+        if f.engine_dead_after is not None and not f.engine_dead and self.answered >= f.engine_dead_after:
+            f.engine_dead = True
+            loadlog.engine_fatal(self.sink)
+
+    def _dies_now(self) -> bool:
+        return self.faults.die_after is not None and self.answered >= self.faults.die_after
+
+    def _die(self) -> None:
+        loadlog.engine_fatal(self.sink)
+        self.on_die()
+
+    # ---- generation ------------------------------------------------------------------------------
+    def _chat_prompt(self, body: dict[str, Any], *, generation_prompt: bool = True
+                     ) -> tuple[list[dict[str, Any]], bool, list[int]]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "BadRequestError", "messages must be a non-empty list of message objects", "messages")
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise ApiError(400, "BadRequestError", "chat_template_kwargs must be an object", "chat_template_kwargs")
+        thinking = bool(kwargs.get("thinking", kwargs.get("enable_thinking", True)))
+        try:
+            prompt_ids = self.text.chat_prompt(messages, thinking=thinking, add_generation_prompt=generation_prompt)
+        except ValueError as exc:
+            raise ApiError(400, "BadRequestError", str(exc), "messages") from None
+        return messages, thinking, prompt_ids
+
+    async def render(self, _: web.Request, body: dict[str, Any]) -> web.Response:
+        self._check_model(body)
+        add = body.get("add_generation_prompt", True)
+        if not isinstance(add, bool):
+            raise ApiError(400, "BadRequestError", "add_generation_prompt must be a boolean", "add_generation_prompt")
+        return web.json_response({"token_ids": self._chat_prompt(body, generation_prompt=add)[2]})
+
+    async def tokenize(self, _: web.Request, body: dict[str, Any]) -> web.Response:
+        if "messages" in body:
+            ids = self._chat_prompt(body)[2]
+        elif isinstance(body.get("prompt"), str):
+            ids = self.text.encode(body["prompt"])
+        else:
+            raise ApiError(400, "BadRequestError", "give either prompt (string) or messages", "prompt")
+        return web.json_response({"count": len(ids), "max_model_len": self.context_limit, "tokens": ids,
+                                  "token_strs": None})
+
+    async def chat_completions(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        model = self._check_model(body)
+        if body.get("n", 1) != 1:
+            raise ApiError(400, "BadRequestError", "the stand-in supports only n=1", "n")
+        messages, thinking, prompt_ids = self._chat_prompt(body)
+        max_tokens = self._max_tokens(body, len(prompt_ids), None)
+        sampling = self._sampling(body)
+        await self._before_generation()
+        out = await self.text.chat(messages, prompt_ids, thinking=thinking, max_tokens=max_tokens, sampling=sampling)
+        with_ids = bool(body.get("return_token_ids"))
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        usage = chat.usage(len(prompt_ids), out, reasoning_detail=self.traits.reasoning_tokens_detail)
+        if body.get("stream"):
+            enc = chat.ChunkEncoder(request_id=rid, created=created, model=model, obj="chat.completion.chunk",
+                                    reasoning_keys=self.traits.reasoning_keys, token_ids=with_ids)
+            opts = body.get("stream_options") or {}
+            return await self._stream(request, enc, out, len(prompt_ids), prompt_ids if with_ids else None,
+                                      usage if isinstance(opts, dict) and opts.get("include_usage") else None,
+                                      enc.delta)
+        choice: dict[str, Any] = {"index": 0, "message": chat.message(out, self.traits.reasoning_keys),
+                                  "logprobs": None, "finish_reason": out.finish_reason, "stop_reason": None}
+        resp: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": model,
+                                "choices": [choice], "usage": usage, "prompt_logprobs": None,
+                                "kv_transfer_params": None}
+        if with_ids:
+            choice["token_ids"] = out.ids
+            resp["prompt_token_ids"] = prompt_ids
+        await self._run(len(prompt_ids), out)
+        return web.json_response(resp)
+
+    async def completions(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        model = self._check_model(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt_ids = self.text.encode(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool)
+                                                         for i in prompt):
+            bad = [i for i in prompt if not 0 <= i < self.text.vocab_size]
+            if bad:
+                raise ApiError(400, "BadRequestError", f"token id {bad[0]} is out of vocabulary "
+                               f"(0..{self.text.vocab_size - 1})", "prompt")
+            prompt_ids = list(prompt)
+        else:
+            raise ApiError(400, "BadRequestError", "prompt must be a string or a non-empty list of token ids "
+                           "(batched prompts are not supported by the stand-in)", "prompt")
+        max_tokens = self._max_tokens(body, len(prompt_ids), 16)  # vLLM's default for /v1/completions
+        sampling = self._sampling(body)
+        await self._before_generation()
+        out = await self.text.complete(prompt_ids, max_tokens=max_tokens, sampling=sampling)
+        with_ids = bool(body.get("return_token_ids"))
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        usage = chat.usage(len(prompt_ids), out, reasoning_detail=False)
+        if body.get("stream"):
+            enc = chat.ChunkEncoder(request_id=rid, created=created, model=model, obj="text_completion",
+                                    reasoning_keys=(), token_ids=with_ids)
+            opts = body.get("stream_options") or {}
+            return await self._stream(request, enc, out, len(prompt_ids), None,
+                                      usage if isinstance(opts, dict) and opts.get("include_usage") else None,
+                                      enc.text_delta)
+        choice: dict[str, Any] = {"index": 0, "text": "".join(out.pieces), "logprobs": None,
+                                  "finish_reason": out.finish_reason, "stop_reason": None, "prompt_logprobs": None}
+        resp: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                                "choices": [choice], "usage": usage, "kv_transfer_params": None}
+        if with_ids:
+            choice["token_ids"] = out.ids
+            choice["prompt_token_ids"] = prompt_ids
+        await self._run(len(prompt_ids), out)
+        return web.json_response(resp)
+
+    async def _run(self, prompt_tokens: int, out: chat.Output) -> None:
+        """Hold a batch slot for the simulated generation time and account for it."""
+        self.waiting += 1
+        async with self.slots:
+            self.waiting -= 1
+            self.running += 1
+            held = prompt_tokens + len(out.ids)
+            self.inflight_tokens += held
+            start = time.monotonic()
+            try:
+                ttft = self.cfg.latency + self.faults.slow_s
+                total = ttft + self.cfg.latency_per_token * len(out.ids)
+                if total > 0:
+                    await asyncio.sleep(total)
+                if self._dies_now():
+                    self._die()
+            finally:
+                self.running -= 1
+                self.inflight_tokens -= held
+            self.metrics.finished(reason=out.finish_reason, prompt_tokens=prompt_tokens,
+                                  completion_tokens=len(out.ids), ttft=ttft, e2e=time.monotonic() - start,
+                                  acceptance=self.cfg.acceptance)
+        self._after_generation()
+
+    async def _stream(self, request: web.Request, enc: chat.ChunkEncoder, out: chat.Output, prompt_len: int,
+                      prompt_ids: list[int] | None, usage: dict[str, Any] | None,
+                      encode: Callable[[chat.Output, int, int, str | None], bytes]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        self.waiting += 1
+        async with self.slots:
+            self.waiting -= 1
+            self.running += 1
+            held = len(out.ids) + prompt_len
+            self.inflight_tokens += held
+            start = time.monotonic()
+            ttft = self.cfg.latency + self.faults.slow_s
+            try:
+                if ttft:
+                    await asyncio.sleep(ttft)
+                spans = chat.chunk_spans(out, self.cfg.chunk_tokens())
+                per_token = self.cfg.latency_per_token
+                dies = self._dies_now()
+                batch = [enc.first(prompt_ids) if encode == enc.delta else b""]
+                for i, (a, b) in enumerate(spans):
+                    if dies and i >= len(spans) // 2:
+                        await resp.write(b"".join(batch))
+                        self._die()
+                    batch.append(encode(out, a, b, out.finish_reason if i == len(spans) - 1 else None))
+                    # with no per-token delay one write per 256 events keeps the cost per request low
+                    if per_token or len(batch) >= 256:
+                        await resp.write(b"".join(batch))
+                        batch = []
+                        if per_token:
+                            await asyncio.sleep(per_token * (b - a))
+                if usage is not None:
+                    batch.append(enc.usage(usage))
+                batch.append(chat.DONE)
+                await resp.write(b"".join(batch))
+            finally:
+                self.running -= 1
+                self.inflight_tokens -= held
+            self.metrics.finished(reason=out.finish_reason, prompt_tokens=prompt_len, completion_tokens=len(out.ids), ttft=ttft,
+                                  e2e=time.monotonic() - start, acceptance=self.cfg.acceptance)
+        self._after_generation()
+        await resp.write_eof()
+        return resp

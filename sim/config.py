@@ -1,0 +1,160 @@
+"""The stand-in's settings, parsed from a vLLM-like command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, field
+
+from sim.faults import FaultError, Faults, parse_spec
+from sim.gpu_state import DEFAULT_TOTAL_MIB
+from sim.versions import REASONING_FIELDS, Traits, traits_for
+
+KIMI_LAYERS = 61  # Kimi-K2.5's decoder layers: default aux layers (2, n//2, n-3) = (2, 30, 58)
+
+
+@dataclass
+class SimConfig:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    vllm_version: str = "0.33.0"
+    reasoning_field: str | None = None
+    load_seconds: float = 20.0
+    shards: int = 64
+    max_model_len: int = 262144
+    gpus: int = 8
+    gpu_state: str | None = None
+    gpu_total_mib: int = DEFAULT_TOTAL_MIB
+    weights_gib: float = 70.0
+    gpu_memory_utilization: float = 0.9
+    drafter: str | None = None
+    num_speculative_tokens: int = 3
+    aux_layers: tuple[int, ...] = (2, KIMI_LAYERS // 2, KIMI_LAYERS - 3)
+    acceptance: tuple[float, ...] = (0.75, 0.57, 0.45)
+    log_file: str | None = None
+    stats_interval: float = 10.0
+    response_tokens: int | None = None
+    latency: float = 0.0
+    latency_per_token: float = 0.0
+    stream_tokens_per_chunk: int | None = None
+    max_num_seqs: int = 256
+    access_log: bool = False
+    text_backend: str = "canned"
+    faults: Faults = field(default_factory=Faults)
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def traits(self) -> Traits:
+        return traits_for(self.vllm_version, self.reasoning_field)
+
+    def chunk_tokens(self) -> int:
+        if self.stream_tokens_per_chunk:
+            return self.stream_tokens_per_chunk
+        # with a drafter vLLM emits 1 + accepted tokens per step, so deltas come in small groups
+        return max(1, round(1 + sum(self.acceptance))) if self.drafter else 1
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.strip("()[] ").split(",") if x.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sim.vllm_server",
+                                description="A vLLM OpenAI-compatible server stand-in (simulated, no GPU).")
+    a = p.add_argument
+    a("--model", required=True)
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=8000)
+    a("--served-model-name")
+    a("--vllm-version", default="0.33.0")
+    a("--reasoning-field", choices=REASONING_FIELDS)
+    a("--load-seconds", type=float, default=20.0)
+    a("--shards", type=int, default=64)
+    a("--max-model-len", type=int, default=262144)
+    a("--gpus", "--tensor-parallel-size", "-tp", dest="gpus", type=int, default=8)
+    a("--gpu-state")
+    a("--gpu-total-mib", type=int, default=DEFAULT_TOTAL_MIB)
+    a("--weights-gib", type=float, default=70.0)
+    a("--gpu-memory-utilization", type=float, default=0.9)
+    a("--drafter")
+    a("--speculative-config", help="vLLM's JSON form; its model/num_speculative_tokens are used")
+    a("--num-speculative-tokens", type=int, default=3)
+    a("--aux-layers", type=_ints, help="e.g. 2,30,58 (default: the drafter's config.json, else 2,30,58)")
+    a("--acceptance", type=_floats, default=(0.75, 0.57, 0.45), help="per-position acceptance rates")
+    a("--log-file")
+    a("--stats-interval", type=float, default=10.0)
+    a("--response-tokens", type=int)
+    a("--latency", type=float, default=0.0, help="seconds before the first token")
+    a("--latency-per-token", type=float, default=0.0)
+    a("--stream-tokens-per-chunk", type=int)
+    a("--max-num-seqs", type=int, default=256)
+    a("--access-log", action="store_true", help="uvicorn-style access lines (off: the benchmark is loud)")
+    a("--text-backend", choices=("canned", "tinylm", "auto"), default="canned",
+      help="canned: instant canned text (default); tinylm: a tiny local model built at first use (needs torch, "
+           "transformers, tokenizers); auto: tinylm when those import, else canned")
+    a("--fault", action="append", default=[], metavar="KIND[:VALUE]")
+    # accepted for command-line compatibility with `vllm serve`, no effect here
+    a("--trust-remote-code", action="store_true")
+    a("--reasoning-parser")
+    a("--tool-call-parser")
+    a("--enable-auto-tool-choice", action="store_true")
+    return p
+
+
+def _drafter_aux_layers(path: str) -> tuple[int, ...] | None:
+    try:
+        with open(os.path.join(path, "config.json")) as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    ids = raw.get("eagle_aux_hidden_state_layer_ids") if isinstance(raw, dict) else None
+    return tuple(int(i) for i in ids) if isinstance(ids, list) and ids else None
+
+
+def parse_args(argv: list[str] | None = None) -> SimConfig:
+    p = build_parser()
+    ns = p.parse_args(argv)
+    drafter, spec_tokens = ns.drafter, ns.num_speculative_tokens
+    if ns.speculative_config:
+        try:
+            spec = json.loads(ns.speculative_config)
+            drafter = drafter or spec["model"]
+            spec_tokens = int(spec.get("num_speculative_tokens", spec_tokens))
+        except (ValueError, KeyError, TypeError) as exc:
+            p.error(f"--speculative-config must be JSON with a \"model\" key ({exc})")
+    faults = Faults()
+    for spec_text in ns.fault:
+        try:
+            faults.apply(*parse_spec(spec_text))
+        except FaultError as exc:
+            p.error(str(exc))
+    for name in ("load_seconds", "latency", "latency_per_token"):
+        if getattr(ns, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
+    if ns.shards < 1 or ns.gpus < 1 or ns.max_model_len < 1 or ns.max_num_seqs < 1:
+        p.error("--shards, --gpus, --max-model-len and --max-num-seqs must be >= 1")
+    aux = ns.aux_layers or (drafter and _drafter_aux_layers(drafter)) or SimConfig.aux_layers
+    cfg = SimConfig(
+        model=ns.model, host=ns.host, port=ns.port, served_model_name=ns.served_model_name,
+        vllm_version=ns.vllm_version, reasoning_field=ns.reasoning_field, load_seconds=ns.load_seconds,
+        shards=ns.shards, max_model_len=ns.max_model_len, gpus=ns.gpus, gpu_state=ns.gpu_state,
+        gpu_total_mib=ns.gpu_total_mib, weights_gib=ns.weights_gib,
+        gpu_memory_utilization=ns.gpu_memory_utilization, drafter=drafter,
+        num_speculative_tokens=spec_tokens, aux_layers=tuple(aux), acceptance=tuple(ns.acceptance),
+        log_file=ns.log_file, stats_interval=ns.stats_interval, response_tokens=ns.response_tokens,
+        latency=ns.latency, latency_per_token=ns.latency_per_token,
+        stream_tokens_per_chunk=ns.stream_tokens_per_chunk, max_num_seqs=ns.max_num_seqs,
+        access_log=ns.access_log, text_backend=ns.text_backend, faults=faults)
+    try:
+        cfg.traits()
+    except ValueError as exc:
+        p.error(str(exc))
+    return cfg

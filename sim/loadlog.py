@@ -1,0 +1,170 @@
+"""vLLM's log lines as the stand-in prints them: line prefixes per version, tqdm bars, tracebacks.
+
+Every write goes to stdout (flushed at once: under systemd it is journald's stream) and, with a log
+file, the same bytes are appended there, `\r` redraws included.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import BinaryIO
+
+from sim.versions import Traits
+
+API, ENGINE, WORKER = "APIServer", "EngineCore_DP0", "Worker_TP0"
+
+
+class LogSink:
+    def __init__(self, traits: Traits, *, stream: BinaryIO | None = None, log_file: str | None = None,
+                 pid: int | None = None):
+        self.traits = traits
+        self.stream = stream if stream is not None else sys.stdout.buffer
+        self._file = open(log_file, "ab", buffering=0) if log_file else None
+        base = pid if pid is not None else os.getpid()
+        # the stand-in is one process; vLLM's engine and worker are children with their own pids
+        self.pids = {API: base, ENGINE: base + 1, WORKER: base + 2}
+
+    def write(self, text: str) -> None:
+        data = text.encode()
+        try:
+            self.stream.write(data)
+            self.stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the reader went away (tmux pane closed): keep serving, like vLLM does
+        if self._file is not None:
+            self._file.write(data)
+
+    def prefix(self, proc: str) -> str:
+        return f"({proc} pid={self.pids[proc]}) " if self.traits.proc_prefix else ""
+
+    def line(self, proc: str, src: str, message: str, level: str = "INFO") -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        self.write(f"{self.prefix(proc)}{level} {stamp} [{src}] {message}\n")
+
+    def raw(self, proc: str, message: str) -> None:
+        """A line without level/time (tracebacks, uvicorn), still with the process prefix."""
+        self.write(f"{self.prefix(proc)}{message}\n")
+
+    def uvicorn(self, message: str) -> None:
+        self.raw(API, f"INFO:     {message}")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def clock(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours:d}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+def _rate(done: int, elapsed: float) -> str:
+    if done == 0 or elapsed <= 0:
+        return "?it/s"
+    per = elapsed / done
+    return f"{per:5.2f}s/it" if per >= 1 else f"{1 / per:5.2f}it/s"
+
+
+def shard_bar(done: int, total: int, elapsed: float) -> str:
+    """`Loading safetensors checkpoint shards:  53% Completed | 75/141 [05:52<04:47,  4.36s/it]`."""
+    pct = 100 * done / total if total else 100
+    remaining = "?" if done == 0 else clock(elapsed / done * (total - done))
+    return (f"Loading safetensors checkpoint shards: {pct:3.0f}% Completed | {done}/{total} "
+            f"[{clock(elapsed)}<{remaining}, {_rate(done, elapsed)}]")
+
+
+def graph_bar(desc: str, done: int, total: int, elapsed: float, width: int = 10) -> str:
+    """tqdm's default bar: `desc: 100%|██████████| 51/51 [00:05<00:00,  9.12it/s]`."""
+    frac = done / total if total else 1.0
+    full = int(frac * width)
+    bar = "█" * full + (" " * (width - full))
+    remaining = "?" if done == 0 else clock(elapsed / done * (total - done))
+    return f"{desc}: {100 * frac:3.0f}%|{bar}| {done}/{total} [{clock(elapsed)}<{remaining}, {_rate(done, elapsed)}]"
+
+
+def oom_traceback(sink: LogSink, gpu_total_gib: float, used_gib: float) -> None:
+    free_mib = max(1.0, (gpu_total_gib - used_gib) * 1024 * 0.4)
+    sink.line(ENGINE, "core.py:708", "EngineCore failed to start.", "ERROR")
+    for text in (
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 699, in run_engine_core',
+        "    engine_core = EngineCoreProc(*args, **kwargs)",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 2602, in load_model',
+        "    self.model = model_loader.load_model(",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/model_loader/default_loader.py", line 267, in load_weights',
+        "    param.data.copy_(loaded_weight)",
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        f"{gpu_total_gib:.2f} GiB of which {free_mib:.2f} MiB is free. Including non-PyTorch memory, this process "
+        f"has {used_gib:.2f} GiB memory in use. Of the allocated memory {used_gib - 0.6:.2f} GiB is allocated by "
+        "PyTorch, and 112.40 MiB is reserved by PyTorch but unallocated.",
+    ):
+        sink.raw(ENGINE, text)
+    engine_init_failed(sink)
+
+
+def nccl_traceback(sink: LogSink) -> None:
+    sink.line(WORKER, "multiproc_executor.py:597", "WorkerProc failed to start.", "ERROR")
+    for text in (
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/distributed/parallel_state.py", line 1138, in init_distributed_environment',
+        "    torch.distributed.barrier()",
+        "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
+        "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.26.2",
+        "ncclUnhandledCudaError: Call to CUDA function failed.",
+        "Last error:",
+        "Cuda failure 'peer access is not supported between these two devices'",
+    ):
+        sink.raw(WORKER, text)
+    sink.line(ENGINE, "core.py:708", "EngineCore failed to start.", "ERROR")
+    engine_init_failed(sink)
+
+
+def engine_init_failed(sink: LogSink) -> None:
+    for text in (
+        "Traceback (most recent call last):",
+        '  File "/usr/local/bin/vllm", line 10, in <module>',
+        "    sys.exit(main())",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/utils.py", line 1021, in wait_for_engine_startup',
+        "    raise RuntimeError(",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': 1}",
+    ):
+        sink.raw(API, text)
+
+
+def address_in_use(sink: LogSink, host: str, port: int) -> None:
+    for text in (
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", line 1851, in create_server_socket',
+        "    sock.bind(addr)",
+        "OSError: [Errno 98] Address already in use",
+    ):
+        sink.raw(API, text)
+
+
+def engine_fatal(sink: LogSink) -> None:
+    sink.line(ENGINE, "core.py:793", "EngineCore encountered a fatal error.", "ERROR")
+    for text in (
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 784, in run_busy_loop',
+        "    self._process_engine_step()",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+    ):
+        sink.raw(ENGINE, text)
+    sink.line(API, "async_llm.py:480", "AsyncLLM output_handler failed.", "ERROR")
+    sink.raw(API, "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+                  "See stack trace (above) for the root cause.")
+
+
+def shutdown(sink: LogSink, *, during_load: bool) -> None:
+    if during_load:
+        sink.line(API, "launcher.py:110", "[shutdown] Received SIGTERM during engine startup; stopping engine core.")
+    else:
+        sink.line(API, "launcher.py:110", "[shutdown] Shutting down FastAPI HTTP server.")
+        sink.uvicorn("Shutting down")
+        sink.uvicorn("Waiting for application shutdown.")
+        sink.uvicorn("Application shutdown complete.")
+    sink.line(ENGINE, "core.py:880", "[shutdown] EngineCore exiting.")
+    sink.line(API, "api_server.py:1914", "[shutdown] vLLM server stopped.")

@@ -1,0 +1,109 @@
+"""An `nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]` stand-in over the simulated GPUs.
+
+`python -m sim.nvidia_smi --state FILE --query-gpu=index,name,memory.used ...` prints rows the
+way the real tool does (columns in the order queried, ", " separated, `[N/A]` for unknown values).
+`--simulate-no-driver` (or EAGLE3_SIM_NO_DRIVER=1) prints the real "couldn't communicate with the
+NVIDIA driver" message and exits 9, as nvidia-smi does on a host whose driver is gone.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+from sim.gpu_state import STATE_ENV, SimGpu, read_state
+
+NO_DRIVER_MESSAGE = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running.\n"
+)
+NO_DRIVER_EXIT = 9
+BAD_ARGS_EXIT = 2
+DRIVER_VERSION = "570.133.20"
+
+Getter = Callable[[SimGpu], "str | int | float | None"]
+# field -> (header, unit, value)
+FIELDS: dict[str, tuple[str, str | None, Getter]] = {
+    "index": ("index", None, lambda g: g.index),
+    "name": ("name", None, lambda g: g.name),
+    "gpu_name": ("name", None, lambda g: g.name),
+    "uuid": ("uuid", None, lambda g: f"GPU-5a1d0000-0000-4000-8000-{g.index:012x}"),
+    "gpu_uuid": ("uuid", None, lambda g: f"GPU-5a1d0000-0000-4000-8000-{g.index:012x}"),
+    "pci.bus_id": ("pci.bus_id", None, lambda g: f"00000000:{0x18 + 0x10 * g.index:02X}:00.0"),
+    "driver_version": ("driver_version", None, lambda g: DRIVER_VERSION),
+    "memory.used": ("memory.used", "MiB", lambda g: g.memory_used_mib),
+    "memory.total": ("memory.total", "MiB", lambda g: g.memory_total_mib),
+    "memory.free": ("memory.free", "MiB", lambda g: g.memory_total_mib - g.memory_used_mib),
+    "utilization.gpu": ("utilization.gpu", "%", lambda g: g.utilization_pct),
+    "utilization.memory": ("utilization.memory", "%", lambda g: None),
+    "temperature.gpu": ("temperature.gpu", None, lambda g: g.temperature_c),
+    "power.draw": ("power.draw", "W", lambda g: g.power_w),
+    "power.limit": ("power.limit", "W", lambda g: 700.0),
+    "fan.speed": ("fan.speed", "%", lambda g: None),  # SXM boards have no fan: nvidia-smi says [N/A]
+}
+
+
+def _cell(value: str | int | float | None, unit: str | None, with_units: bool) -> str:
+    if value is None:
+        return "[N/A]"
+    text = f"{value:.2f}" if isinstance(value, float) else str(value)
+    return f"{text} {unit}" if with_units and unit else text
+
+
+def render(gpus: list[SimGpu], fields: list[str], *, header: bool, units: bool) -> str:
+    lines = []
+    if header:
+        lines.append(", ".join(f"{FIELDS[f][0]} [{FIELDS[f][1]}]" if FIELDS[f][1] else FIELDS[f][0]
+                               for f in fields))
+    for gpu in gpus:
+        lines.append(", ".join(_cell(FIELDS[f][2](gpu), FIELDS[f][1], units) for f in fields))
+    return "".join(line + "\n" for line in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nvidia-smi", description=__doc__.splitlines()[0])
+    parser.add_argument("--state", default=os.environ.get(STATE_ENV), help=f"GPU state file (env {STATE_ENV})")
+    parser.add_argument("--query-gpu", dest="query")
+    parser.add_argument("--format", dest="fmt")
+    parser.add_argument("-i", "--id", dest="ids", help="comma-separated GPU indexes")
+    parser.add_argument("--simulate-no-driver", action="store_true")
+    args = parser.parse_args(argv)
+
+    if args.simulate_no_driver or os.environ.get("EAGLE3_SIM_NO_DRIVER") == "1":
+        sys.stdout.write(NO_DRIVER_MESSAGE)
+        return NO_DRIVER_EXIT
+    if not args.query:
+        sys.stderr.write("This stand-in only implements --query-gpu=FIELD,... --format=csv[,noheader][,nounits]\n")
+        return BAD_ARGS_EXIT
+    fields = [f.strip() for f in args.query.split(",") if f.strip()]
+    for name in fields:
+        if name not in FIELDS:
+            sys.stdout.write(f'Field "{name}" is not a valid field to query.\n\n')
+            return BAD_ARGS_EXIT
+    opts = [o.strip() for o in (args.fmt or "").split(",") if o.strip()]
+    if "csv" not in opts or any(o not in ("csv", "noheader", "nounits") for o in opts):
+        sys.stdout.write(f'"{args.fmt}" is not a valid format. Use --format=csv[,noheader][,nounits].\n')
+        return BAD_ARGS_EXIT
+    try:
+        state = read_state(args.state)
+    except ValueError as exc:
+        sys.stderr.write(f"nvidia-smi (simulated): {exc}\n")
+        return 1
+    gpus = state.gpus
+    if args.ids:
+        try:
+            wanted = {int(i) for i in args.ids.split(",")}
+        except ValueError:
+            sys.stdout.write(f"Invalid combination of input arguments: -i {args.ids}\n")
+            return BAD_ARGS_EXIT
+        gpus = [g for g in gpus if g.index in wanted]
+        if not gpus:
+            sys.stdout.write("No devices were found\n")
+            return 6
+    sys.stdout.write(render(gpus, fields, header="noheader" not in opts, units="nounits" not in opts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""The tiny verifier: a small Llama causal LM and its tokenizer, built locally at first use (no download).
+
+A byte-level BPE tokenizer is trained with `tokenizers` on tinycorpus's chat turns, a 4-layer
+LlamaForCausalLM is initialised at random and trained for a few seconds on CPU on the same turns, so its
+output has the `<think> ... </think> answer <|im_end|>` structure. The result is an ordinary Hugging Face
+directory (config.json, generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json
+with the chat template) that `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` load: the stand-in
+generates with it, and the later stages (hidden states, speculators training) use it as their verifier.
+
+Cache: $XDG_CACHE_HOME/eagle3-console/tiny-verifier/<recipe id>/. The id hashes the recipe and the corpus,
+so a changed recipe builds a new directory. A build goes to a temp dir beside it and is renamed into
+place when complete; a lock file keeps two processes from building the same recipe at once.
+
+Four layers at least: speculators' default aux layer ids (2, n//2, n-3) are distinct only from n = 6,
+so with this model pass explicit target layer ids (e.g. 1,2,3 of 4), see speculators-cpu.md.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from sim import tinycorpus
+
+SPECIAL_TOKENS = ("<|im_end|>", "<think>", "</think>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
+                  "<|im_middle|>", "[BOS]", "[PAD]", "[MASK]")
+EOS, BOS, PAD, MASK = "<|im_end|>", "[BOS]", "[PAD]", "[MASK]"  # speculators wants a mask token
+THINK, END_THINK = "<think>", "</think>"
+
+# Same layout as textgen.render_chat and tinycorpus.render_turn. A past assistant turn always carries its
+# (possibly empty) think block, so the generation-prompt render is a prefix of the render that includes
+# the answer, with thinking on or off: speculators derives loss masks from that boundary.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- set content = message['content'] if message['content'] is string else "
+    "(message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('')) "
+    "if message['content'] else '' -%}"
+    "{%- if message['role'] == 'system' -%}<|im_system|>system<|im_middle|>{{ content }}<|im_end|>"
+    "{%- elif message['role'] == 'assistant' -%}<|im_assistant|>assistant<|im_middle|><think>"
+    "{{ message.get('reasoning') or message.get('reasoning_content') or '' }}</think>{{ content }}<|im_end|>"
+    "{%- else -%}<|im_user|>{{ message['role'] }}<|im_middle|>{{ content }}<|im_end|>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>"
+    "{%- if thinking is defined and not thinking -%}<think></think>{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides the built weights; its hash names the cache directory."""
+    version: int = 4
+    vocab_size: int = 1024
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    max_positions: int = 4096
+    samples: int = 400
+    seed: int = 1
+    steps: int = 240
+    batch: int = 8
+    block: int = 128
+    lr: float = 8e-3
+    temperature: float = 0.7  # generation_config defaults, which vLLM applies when a request omits them
+    top_p: float = 0.95
+
+    def ident(self, corpus_digest: str) -> str:
+        blob = json.dumps({"recipe": asdict(self), "corpus": corpus_digest, "template": CHAT_TEMPLATE},
+                          sort_keys=True).encode()
+        return "tiny-llama-" + hashlib.sha256(blob).hexdigest()[:12]
+
+
+DEFAULT_RECIPE = Recipe()
+
+
+class TinyLMUnavailable(RuntimeError):
+    """torch / transformers / tokenizers cannot be imported (or are turned off by the environment)."""
+
+
+DISABLE_ENV = "EAGLE3_SIM_NO_TINYLM"  # set to 1 to act as if the `train` extra were not installed
+
+
+def check_available() -> None:
+    """Import what the tiny model needs; raise TinyLMUnavailable with the reason otherwise."""
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        raise TinyLMUnavailable(f"turned off by {DISABLE_ENV}={os.environ[DISABLE_ENV]}")
+    try:
+        import tokenizers  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except Exception as exc:  # a broken install raises more than ImportError (e.g. torchvision ops)
+        raise TinyLMUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "eagle3-console" / "tiny-verifier"
+
+
+def model_dir(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None) -> Path:
+    turns = tinycorpus.samples(recipe.samples, recipe.seed)
+    return (root or cache_root()) / recipe.ident(tinycorpus.digest(turns))
+
+
+def ensure_model(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None,
+                 on_build: Callable[[Path], None] | None = None) -> Path:
+    """The model directory for `recipe`, built first if it is not in the cache yet."""
+    turns = tinycorpus.samples(recipe.samples, recipe.seed)
+    root = root or cache_root()
+    final = root / recipe.ident(tinycorpus.digest(turns))
+    if (final / "config.json").is_file():
+        return final
+    check_available()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait, then reuse
+        if (final / "config.json").is_file():
+            return final
+        for stale in root.glob(f".{final.name}.*"):  # a build killed part-way (we hold the lock)
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+        if on_build:
+            on_build(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        try:
+            build(recipe, turns, tmp)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def _train_tokenizer(recipe: Recipe, turns: list[tinycorpus.Turn]) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    # byte-level: any user text encodes (no unknown token), and decoding gives the bytes back exactly
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=recipe.vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([t.text for t in turns], trainer)
+    return tok
+
+
+def _tokenizer_config(recipe: Recipe) -> dict[str, Any]:
+    # written by hand rather than by save_pretrained: transformers 5 would name its own tokenizer class
+    # and move the template to chat_template.jinja, which older transformers (and vLLM) do not read
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
+            "pad_token": PAD, "mask_token": MASK, "model_max_length": recipe.max_positions, "clean_up_tokenization_spaces": False,
+            "add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE}
+
+
+def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path) -> None:
+    """Train tokenizer and model on `turns` and save both into `out` (an existing, empty directory)."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the stand-in builds while it prints vLLM's log: no foreign bars
+    started = time.monotonic()
+    tok = _train_tokenizer(recipe, turns)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(recipe), indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
+                                                             "mask_token": MASK}, indent=2) + "\n")
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    config = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=recipe.hidden_size,
+                         intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.layers,
+                         num_attention_heads=recipe.heads, num_key_value_heads=recipe.kv_heads,
+                         max_position_embeddings=recipe.max_positions, tie_word_embeddings=False,
+                         bos_token_id=ids[BOS], eos_token_id=ids[EOS], pad_token_id=ids[PAD])
+    threads = torch.get_num_threads()
+    # one thread: on a busy small machine a second thread mostly waits for the first (10x slower seen)
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(recipe.seed)
+        torch.manual_seed(recipe.seed)
+        model = LlamaForCausalLM(config)
+        loss = _train(model, tok, turns, recipe, gen)
+    finally:
+        torch.set_num_threads(threads)
+    model.generation_config = GenerationConfig(
+        do_sample=True, temperature=recipe.temperature, top_p=recipe.top_p, bos_token_id=ids[BOS],
+        eos_token_id=ids[EOS], pad_token_id=ids[PAD])
+    model.save_pretrained(str(out))
+    (out / "recipe.json").write_text(json.dumps({
+        "recipe": asdict(recipe), "corpus_sha256": tinycorpus.digest(turns), "final_loss": round(loss, 4),
+        "build_seconds": round(time.monotonic() - started, 2), "simulated": True}, indent=2) + "\n")
+
+
+def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, gen: Any) -> float:
+    """Next-token training on the turns packed into fixed blocks (no padding, no attention mask:
+    cheapest). Only completions are learned: trained on the prompts too, the model picks up that a
+    question mark ends a turn, and with thinking-off prompts it learns to skip its own thinking."""
+    import torch
+
+    ids: list[int] = []
+    labels: list[int] = []
+    # prompts end at a special token, so encoding the two parts apart gives the same ids as the whole
+    prompts = tok.encode_batch([t.prompt for t in turns])
+    completions = tok.encode_batch([t.completion for t in turns])
+    for prompt, completion in zip(prompts, completions):
+        ids.extend(prompt.ids + completion.ids)
+        labels.extend([-100] * len(prompt.ids) + completion.ids)
+    usable = len(ids) // recipe.block * recipe.block
+    blocks = torch.tensor(ids[:usable]).view(-1, recipe.block)
+    targets = torch.tensor(labels[:usable]).view(-1, recipe.block)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=recipe.steps, pct_start=0.1)
+    model.train()
+    loss = float("nan")
+    for _ in range(recipe.steps):
+        pick = torch.randint(0, len(blocks), (recipe.batch,), generator=gen)
+        out = model(input_ids=blocks[pick], labels=targets[pick])
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        loss = out.loss.item()
+    model.eval()
+    return loss
