@@ -19,7 +19,7 @@ from console.profile import DEFAULT_GPU_QUERY, Profile, load_profile, write_prof
 from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
 from console.host.base import CommandResult
 from console.host.factory import env_prefix
-from console.control.units import server_start_argv, server_stop_argv
+from console.control.units import server_log_path, server_start_argv, server_stop_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "profiles" / "demo.toml"
@@ -99,7 +99,6 @@ async def _run(argv: list[str], timeout: float = 60) -> CommandResult:
 
 
 async def start(work_dir: Path, *, speed: float = 1.0) -> Profile:
-    from console.telemetry.collector import server_log_path
     profile = prepare(work_dir, speed=speed)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)

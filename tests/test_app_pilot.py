@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import Button, Input
 
 from console.ui.app import ConsoleApp
-from console.control.stages import ActionResult
+from console.session import ActionResult
 from tests.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
                                      stage_unit, training_run)
 from console.ui.panes.command_log import CommandLogPane
@@ -157,8 +157,7 @@ async def test_user_keymap_remaps(tmp_path):
 
 
 async def test_journal_follows_server_then_selected_stage_log():
-    snap = base_snapshot()
-    snap.runs = [generation_run()]
+    snap = dataclasses.replace(base_snapshot(), runs=(generation_run(),))
     fake = FakeController([snap], journal={SERVER_UNIT: ["a", "b"], stage_unit("generate"): ["g1"]})
     app, _ = make_app(fake)
     async with app.run_test(size=SIZE) as pilot:
@@ -227,17 +226,15 @@ async def test_journal_ring_buffer_is_bounded():
 
 
 async def test_malformed_snapshots_are_contained():
-    bad = base_snapshot()
-    bad.service = dataclasses.replace(bad.service, unit=None)  # type: ignore[arg-type]
-    bad.server.progress = "3 of 8"  # type: ignore[assignment]
-    bad.server.phase = "loading_weights"
-    bad.gpus[0].memory_used_mib = "lots"  # type: ignore[assignment]
+    good = base_snapshot()
     run = training_run()
-    run.last_event = dict(run.last_event or {}, loss="nan?")
-    gen = generation_run()
-    gen.last_event = None
-    gen.done = None  # type: ignore[assignment]
-    bad.runs = [run, gen]
+    run = dataclasses.replace(run, last_event=dict(run.last_event or {}, loss="nan?"))
+    gen = dataclasses.replace(generation_run(), last_event=None, done=None)  # type: ignore[arg-type]
+    bad = dataclasses.replace(
+        good, service=dataclasses.replace(good.service, unit=None),  # type: ignore[arg-type]
+        server=dataclasses.replace(good.server, progress="3 of 8", phase="loading_weights"),  # type: ignore[arg-type]
+        gpus=(dataclasses.replace(good.gpus[0], memory_used_mib="lots"), *good.gpus[1:]),  # type: ignore[arg-type]
+        runs=(run, gen))
     fake = FakeController([bad, base_snapshot()])
     app, _ = make_app(fake)
     async with app.run_test(size=SIZE) as pilot:
@@ -265,7 +262,7 @@ async def test_lost_connection_banner_and_data_age():
         clock[0] = t + 42
         fake.push(base_snapshot(reachable=False, taken_at=t + 42))
         await pilot.pause(0.1)
-        assert banner.has_class("-shown") and "Connection refused" in banner.markup_text
+        assert banner.has_class("-shown") and "Connection refused" in banner.plain
         assert app.query_one("#service").border_subtitle == "data 42s old"
         fake.push(base_snapshot(taken_at=t + 50))
         await pilot.pause(0.1)

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from console.profile import load_profile
+from console.parsers.vllm_load import LoadTracker
+from console.session import Session
 from console.telemetry.collector import Collector
 from console.commands.server_cmd import server_action
 from console.host.ssh import SshHost
@@ -122,17 +124,19 @@ class Observed:
 
 async def observe(profile_path: Path, *, until=("ready", "failed"), timeout: float = 30.0,
                   start: bool = True, interval: float = 0.2) -> tuple[Observed, Collector]:
-    """Start the unit (through the CLI's own server_action), follow its journal and refresh until the
-    server reaches one of `until`; every journal line and every snapshot is kept."""
+    """Start the unit (through the CLI's own server_action), follow its journal through the session's
+    one shared stream and tick the session until the server reaches one of `until`; every journal line
+    (with the phase a tracker fed the same lines is in) and every snapshot is kept."""
     profile = load_profile(profile_path)
-    from console.host.factory import host_for_profile
-    collector = Collector(profile, host_for_profile(profile))
-    await collector.connect()
+    session = Session(profile, interval=interval)
     seen = Observed()
+    await session.tick()  # connected: the session's journal stream runs from here
 
     async def follow() -> None:
-        async for message in collector.follow_journal():
-            seen.journal.append((message, collector.tracker.phase))
+        tracker = LoadTracker()
+        async for line in session.journal(profile.server.unit):
+            tracker.feed(line.text, line.ts)
+            seen.journal.append((line.text, tracker.phase))
 
     follower = asyncio.create_task(follow())
     try:
@@ -142,25 +146,26 @@ async def observe(profile_path: Path, *, until=("ready", "failed"), timeout: flo
             assert shown == [shlex.join(["systemctl", "start", profile.server.unit])]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            snap = await collector.refresh()
+            snap = await session.tick()
             seen.snaps.append(snap)
             if snap.server.phase in until:
                 break
             await asyncio.sleep(interval)
         else:
             raise AssertionError(f"no {until} within {timeout} s: {seen.snap_phases()} / {seen.journal_phases()}")
-        # let the follower catch the tail of the journal (the last lines can trail the probe), then
+        # let the stream catch the tail of the journal (the last lines can trail the probe), then
         # refresh once more: that snapshot includes them, and the finished load gets remembered
         for _ in range(50):
-            if collector.tracker.phase in until or collector.tracker.phase == "ready":
+            if session.collector.tracker.phase in until or session.collector.tracker.phase == "ready":
                 break
             await asyncio.sleep(0.1)
-        seen.snaps.append(await collector.refresh())
+        await asyncio.sleep(0.3)
+        seen.snaps.append(await session.tick())
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
-        await collector.close()
-    return seen, collector
+        await session.close()
+    return seen, session.collector
 
 
 def in_order(seq: list[str], order: list[str]) -> bool:
@@ -249,7 +254,7 @@ async def test_second_load_uses_history_status_json_and_stop(systemd_rig, rig_ss
         loading = [s for s in third.snaps if s.server.phase in ("starting", "loading_weights")
                    and s.server.eta_source is not None]
         assert loading and {s.server.eta_source for s in loading} == {"previous_load"}
-        assert all(s.gpus == [] and "driver" in s.gpu_error for s in third.snaps)
+        assert all(s.gpus == () and "driver" in s.gpu_error for s in third.snaps)
 
         stop = cli("stop-server", "--profile", str(unit.profile_path), "--yes")
         assert stop.returncode == 0, stop.stderr
@@ -362,10 +367,8 @@ async def test_journal_stream_resumes_after_dropped_connection(systemd_rig, rig_
     await rig_ssh.run(["mkdir", "-p", work_dir], check=True)
     profile_path = write_profile(tmp_path / "lines.toml", systemd_rig, name, keys.free_port(), work_dir)
     profile = load_profile(profile_path)
-    from console.host.factory import host_for_profile
-    host = host_for_profile(profile)
-    collector = Collector(profile, host)
-    await collector.connect()  # before the unit exists: nothing primed, the follow replays from the start
+    session = Session(profile)
+    await session.tick()  # before the unit exists: its stream starts after the journal's last entry
     script = "for i in $(seq 1 60); do echo line $i; sleep 0.05; done; sleep 0.5"
     await rig_ssh.run(["systemd-run", f"--unit={name}", "--quiet", "sh", "-c", script], check=True)
     got: list[str] = []
@@ -373,7 +376,8 @@ async def test_journal_stream_resumes_after_dropped_connection(systemd_rig, rig_
 
     async def follow() -> None:
         nonlocal dropped
-        async for message in collector.follow_journal():
+        async for line in session.journal(name):
+            message = line.text
             if not message.startswith("line "):
                 continue  # systemd's own "Started ..." lines
             got.append(message)
@@ -389,7 +393,6 @@ async def test_journal_stream_resumes_after_dropped_connection(systemd_rig, rig_
     try:
         await asyncio.wait_for(follow(), 40)
     finally:
-        await collector.close()
-        await host.close()
+        await session.close()
     assert dropped
     assert got == [f"line {i}" for i in range(1, 61)]  # nothing lost, nothing twice
