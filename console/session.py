@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from console.control import launch
 from console.control.launch import Launch, StageError
-from console.control.units import (HostCommand, server_restart_commands, server_start_command,
-                                   server_stop_command, stage_log_path, server_log_path)
+from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
+                                   server_log_path, server_restart_commands, server_start_command,
+                                   server_stop_command, stage_log_path)
 from console.host.base import AuthenticationFailed, HostError, HostKeyError
 from console.host.factory import host_for_profile
 from console.parsers.journal import journal_follow_argv, parse_journal_json
@@ -61,6 +63,10 @@ class Controller(Protocol):
     def journal(self, unit: str) -> AsyncIterator[JournalLine]: ...
 
     async def start_stage(self, stage: str) -> ActionResult: ...
+
+    async def _live_units(self, stage: str) -> list[str]:
+        res = await self.host.run(live_stage_units_argv(self.profile, stage), timeout=30)
+        return parse_live_stage_units(self.profile, stage, res.stdout)
 
     async def stop_stage(self, stage: str) -> ActionResult: ...
 
@@ -120,8 +126,16 @@ class Session:
         done, _ = await asyncio.wait({self._refresh}, timeout=self.deadline)
         if self._refresh in done:
             task, self._refresh = self._refresh, None
-            self._waiting_since = None
-            return task.result()
+            snap = task.result()
+            if self._waiting_since is not None:
+                # that probe waited out the outage: its time says nothing of the link, a fresh one does
+                self._waiting_since = None
+                self.collector.rtt_ms = None
+                snap = dataclasses.replace(snap, host=dataclasses.replace(snap.host, rtt_ms=None))
+                if snap.host.reachable:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        snap = await asyncio.wait_for(self._step(), self.deadline)
+            return snap
         if self._waiting_since is None:
             self._waiting_since = self._refresh_started
         waited = self.clock() - self._waiting_since
@@ -293,11 +307,22 @@ class Session:
             return ActionResult(False, f"{stage} run {running[0].run_id} is already running "
                                        f"(stop it first, or wait for it)"), None
         try:
+            live = await self._live_units(stage)
+        except HostError as e:
+            return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
+        if live:
+            return ActionResult(False, f"{stage} is already running in {', '.join(live)} "
+                                       f"(stop it first, or wait for it)"), None
+        try:
             started = await launch.LAUNCHERS[stage](self.host, self.profile, **options)
         except (StageError, HostError) as e:
             return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
         return ActionResult(True, f"{stage} run {started.run_id} started in {started.unit}",
                             tuple(started.commands)), started
+
+    async def _live_units(self, stage: str) -> list[str]:
+        res = await self.host.run(live_stage_units_argv(self.profile, stage), timeout=30)
+        return parse_live_stage_units(self.profile, stage, res.stdout)
 
     async def stop_stage(self, stage: str) -> ActionResult:
         if refused := self._refused():

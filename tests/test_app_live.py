@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import time
 
 import pytest
 
 from console import demo
+from tests.polling import until
 from console.ui.app import ConsoleApp
 from console.control.units import server_command, server_start_command, server_stop_command
 from console.session import Session
@@ -16,12 +16,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 async def wait(pilot, predicate, what: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    await until(predicate, what, timeout=timeout, pause=pilot.pause)
 
 
 async def test_keys_send_the_exact_commands_to_the_host(tmp_path):

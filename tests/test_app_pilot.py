@@ -8,6 +8,7 @@ import pytest
 from textual.widgets import Button, Input
 
 from console.ui.app import ConsoleApp
+from tests.polling import until
 from console.session import ActionResult
 from tests.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
                                      stage_unit, training_run)
@@ -37,12 +38,8 @@ async def actions_done(app: ConsoleApp, pilot, count: int = 1) -> None:
 
 async def wait_for(pilot, condition, timeout: float = 3.0) -> None:
     """Pause until `condition()` holds (journal lines arrive in batches every 0.25 s)."""
-    for _ in range(int(timeout / 0.02)):
-        if condition():
-            break
-        await pilot.pause(0.02)
+    await until(condition, timeout=timeout, interval=0.02, pause=pilot.pause)
     await pilot.pause()
-    assert condition()
 
 
 async def select(pilot, stage_index: int) -> None:
@@ -307,3 +304,21 @@ async def test_stream_failure_and_action_exception_are_shown(monkeypatch):
         await actions_done(app, pilot)
         name, result = app.results[-1]
         assert name == "deep check" and not result.ok and "port forward failed" in result.message
+
+
+async def test_log_view_follows_the_newest_run_of_the_stage():
+    """`l` follows a stage, not one run of it: when a new run of that stage starts, the view moves to it."""
+    old = dataclasses.replace(generation_run(), run_id="old", unit="e3-generate-old", state="done")
+    new = dataclasses.replace(generation_run(), run_id="new", unit="e3-generate-new")
+    first = dataclasses.replace(base_snapshot(), runs=(old,))
+    fake = FakeController([first], journal={SERVER_UNIT: [], "e3-generate-old": ["old run"],
+                                            "e3-generate-new": ["new run"]})
+    app, _ = make_app(fake)
+    async with app.run_test(size=SIZE) as pilot:
+        journal = app.query_one(JournalPane)
+        await wait_for(pilot, lambda: journal.unit == SERVER_UNIT)
+        await select(pilot, 1)
+        await pilot.press("l")
+        await wait_for(pilot, lambda: journal.unit == "e3-generate-old" and list(journal.buffer) == ["old run"])
+        fake.push(dataclasses.replace(base_snapshot(), runs=(old, new)))
+        await wait_for(pilot, lambda: journal.unit == "e3-generate-new" and list(journal.buffer) == ["new run"])

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.polling import until
+
 from backend.generate.records import model_turn
 from console.profile import load_profile
 from console.host.ssh import SshHost
@@ -84,13 +86,7 @@ async def events_of(ssh: SshHost, run_dir: str) -> list[dict]:
 
 
 async def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return await until(predicate, what, timeout=timeout, interval=interval)
 
 
 async def unit_state(ssh: SshHost, unit: str) -> dict[str, str]:

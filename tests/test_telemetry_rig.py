@@ -312,6 +312,36 @@ async def test_wait_ready_reports_oom_root_cause(systemd_rig, rig_ssh, tmp_path)
         await rig_ssh.run(["systemctl", "reset-failed", unit.name], timeout=30)
 
 
+async def test_a_restart_is_judged_by_the_new_process_only(systemd_rig, rig_ssh, tmp_path):
+    """journalctl -u UNIT holds every earlier run of the unit: after a restart, `status` and `wait-ready`
+    must speak of the new process (its InvocationID) from its first second, before it prints anything."""
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=3.0,
+                              extra=["--fault", "crash-during-load:0.4"])
+    try:
+        rc, _, out = await server_action(load_profile(unit.profile_path), "start-server")
+        assert rc == 0, out
+        assert cli("wait-ready", "--profile", str(unit.profile_path), "--timeout", "40").returncode == 1
+        # the same unit without the fault, restarted: the new load must not inherit the old failure
+        text = unit_text(unit.name, unit.port, unit.work_dir, version="0.33.0", load_seconds=6.0,
+                         extra=["--import-seconds", "3"])
+        await rig_ssh.run(["sh", "-c", 'cat > "$1" && systemctl daemon-reload', "sh",
+                           f"/etc/systemd/system/{unit.name}.service"], input=text, check=True, timeout=30)
+        assert cli("restart-server", "--profile", str(unit.profile_path), "--yes").returncode == 0
+        status = json.loads(cli("status", "--profile", str(unit.profile_path), "--json").stdout)
+        assert status["server"]["phase"] in ("starting", "loading_weights"), status["server"]
+        assert status["server"]["error"] is None and status["server"]["version"] is None
+        ready = cli("wait-ready", "--profile", str(unit.profile_path), "--timeout", "60")
+        assert ready.returncode == 0, ready.stderr
+        # and after a good load, a restart starts over: no "starting_api" with the old shard count
+        assert cli("restart-server", "--profile", str(unit.profile_path), "--yes").returncode == 0
+        status = json.loads(cli("status", "--profile", str(unit.profile_path), "--json").stdout)
+        assert status["server"]["phase"] in ("starting", "loading_weights"), status["server"]
+        assert status["server"]["progress"] is None
+    finally:
+        await stop_unit(rig_ssh, unit)
+        await rig_ssh.run(["systemctl", "reset-failed", unit.name], timeout=30)
+
+
 async def test_wait_ready_times_out_with_exit_2(systemd_rig, rig_ssh, tmp_path):
     unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=120.0)
     try:

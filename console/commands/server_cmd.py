@@ -84,7 +84,8 @@ async def snapshot_once(profile: Profile, *, deep: bool = False, timeout: float 
         try:
             return await asyncio.wait_for(session.settle(deep=deep), timeout)
         except asyncio.TimeoutError:
-            return session.collector.snapshot(error=f"no complete answer within {timeout:g} s")
+            return session.collector.snapshot(not_answering_since=time.time() - timeout,
+                                              error=f"no complete answer within {timeout:g} s")
 
 
 def human(snap: Snapshot) -> str:

@@ -1,6 +1,6 @@
 """Launch, stop and find stage programs on the host.
 
-A stage is `<host python> -m backend.<stage> ...` started detached (systemd-run or tmux, see managers),
+A stage is `<host python> -m backend.<stage> ...` started detached (systemd-run or tmux, see control/units.py),
 so losing the console or SSH never kills it. The backend code is uploaded first, addressed by a hash of
 its content: a host whose copy is older gets the new one, a host that has it already gets nothing.
 """

@@ -170,3 +170,26 @@ def stage_start_command(profile: Profile, unit: str, argv: Sequence[str], *, log
 def stage_stop_command(profile: Profile, unit: str) -> HostCommand:
     argv = stage_stop_argv(profile, unit)
     return HostCommand(argv, _shown(profile, "stop (SIGTERM, then wait)", unit, argv, ()))
+
+
+def live_stage_units_argv(profile: Profile, stage: str) -> list[str]:
+    """Lists the stage's units that are running now, whatever their runs' events say (a run just
+    started has written none yet)."""
+    if profile.server.manager == "systemd":
+        return ["systemctl", "list-units", "--plain", "--no-legend", "--all", "--state=active,activating",
+                f"{stage_unit_name(stage, '')}*"]
+    return ["tmux", "list-panes", "-a", "-F", "#{session_name} #{pane_dead}"]
+
+
+def parse_live_stage_units(profile: Profile, stage: str, text: str) -> list[str]:
+    prefix = stage_unit_name(stage, "")
+    live = []
+    for line in text.splitlines():
+        bits = line.split()
+        if not bits or not bits[0].startswith(prefix):
+            continue
+        if profile.server.manager == "systemd":
+            live.append(bits[0].removesuffix(".service"))
+        elif len(bits) == 2 and bits[1] == "0":  # tmux: a pane still alive
+            live.append(bits[0])
+    return sorted(set(live))

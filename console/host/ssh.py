@@ -33,6 +33,7 @@ __all__ = ["SshHost", "JumpHost", "parse_jump_host", "fetch_host_key", "fingerpr
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 READ_TIMEOUT_S = 60
+UPLOAD_TIMEOUT_S = 300
 
 # Failures that mean "the transport is gone", as opposed to the command failing.
 _DROPPED = (asyncssh.ConnectionLost, asyncssh.DisconnectError, asyncssh.ChannelOpenError,
@@ -308,6 +309,13 @@ class SshHost:
     async def upload(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         directory, base = os.path.split(remote_path)
         tmp = os.path.join(directory, f".{base}.{os.urandom(4).hex()}.tmp")
+        try:
+            async with asyncio.timeout(UPLOAD_TIMEOUT_S):
+                await self._upload(data, tmp, remote_path, mode)
+        except TimeoutError:
+            raise CommandTimeout(f"{self.name}: upload to {remote_path} took over {UPLOAD_TIMEOUT_S} s") from None
+
+    async def _upload(self, data: bytes, tmp: str, remote_path: str, mode: int) -> None:
         async with self._channels:
             conn, sftp = await self._open(lambda c: c.start_sftp_client())
             try:
@@ -364,7 +372,12 @@ class SshHost:
 
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         try:
-            await self._connection()  # fail here, not on the first request, if the host is down
+            # fail here, not on the first request, if the host is down (and within a bounded time)
+            try:
+                async with asyncio.timeout(2 * self.connect_timeout + 10):
+                    await self._connection()
+            except TimeoutError:
+                raise HostUnreachable(f"cannot reach {self._where()} for a port forward") from None
             yield server.sockets[0].getsockname()[1]
         finally:
             server.close()

@@ -80,6 +80,10 @@ class RunBook:
             if budget <= 0:
                 break
             limit = min(t.read_limit, budget)
+            if not (t.stage and t.finish is None):
+                # done, or not read yet: what the listing saw is all there is to read (a line longer
+                # than one read still gets the larger read it asked for)
+                limit = min(limit, max(t.size - t.offset, 1))
             reads.append(EventsRead(t.run_dir, t.offset, limit))
             budget -= limit
         return reads

@@ -74,11 +74,14 @@ class ServerLog:
         self.begin_invocation(invocation)
         for entry in entries:
             if invocation and entry.invocation and entry.invocation != invocation:
+                self._old[entry.invocation] = None  # an earlier run: its late lines are ignored too
                 if entry.cursor:
                     self.cursor = entry.cursor
                 self.recent.append(entry)
                 continue
             self.feed_entry(entry)
+        while len(self._old) > _OLD_INVOCATIONS:
+            self._old.popitem(last=False)
 
     # -- log file (tmux) -----------------------------------------------------------------------------
 
