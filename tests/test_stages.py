@@ -34,7 +34,7 @@ def test_no_key_no_file(tmp_path):
 
 def test_backend_is_uploaded_once_per_content(tmp_path, monkeypatch):
     """The host gets the backend when its copy is older (another content hash), and nothing otherwise."""
-    from console import stages
+    from console.control import launch as stages
     p = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
                            "server": {"model_path": "/m", "manager": "tmux", "unit": "u"},
                            "paths": {"work_dir": str(tmp_path)}})
