@@ -9,10 +9,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from console.ui.keys import KeySpec, display_key, effective_keys
+from console.version import DISTRIBUTION, package_version
 
 
 def help_markup(specs: tuple[KeySpec, ...], keymap: dict[str, str], readonly: bool) -> str:
-    lines = ["[b]Keys[/b]" + ("  [cyan](read-only: mutating actions removed)[/]" if readonly else ""), ""]
+    lines = [f"[b]{DISTRIBUTION}[/b] {escape(package_version())}", "",
+             "[b]Keys[/b]" + ("  [cyan](read-only: mutating actions removed)[/]" if readonly else ""), ""]
     for spec in specs:
         keys = ", ".join(display_key(k) for k in effective_keys(spec, keymap))
         lines.append(f"  [b]{escape(keys):<12}[/b] {escape(spec.description):<16} [dim]{spec.id}[/]")
