@@ -6,7 +6,8 @@ which would hide a file missing from the wheel), its dependencies coming from th
 a fresh machine, and then, from a directory outside the checkout with no PYTHONPATH: `--version`,
 `profile check` of the example profile the sdist ships, `demo-host start`, `wait-ready`,
 `run generate --limit 5 --wait`, `demo-host stop`, and no process left behind. The venv has no torch,
-so the demo's stand-in serves canned text (its `--text-backend auto`).
+so the demo's stand-in serves canned text (its `--text-backend auto`). A second fresh venv with
+`pip install -e` of a copy of the tree checks that the development install finds the same package data.
 
 Select it alone with `-m packaging`. The build and the venv are made once per test session.
 """
@@ -66,10 +67,11 @@ def ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 PROBE = """
 import importlib.util, inspect, json, os
 import backend, console, sim
+from console.demo import TEMPLATE
 from console.ui.app import ConsoleApp
 css = os.path.join(os.path.dirname(inspect.getfile(ConsoleApp)), ConsoleApp.CSS_PATH)
 print(json.dumps({"modules": [m.__file__ for m in (console, backend, sim)], "css": os.path.isfile(css),
-                  "no_torch": importlib.util.find_spec("torch") is None}))
+                  "template": TEMPLATE.is_file(), "no_torch": importlib.util.find_spec("torch") is None}))
 """
 
 
@@ -87,12 +89,17 @@ class Installed:
     elsewhere: Path  # a directory outside the checkout to run from
 
 
+def copy_of_tree(base: Path) -> Path:
+    src = base / "src"
+    shutil.copytree(ROOT, src, ignore=NOT_SOURCE)  # builds write egg-info and build/: keep the checkout clean
+    return src
+
+
 @pytest.fixture(scope="session")
 def dist(tmp_path_factory) -> Dist:
     """The sdist, and the wheel built from it (so the sdist is proven complete too), off a copy of the tree."""
     base = tmp_path_factory.mktemp("packaging-build")
-    src = base / "src"
-    shutil.copytree(ROOT, src, ignore=NOT_SOURCE)  # the build writes egg-info; keep the checkout clean
+    src = copy_of_tree(base)
     out = base / "dist"
     ok(run([sys.executable, "-m", "build", "--outdir", str(out), str(src)], cwd=base, env=clean_env(),
            timeout=600))
@@ -101,20 +108,23 @@ def dist(tmp_path_factory) -> Dist:
     return Dist(sdists[0], wheels[0])
 
 
-@pytest.fixture(scope="session")
-def installed(dist, tmp_path_factory) -> Installed:
-    base = tmp_path_factory.mktemp("packaging-venv")
+def fresh_venv(base: Path, *pip_args: str) -> Installed:
+    """A new venv under `base` (outside the checkout) with `pip install *pip_args` done in it."""
     assert not base.resolve().is_relative_to(ROOT)
     venv = base / "venv"
-    # the base interpreter, not a venv's: a venv made from a venv would still be a plain fresh venv, but
-    # naming the base keeps it independent of how pytest was started
+    # made by the base interpreter, whatever venv (if any) runs pytest
     base_python = Path(getattr(sys, "_base_executable", sys.executable))
     ok(run([str(base_python), "-m", "venv", str(venv)], cwd=base, env=clean_env(), timeout=120))
     python = venv / "bin" / "python"
-    ok(run([str(python), "-m", "pip", "install", "-q", str(dist.wheel)], cwd=base, env=clean_env(), timeout=600))
+    ok(run([str(python), "-m", "pip", "install", "-q", *pip_args], cwd=base, env=clean_env(), timeout=600))
     elsewhere = base / "elsewhere"
     elsewhere.mkdir()
     return Installed(venv, python, venv / "bin" / "eagle3-console", elsewhere)
+
+
+@pytest.fixture(scope="session")
+def installed(dist, tmp_path_factory) -> Installed:
+    return fresh_venv(tmp_path_factory.mktemp("packaging-venv"), str(dist.wheel))
 
 
 def test_wheel_and_sdist_carry_what_runs(dist):
@@ -168,6 +178,7 @@ def test_installed_wheel_runs_the_demo_outside_the_checkout(installed, dist, tmp
     found = json.loads(where.stdout)
     assert all(Path(p).resolve().is_relative_to(inst.venv.resolve()) for p in found["modules"]), found
     assert found["css"], "console/ui/app.tcss is not installed next to console/ui/app.py"
+    assert found["template"], "console/demo.toml is not installed"
     assert found["no_torch"], "the fresh venv has torch: the check would not cover the canned-text demo"
 
     assert ok(cli("--version")).stdout.strip() == f"eagle3-console {project_version()}"
@@ -209,3 +220,16 @@ def test_installed_wheel_runs_the_demo_outside_the_checkout(installed, dist, tmp
         for pid in _pids_mentioning(str(inst.venv), str(demo_dir)):  # only what this test started
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_editable_install_still_works(tmp_path_factory):
+    """`pip install -e` (development) finds the same package data in the tree it points at."""
+    base = tmp_path_factory.mktemp("packaging-editable")
+    src = copy_of_tree(base)
+    inst = fresh_venv(base, "-e", str(src))
+    env = clean_env(XDG_CACHE_HOME=str(base / "cache"))
+    version = ok(run([str(inst.console), "--version"], cwd=inst.elsewhere, env=env)).stdout.strip()
+    assert version == f"eagle3-console {project_version()}"
+    found = json.loads(ok(run([str(inst.python), "-c", PROBE], cwd=inst.elsewhere, env=env)).stdout)
+    assert all(Path(p).resolve().is_relative_to(src.resolve()) for p in found["modules"]), found
+    assert found["css"] and found["template"], found
