@@ -6,6 +6,7 @@ its content: a host whose copy is older gets the new one, a host that has it alr
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -13,7 +14,8 @@ import shlex
 import tarfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 from console.profile import Profile, api_key
 from console.host.base import Host
@@ -21,7 +23,9 @@ from backend.runs import RunDirError
 from backend.runs import check_run_id as _check_run_id
 from console.control.units import stage_log_path, stage_start_command, stage_stop_command, stage_unit_name
 
-BACKEND_DIR = Path(__file__).resolve().parents[2] / "backend"
+# The upload is the installed `backend` package and nothing else: host code only, never the console or the
+# demo's stand-in, and the same files whether the console runs from a wheel or a checkout.
+BACKEND_PACKAGE = "backend"
 STAGE_MODULES = {"generate": "backend.generate"}
 
 
@@ -48,19 +52,36 @@ def new_run_id(stage: str) -> str:
     return f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def backend_files() -> list[tuple[str, bytes]]:
+    """(path in the bundle, content) of every .py file of the installed backend package, sorted."""
+    found: list[tuple[tuple[str, ...], bytes]] = []
+
+    def walk(node: Traversable, parts: tuple[str, ...]) -> None:
+        for child in node.iterdir():
+            if child.is_dir():
+                if child.name != "__pycache__":
+                    walk(child, (*parts, child.name))
+            elif child.name.endswith(".py"):
+                found.append(((*parts, child.name), child.read_bytes()))
+
+    walk(files(BACKEND_PACKAGE), (BACKEND_PACKAGE,))
+    return [("/".join(parts), data) for parts, data in sorted(found)]
+
+
 def backend_bundle() -> tuple[str, bytes]:
-    """A deterministic tar.gz of backend/*.py and its content hash."""
-    files = sorted(p for p in BACKEND_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+    """A deterministic tar.gz of the backend package's .py files, and a hash of exactly what it holds."""
+    members = backend_files()
     digest = hashlib.sha256()
-    for p in files:
-        digest.update(str(p.relative_to(BACKEND_DIR.parent)).encode() + b"\0" + p.read_bytes() + b"\0")
+    for name, data in members:
+        digest.update(name.encode() + b"\0" + data + b"\0")
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for p in files:
-            info = tarfile.TarInfo(str(p.relative_to(BACKEND_DIR.parent)))
-            data = p.read_bytes()
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            tar.addfile(info, io.BytesIO(data))
+    # mtime=0: gzip's own header would otherwise stamp the time and make equal bundles differ
+    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=6, mtime=0) as gz:
+        with tarfile.open(fileobj=gz, mode="w") as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
     return digest.hexdigest()[:16], buf.getvalue()
 
 

@@ -11,10 +11,13 @@ from textual.widgets import Static
 from console.ui.keys import KeySpec, display_key, effective_keys
 from console.ui.panes.base import lines as join_lines
 from console.ui.panes.base import markup
+from console.version import DISTRIBUTION, package_version
 
 
 def help_markup(specs: tuple[KeySpec, ...], keymap: dict[str, str], readonly: bool) -> Content:
-    out: list[Content | str] = ["[b]Keys[/b]" + ("  [cyan](read-only: mutating actions removed)[/]" if readonly else ""), ""]
+    out: list[Content | str] = [markup("[b]$name[/b] $version", name=DISTRIBUTION, version=package_version()), "",
+                                "[b]Keys[/b]" + ("  [cyan](read-only: mutating actions removed)[/]" if readonly else ""),
+                                ""]
     for spec in specs:
         keys = ", ".join(display_key(k) for k in effective_keys(spec, keymap))
         out.append(markup("  [b]$keys[/b] $desc [dim]$id[/]", keys=f"{keys:<12}", desc=f"{spec.description:<16}",
