@@ -147,7 +147,11 @@ class Dataset:
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Every complete event (a line torn by a kill -9 is skipped, as the console's reader does)."""
+    from backend.events import parse_events
+
     path = run_dir / "events.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    events, _ = parse_events(path.read_bytes())
+    return [{"ts": e.ts, "kind": e.kind, "stage": e.stage, "run_id": e.run_id, **e.data} for e in events]

@@ -19,6 +19,26 @@ class ConfigError(ValueError):
     pass
 
 
+# flags the stage sets itself: passing them again through --extra-args would silently fight the plan
+OWNED_FLAGS = ("--speculator-type", "--verifier-name-or-path", "--data-path", "--save-path", "--target-layer-ids",
+               "--epochs", "--lr", "--ttt-steps", "--total-seq-len", "--num-layers", "--optimizer", "--seed",
+               "--checkpoint-freq", "--log-freq", "--num-workers", "--hidden-states-dtype", "--train-data-ratio",
+               "--max-steps", "--draft-vocab-size", "--d2t-path", "--t2d-path", "--token-freq-path",
+               "--hidden-states-path", "--on-missing", "--vllm-endpoint", "--trust-remote-code", "--logger",
+               "--log-dir", "--draft-attn-impl", "--loss-implementation", "--no-resume-from-checkpoint",
+               "--dry-run", "--config", "--dump-config", "--hidden-states-backend")
+
+
+def check_extra_args(args: list[str]) -> None:
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            raise ConfigError(f"--extra-args may not set {flag}: the stage sets it from its own settings "
+                              f"(use the matching stage option instead)")
+        if not flag.startswith("--") and arg is args[0]:
+            raise ConfigError(f"--extra-args must start with a speculators flag (--name), got {arg!r}")
+
+
 @dataclass
 class TrainStageConfig:
     work_dir: str = "."
@@ -81,6 +101,7 @@ class TrainStageConfig:
             raise ConfigError(f"--trust-remote-code must be auto, on or off, got {self.trust_remote_code!r}")
         if self.aux_layer_ids is not None and not self.aux_layer_ids:
             raise ConfigError("--aux-layer-ids is empty")
+        check_extra_args(self.extra_args)
 
     @property
     def online(self) -> bool:

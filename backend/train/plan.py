@@ -11,22 +11,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backend.runs import write_json_atomic
-from backend.train.config import ConfigError, TrainStageConfig
+from backend.train.config import TrainStageConfig, check_extra_args
 
 PLAN_FILE = "train_plan.json"
 STATUS_FILE = "train_status.json"  # written by rank 0 when training returns: completed | stopped
 CHECKPOINTS_DIR = "checkpoints"
 VOCAB_DIR = "vocab"
-# flags the stage sets itself: passing them again through --extra-args would silently fight the plan
-OWNED_FLAGS = ("--speculator-type", "--verifier-name-or-path", "--data-path", "--save-path", "--target-layer-ids",
-               "--epochs", "--lr", "--ttt-steps", "--total-seq-len", "--num-layers", "--optimizer", "--seed",
-               "--checkpoint-freq", "--log-freq", "--num-workers", "--hidden-states-dtype", "--train-data-ratio",
-               "--max-steps", "--draft-vocab-size", "--d2t-path", "--t2d-path", "--token-freq-path",
-               "--hidden-states-path", "--on-missing", "--vllm-endpoint", "--trust-remote-code", "--logger",
-               "--log-dir", "--draft-attn-impl", "--loss-implementation", "--no-resume-from-checkpoint",
-               "--dry-run", "--config", "--dump-config", "--hidden-states-backend")
-
-
 @dataclass
 class TrainPlan:
     run_id: str
@@ -50,14 +40,6 @@ class TrainPlan:
         path = os.path.join(self.run_dir, PLAN_FILE)
         write_json_atomic(path, self.to_dict())
         return path
-
-
-def check_extra_args(args: list[str]) -> None:
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if flag in OWNED_FLAGS:
-            raise ConfigError(f"--extra-args may not set {flag}: the stage sets it from its own settings "
-                              f"(use the matching stage option instead)")
 
 
 def speculators_argv(c: TrainStageConfig, *, train_data: str, hidden_states: str | None, save_path: str,
