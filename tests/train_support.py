@@ -155,3 +155,78 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         return []
     events, _ = parse_events(path.read_bytes())
     return [{"ts": e.ts, "kind": e.kind, "stage": e.stage, "run_id": e.run_id, **e.data} for e in events]
+
+
+# ---- a nested, remote-code verifier (Kimi-K2.5 style) -------------------------------------------------
+NESTED_CONFIG_PY = '''
+from transformers import LlamaConfig, PretrainedConfig
+
+
+class TinyNestedConfig(PretrainedConfig):
+    model_type = "tiny_nested"
+    sub_configs = {"text_config": LlamaConfig}
+
+    def __init__(self, text_config=None, vision_hidden_size=64, **kwargs):
+        if isinstance(text_config, dict):
+            text_config = LlamaConfig(**text_config)
+        self.text_config = text_config or LlamaConfig()
+        self.vision_hidden_size = vision_hidden_size
+        super().__init__(**kwargs)
+'''
+NESTED_MODEL_PY = '''
+import torch
+from transformers import LlamaForCausalLM, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from .configuration_tiny_nested import TinyNestedConfig
+
+
+class VisionStub(torch.nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.norm = LlamaRMSNorm(hidden)
+
+
+class TinyNestedForCausalLM(PreTrainedModel):
+    config_class = TinyNestedConfig
+    base_model_prefix = ""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.language_model = LlamaForCausalLM(config.text_config)
+        self.vision_model = VisionStub(config.vision_hidden_size)
+        self.post_init()
+
+    def get_decoder(self):
+        return self.language_model.model
+
+    def forward(self, input_ids=None, **kwargs):
+        return self.language_model(input_ids=input_ids, **kwargs)
+'''
+DECOY = 7.0  # the vision tower's norm: same shape as the language model's, unmistakable values
+
+
+def nested_verifier(out: Path, tiny: Path) -> Path:
+    """The tiny verifier's weights under `language_model.`, a decoy `vision_model.norm.weight` (the suffix
+    speculators' lookup would prefer), a config with `text_config` and classes named in `auto_map`."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        if (tiny / name).exists():
+            shutil.copy(tiny / name, out / name)
+    text = json.loads((tiny / "config.json").read_text())
+    config = {"architectures": ["TinyNestedForCausalLM"], "model_type": "tiny_nested",
+              "auto_map": {"AutoConfig": "configuration_tiny_nested.TinyNestedConfig",
+                           "AutoModelForCausalLM": "modeling_tiny_nested.TinyNestedForCausalLM"},
+              "text_config": text, "vision_hidden_size": text["hidden_size"], "tie_word_embeddings": False}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "configuration_tiny_nested.py").write_text(NESTED_CONFIG_PY)
+    (out / "modeling_tiny_nested.py").write_text(NESTED_MODEL_PY)
+    tensors = {f"language_model.{k}": v for k, v in load_file(str(tiny / "model.safetensors")).items()}
+    tensors["vision_model.norm.weight"] = torch.full((text["hidden_size"],), DECOY)
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
