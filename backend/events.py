@@ -8,7 +8,7 @@ Every event has: `ts` (unix seconds), `kind`, `stage`, `run_id`. Kinds and their
 - progress: done, total, failed, skipped, truncated, reasoning_captured, prompt_tokens,
             completion_tokens, rate (samples/s), bytes_written (generation).
             Train (backend/train/metrics.py, backend/train/worker.py) adds `phase`:
-              plan:       total (steps), steps_per_epoch
+              plan:       total (steps, re-estimated each epoch), steps_per_epoch, epochs
               train:      step (0-based), done, total, epoch, loss, loss_k, acc_k, cond_acc_k (lists by draft
                           position), lr (lr_groups with several optimizers), rate (steps/s), eta_s,
                           tokens_per_s, step_ms

@@ -60,7 +60,6 @@ class MetricsHandler(logging.Handler):
     def set_plan(self, total_steps: int, steps_per_epoch: int) -> None:
         self.total_steps = int(total_steps)
         self.steps_per_epoch = int(steps_per_epoch)
-        self._times.clear()  # a resumed run measures its own rate
 
     def rate(self) -> float | None:
         if len(self._times) < 2:
@@ -86,6 +85,7 @@ class MetricsHandler(logging.Handler):
         self._times.append((step, self.clock()))
         rate = self.rate()
         done = step + 1
+        self.total_steps = max(self.total_steps, done)  # the plan is an estimate: never report done > total
         eta = (self.total_steps - done) / rate if rate and self.total_steps >= done else None
         lr = msg.get("lr")
         event: dict[str, Any] = {"phase": "train", "step": step, "done": done, "total": self.total_steps,

@@ -293,8 +293,11 @@ class Stage:
                                    "speculative_tokens": self.c.speculative_tokens,
                                    "draft_vocab_size": self.c.draft_vocab_size or inputs.info.vocab_size,
                                    "epochs": self.c.epochs, "steps": state.get("global_step"),
+                                   "done": state.get("global_step") or 0,
                                    "checkpoint_epochs": ck.epoch_dirs(save_path), "online": self.c.online,
                                    "vllm_endpoint": self.c.vllm_endpoint, **extra}
+        if status == "completed":
+            summary["total"] = summary["done"]
         if status == "completed" and best is None:
             status, error = "failed", "training finished but left no checkpoint"
             summary["status"] = status

@@ -31,7 +31,7 @@ log = logging.getLogger("speculators")
 
 
 class Reporter(Protocol):
-    def plan(self, total_steps: int, steps_per_epoch: int) -> None: ...
+    def plan(self, total_steps: int, steps_per_epoch: int, epochs: int) -> None: ...
     def resumed(self, step: int, epoch: int, local_step: int, checkpoint: str) -> None: ...
     def checkpoint(self, path: str, kind: str, epoch: int, step: int) -> None: ...
     def best(self, path: str, epoch: int, val_loss: float) -> None: ...
@@ -122,18 +122,29 @@ class HostTrainer(Trainer):
             self.reporter.best(str(self.checkpointer.path / str(epoch)), epoch, float(self.best_val_loss))
 
     # -- the epoch loop --
+    def _plan(self, epoch: int, n_epochs: int) -> int:
+        """Steps in this epoch (the packing sampler's count varies by epoch) and the run's total so far."""
+        sampler = self.train_loader.batch_sampler
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)  # train_epoch sets it again; the count is then this epoch's
+        steps = len(self.train_loader)
+        total = self._epoch_start_step - self._epoch_base + steps * (n_epochs - epoch)
+        if self.config.max_steps is not None:
+            total = min(total, self.config.max_steps)
+        if self.reporter and self._is_main():
+            self.reporter.plan(total, steps, n_epochs)
+        return steps
+
     def run_training(self) -> None:
         handlers = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         n_epochs = self.config.num_epochs
         steps = len(self.train_loader)
-        total = self.config.max_steps if self.config.max_steps is not None else n_epochs * steps
-        if self.reporter and self._is_main():
-            self.reporter.plan(total, steps)
         try:
             for epoch in range(self.current_epoch, n_epochs):
                 self._epoch = epoch
                 self._epoch_base = getattr(self, "_resume_local_step", 0) if epoch == self.current_epoch else 0
                 self._epoch_start_step = self.global_step
+                steps = self._plan(epoch, n_epochs)
                 if self._stop_agreed():
                     raise TrainingStopped()
                 log.info(f"Training epoch {epoch + 1}/{n_epochs} started")

@@ -36,10 +36,10 @@ class EventsReporter:
         except OSError as exc:  # a full disk must not take training down; the checkpoint says more
             print(f"train: could not write the {kind} event: {exc}", file=sys.stderr)
 
-    def plan(self, total_steps: int, steps_per_epoch: int) -> None:
+    def plan(self, total_steps: int, steps_per_epoch: int, epochs: int) -> None:
         self.total = total_steps
         self.handler.set_plan(total_steps, steps_per_epoch)
-        self.emit("progress", phase="plan", total=total_steps, steps_per_epoch=steps_per_epoch)
+        self.emit("progress", phase="plan", total=total_steps, steps_per_epoch=steps_per_epoch, epochs=epochs)
 
     def resumed(self, step: int, epoch: int, local_step: int, checkpoint: str) -> None:
         # every progress event of a step >= `step` written before this one is superseded (a kill -9

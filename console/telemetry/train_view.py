@@ -36,6 +36,7 @@ class TrainSeries:
     epoch: int | None = None
     step: int | None = None
     steps_per_epoch: int | None = None
+    epochs: int | None = None
     total: int | None = None
     lr: float | None = None
     rate: float | None = None
@@ -55,6 +56,7 @@ class TrainSeries:
             self.total = data["total"]
         if phase == "plan":
             self.steps_per_epoch = data.get("steps_per_epoch") if isinstance(data.get("steps_per_epoch"), int) else None
+            self.epochs = data.get("epochs") if isinstance(data.get("epochs"), int) else self.epochs
         elif phase == "val":
             loss = _num(data.get("val_loss"))
             if loss is not None and step is not None:
@@ -96,5 +98,5 @@ class TrainSeries:
         return {"loss": [list(p) for p in points], "val": [list(v) for v in self.val],
                 "last_checkpoint": self.checkpoints[-1] if self.checkpoints else None, "best": self.best,
                 "acc_k": self.acc_k, "val_acc_k": self.val_acc_k, "epoch": self.epoch, "step": self.step,
-                "steps_per_epoch": self.steps_per_epoch, "total": self.total, "lr": self.lr, "rate": self.rate,
+                "steps_per_epoch": self.steps_per_epoch, "epochs": self.epochs, "total": self.total, "lr": self.lr, "rate": self.rate,
                 "eta_s": self.eta_s, "resumed_from": self.resumed_from}

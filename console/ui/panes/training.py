@@ -145,12 +145,16 @@ def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistor
     if p is None:
         return f"run      [b]{escape(run_id)}[/b]  [dim]{escape(state)} (no progress yet)[/]"
     series = h.series or {}
-    total, per_epoch = series.get("total"), series.get("steps_per_epoch")
-    epochs = -(-total // per_epoch) if _is_num(total) and _is_num(per_epoch) and per_epoch else None
-    epoch = f"{num(p.epoch, '{:g}')}" + (f"/{epochs}" if epochs else "")
-    step = f"{p.step}" + (f"/{total}" if _is_num(total) else "")
+    total, epochs = series.get("total"), series.get("epochs")
+    if h.series is not None:  # the stage counts epochs and steps from 0; people count from 1
+        epoch = f"{num(p.epoch + 1 if p.epoch is not None else None, '{:g}')}" + (f"/{epochs}" if epochs else "")
+        step = f"{p.step + 1}" + (f"/{total}" if _is_num(total) else "")
+    else:
+        epoch = f"{num(p.epoch, '{:g}')}" + (f"/{epochs}" if epochs else "")
+        step = f"{p.step}" + (f"/{total}" if _is_num(total) else "")
     rate = rate if rate is not None else (series.get("rate") if _is_num(series.get("rate")) else None)
     eta = eta_s if eta_s is not None else (series.get("eta_s") if _is_num(series.get("eta_s")) else None)
+    eta = eta if state == "running" else None
     resumed = f"   [dim]resumed at step {series['resumed_from']}[/]" if _is_num(series.get("resumed_from")) else ""
     best = f"{escape(h.best[1])} (val {h.best[0]:.4f})" if h.best else "N/A"
     val_acc = series.get("val_acc_k")
