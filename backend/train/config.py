@@ -62,6 +62,7 @@ class TrainStageConfig:
     train_data_ratio: float = 0.9  # the rest of the training rows validates each epoch
     max_steps: int | None = None
     vllm_endpoint: str | None = None  # online: an extraction server (speculators' --on-missing generate)
+    served_model: str | None = None  # the id that server reports in /v1/models (default: the verifier path)
     trust_remote_code: str = "auto"  # auto (when config.json has auto_map) | on | off
     extra_args: list[str] = field(default_factory=list)
     min_free_bytes: int = 1 << 30
@@ -143,6 +144,8 @@ _HELP = {
     "checkpoint_freq": "epochs between checkpoints; below 1 also saves within an epoch (e.g. 0.25)",
     "vllm_endpoint": "online training: an extraction server's URL ending in /v1; hidden states are fetched "
                      "per batch and deleted after use",
+    "served_model": "online: the model id the extraction server serves (speculators checks it; default: "
+                    "the verifier path, vLLM's default id)",
     "extra_args": "further `speculators train` flags, as one shell-quoted string or a JSON list",
     "fresh": "archive an existing run directory (renamed, never deleted) and start over",
     "preflight_only": "run the preflight checks, print them as JSON, and exit",

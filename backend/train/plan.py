@@ -26,6 +26,7 @@ class TrainPlan:
     save_path: str
     processes: int  # 1: in-process; more: torchrun
     device: str  # "cpu" or "gpu"
+    served_model: str | None = None  # online: the extraction server's model id
     argv: list[str] = field(default_factory=list)  # speculators train flags
 
     def to_dict(self) -> dict[str, Any]:

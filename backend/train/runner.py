@@ -106,8 +106,11 @@ def identity_of(c: TrainStageConfig, inputs: Inputs) -> dict[str, Any]:
 
 
 def gpu_count() -> int:
-    import torch
-
+    """GPUs torch sees (0 without torch: the preflight's module check then says how to install it)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -195,7 +198,7 @@ class Stage:
             print(json.dumps(report.to_dict(), indent=2))
             return 0 if report.ok else 1
         manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs),
-                            settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint,
+                            settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint, "served_model": c.served_model,
                                       "checkpoint_freq": c.checkpoint_freq, "log_freq": c.log_freq,
                                       "num_workers": c.num_workers})
         try:
@@ -229,7 +232,7 @@ class Stage:
         workers = c.num_workers if c.num_workers is not None else (0 if cpu else 4)
         plan = TrainPlan(run_id=c.run_id, run_dir=run_dir.path, events_path=run_dir.events_path,
                          verifier=inputs.info.path, save_path=save_path, processes=max(1, processes),
-                         device="cpu" if cpu else "gpu",
+                         device="cpu" if cpu else "gpu", served_model=c.served_model,
                          argv=speculators_argv(c, train_data=inputs.train_data, hidden_states=inputs.train_hs,
                                                save_path=save_path, layer_ids=inputs.layer_ids, vocab=vocab,
                                                remote_code=self._remote_code(inputs.info), cpu=cpu,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
 from typing import Any, Callable
 
@@ -113,7 +114,9 @@ def train(plan: TrainPlan, stop_check: Callable[[], bool] | None = None) -> str:
             train_loader, val_loader = create_train_val_loaders(
                 data_path=args.data_path, total_seq_len=args.total_seq_len, hidden_states_dtype=dtype,
                 transfer=transfer, vllm_endpoint=args.vllm_endpoint, on_missing=args.on_missing,
-                verifier_name_or_path=args.verifier_name_or_path, request_timeout=args.request_timeout,
+                # speculators compares this with the id the extraction server serves (online only)
+                verifier_name_or_path=plan.served_model or args.verifier_name_or_path,
+                request_timeout=args.request_timeout,
                 max_retries=args.max_retries, generation_validation_retries=args.generation_validation_retries,
                 max_consecutive_generation_failures=args.max_consecutive_generation_failures,
                 hidden_size=hidden_size, num_target_layers=len(draft.target_layer_ids),
@@ -144,7 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m backend.train.worker PLAN.json", file=sys.stderr)
         return 2
     plan = TrainPlan.load(argv[0])
-    status = train(plan)
+    stop = []  # SIGTERM before training starts (model building): stop cleanly once it does
+
+    def early(signum: int, _frame: Any) -> None:
+        stop.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, early)
+    status = train(plan, stop_check=lambda: bool(stop))
     return 0 if status in ("completed", "stopped") else 1
 
 

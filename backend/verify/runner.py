@@ -42,6 +42,7 @@ class VerifyConfig:
     speculative_tokens: int | None = None  # default: the train run's
     samples: int = 64
     vllm_endpoint: str | None = None  # held-out hidden states from an extraction server
+    served_model: str | None = None  # the id that server serves (default: the verifier path)
     seed: int = 0
     fresh: bool = False
 
@@ -56,6 +57,7 @@ def parse_args(argv: list[str] | None) -> VerifyConfig:
     p.add_argument("--speculative-tokens", type=int, help="k draft tokens (default: the train run's)")
     p.add_argument("--samples", type=int, default=64, help="held-out samples to measure on")
     p.add_argument("--vllm-endpoint", help="fetch held-out hidden states from this extraction server (…/v1)")
+    p.add_argument("--served-model", help="the model id the extraction server serves (default: the verifier path)")
     p.add_argument("--seed", type=int, default=0, help="seed of the untrained baseline draft")
     p.add_argument("--fresh", action="store_true", help="archive an existing run directory and start over")
     args = p.parse_args(argv)
@@ -67,7 +69,8 @@ def parse_args(argv: list[str] | None) -> VerifyConfig:
     return config
 
 
-def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | None) -> Iterator[dict[str, Any]]:
+def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | None,
+                    served_model: str | None = None) -> Iterator[dict[str, Any]]:
     """Held-out rows with their hidden states, as speculators' own dataset reads them."""
     import torch
     from hs_connectors.transfer import FileTransfer
@@ -85,7 +88,8 @@ def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | No
     dataset = ArrowDataset(max_len=1 << 30, datapath=data, transfer=transfer,
                            vllm_endpoint=endpoint or "http://127.0.0.1:8000/v1",
                            on_missing="raise" if endpoint is None else "generate", train_ratio=1.0,
-                           hidden_states_dtype=torch.float32, model=info.path if endpoint else None)
+                           hidden_states_dtype=torch.float32,
+                           model=(served_model or info.path) if endpoint else None)
     for i in range(min(limit, len(dataset))):
         item = dataset[i]
         if isinstance(item, dict):
@@ -198,7 +202,7 @@ def measure(ckpt: str, info: Any, run: CompletedRun, k: int, c: VerifyConfig, ev
         raise InputError(f"checkpoint {ckpt} has non-finite weights")
     baseline = untrained_draft(ckpt, info, seed=c.seed)
     head = verifier_head(trained, info)
-    samples = list(heldout_samples(run, info, c.samples, c.vllm_endpoint))
+    samples = list(heldout_samples(run, info, c.samples, c.vllm_endpoint, c.served_model))
     if not samples:
         raise InputError(f"train run {run.run_id}: no held-out samples to measure on")
     with torch.no_grad():
