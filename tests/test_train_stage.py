@@ -79,7 +79,8 @@ def faulted_run(tmp_path_factory, verifier, data, env):
     record["rc_sigterm"] = proc.wait(timeout=120)
     record["stderr_sigterm"] = proc.stderr.read()
     record["after_sigterm"] = ts.read_events(run_dir)
-    record["state_after_sigterm"] = json.loads(next((run_dir / "checkpoints").glob("*/training_state.json")).read_text())
+    state = next((run_dir / "checkpoints").glob("*/training_state.json"))
+    record["state_after_sigterm"] = json.loads(state.read_text())
     # 2. restart; kill -9 one step after its first checkpoint
     proc = launch()
     seen = len(record["after_sigterm"])

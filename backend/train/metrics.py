@@ -10,7 +10,8 @@ events.jsonl (backend/events.py) at the moment it is logged:
   position k right and every earlier one too; cond_acc_k given the earlier ones were right), lr (the
   first optimizer's; lr_groups when there are several), rate (steps/s over the last steps), eta_s,
   tokens_per_s.
-- validation: phase "val", step (the last step trained before it), epoch, val_loss, val_loss_k, val_acc_k, val_cond_acc_k.
+- validation: phase "val", step (the last step trained before it), epoch, val_loss, val_loss_k,
+  val_acc_k, val_cond_acc_k.
 Everything else speculators logs there (the resolved config, with `hparams`) is ignored.
 """
 from __future__ import annotations

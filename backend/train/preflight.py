@@ -18,9 +18,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from backend.generate.preflight import Check, PreflightReport, free_bytes
+from backend.generate.preflight import PreflightReport, free_bytes
 
-__all__ = ["Check", "PreflightReport", "GpuProcess", "check_modules", "check_gpus", "check_disk",
+__all__ = ["PreflightReport", "GpuProcess", "check_modules", "check_gpus", "check_disk",
            "parse_compute_apps", "checkpoint_bytes"]
 
 TRAIN_MODULES = ("torch", "speculators", "transformers", "datasets", "safetensors")
@@ -94,7 +94,8 @@ def visible_indices(count: int) -> list[int]:
     return list(range(count))
 
 
-def holders(apps: list[GpuProcess], uuids: dict[int, str], indices: list[int], own_pid: int) -> list[tuple[int, GpuProcess]]:
+def holders(apps: list[GpuProcess], uuids: dict[int, str], indices: list[int],
+            own_pid: int) -> list[tuple[int, GpuProcess]]:
     """The processes (other than ours) holding memory on the GPUs we will use."""
     by_uuid = {u: i for i, u in uuids.items()}
     return [(by_uuid[a.gpu_uuid], a) for a in apps

@@ -198,7 +198,8 @@ class Stage:
             print(json.dumps(report.to_dict(), indent=2))
             return 0 if report.ok else 1
         manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs),
-                            settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint, "served_model": c.served_model,
+                            settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint,
+                                      "served_model": c.served_model,
                                       "checkpoint_freq": c.checkpoint_freq, "log_freq": c.log_freq,
                                       "num_workers": c.num_workers})
         try:

@@ -87,7 +87,8 @@ def train(plan: TrainPlan, stop_check: Callable[[], bool] | None = None) -> str:
     try:
         cfg = TrainConfig.resolve(plan.argv)
     except SystemExit as exc:  # speculators' resolver reports through argparse
-        raise RuntimeError(f"speculators refused the training settings (exit {exc.code}); see the lines above") from None
+        raise RuntimeError(f"speculators refused the training settings (exit {exc.code}); "
+                           f"see the lines above") from None
     args = argparse.Namespace(**cfg.flatten())
     set_seed(args.seed, args.deterministic_cuda)
     setup_root_logger()

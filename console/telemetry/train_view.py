@@ -55,7 +55,8 @@ class TrainSeries:
         if isinstance(data.get("total"), int) and data["total"] > 0:
             self.total = data["total"]
         if phase == "plan":
-            self.steps_per_epoch = data.get("steps_per_epoch") if isinstance(data.get("steps_per_epoch"), int) else None
+            per_epoch = data.get("steps_per_epoch")
+            self.steps_per_epoch = per_epoch if isinstance(per_epoch, int) else None
             self.epochs = data.get("epochs") if isinstance(data.get("epochs"), int) else self.epochs
         elif phase == "val":
             loss = _num(data.get("val_loss"))
