@@ -341,16 +341,15 @@ class TrainSection:
     checkpoint_freq: float = knob(1.0, min=0.01, max=1000,
                                   doc="epochs between checkpoints; below 1 also saves within an epoch")
     seed: int = knob(0, min=0, max=2**31 - 1)
-    trust_remote_code: str = knob("auto", choices=("auto", "on", "off"),
-                                  doc="auto: when the verifier's config.json names classes in auto_map")
     extra_args: list[str] = knob([], check=check_train_args)
 
     def stage_args(self) -> list[str]:
-        """These settings as `python -m backend.train` flags (backend/train/config.py)."""
+        """These settings as `python -m backend.train` flags (backend/train/config.py). Remote code needs no
+        key: the stage's `--trust-remote-code auto` trusts a verifier whose config.json names classes."""
         args = ["--epochs", str(self.epochs), "--lr", repr(self.learning_rate), "--speculative-tokens",
                 str(self.speculative_tokens), "--draft-layers", str(self.draft_layers), "--seq-length",
                 str(self.seq_length), "--optimizer", self.optimizer, "--checkpoint-freq", repr(self.checkpoint_freq),
-                "--seed", str(self.seed), "--trust-remote-code", self.trust_remote_code]
+                "--seed", str(self.seed)]
         if self.draft_vocab_size is not None:
             args += ["--draft-vocab-size", str(self.draft_vocab_size)]
         if self.gpus is not None:
