@@ -4,6 +4,7 @@ through the console's own run reader. SVG snapshot; regenerate with `--snapshot-
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,10 +47,10 @@ def test_the_real_run_reads_into_a_full_view():
     assert s["loss"][0][1] > s["loss"][-1][1] and s["last_checkpoint"]["kind"] in ("epoch", "mid_epoch")
     h = TrainHistory()
     h.load_series(train.run_id, s)
-    text = training_markup(train.run_id, train.state, train.eta_s, h, train.rate)
+    text = training_markup(train.run_id, train.state, train.eta_s, h, train.rate).plain
     assert "epoch 4/4" in text and f"step {s['step'] + 1}/{s['total']}" in text and "best /data/eagle3" in text
-    table = verify_markup(verify)
-    assert "checks [green]5 ok" in table and "trained" in table and "untrained" in table
+    table = verify_markup(verify).plain
+    assert "checks 5 ok" in table and "trained" in table and "untrained" in table
 
 
 async def settle(pilot) -> None:
@@ -62,8 +63,7 @@ async def settle(pilot) -> None:
 
 
 def test_training_pane_on_a_real_run(snap_compare):
-    snap = base_snapshot(taken_at=NOW)
-    snap.runs = real_runs()
+    snap = replace(base_snapshot(taken_at=NOW), runs=tuple(real_runs()))
     fake = FakeController([snap], {SERVER_UNIT: ["INFO 11-30 20:00:00 [api_server.py:1] ready"]}, simulated=True,
                           host_name="gpu-host")
     assert snap_compare(ConsoleApp(fake, clock=lambda: NOW), terminal_size=SIZE, run_before=settle)

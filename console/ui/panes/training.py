@@ -3,7 +3,7 @@ and step, lr, rate and ETA, last and best checkpoint; and verify's table once it
 
 A real run's RunInfo carries its accumulated curves (`series`, console/telemetry/train_view.py); without
 one (an older console feed) the pane accumulates points from successive snapshots' latest events.
-Everything from the host is escaped before it reaches markup.
+Text from the host (run ids, paths, errors) goes into the markup as `$variables`, never parsed.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.markup import escape
+from textual.content import Content
 from textual_plotext import PlotextPlot
 
 from console.telemetry.snapshot import RunInfo, Snapshot
-from console.ui.panes.base import Pane, Text
+from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, num
 from console.ui.panes.generation import pick_run
 
@@ -131,64 +131,66 @@ def _is_num(value: Any) -> bool:
 
 
 def _positions(values: list[Any] | None, with_bars: bool = True) -> str:
+    """Our own markup: numbers only."""
     cells = []
     for i, a in enumerate(values or []):
-        if not _is_num(a):
-            continue
-        cells.append(f"{i + 1}:{a:.2f}" + (f"[green]{bar(a, 4)}[/]" if with_bars else ""))
+        if _is_num(a):
+            cells.append(f"{i + 1}:{a:.2f}" + (f"[green]{bar(a, 4)}[/]" if with_bars else ""))
     return "  ".join(cells) or "N/A"
 
 
 def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistory,
-                    rate: float | None = None) -> str:
+                    rate: float | None = None) -> Content:
     p = h.last
     if p is None:
-        return f"run      [b]{escape(run_id)}[/b]  [dim]{escape(state)} (no progress yet)[/]"
+        return markup("run      [b]$run[/b]  [dim]$state (no progress yet)[/]", run=run_id, state=state)
     series = h.series or {}
     total, epochs = series.get("total"), series.get("epochs")
     if h.series is not None:  # the stage counts epochs and steps from 0; people count from 1
-        epoch = f"{num(p.epoch + 1 if p.epoch is not None else None, '{:g}')}" + (f"/{epochs}" if epochs else "")
+        epoch = num(p.epoch + 1 if p.epoch is not None else None, "{:g}") + (f"/{epochs}" if _is_num(epochs) else "")
         step = f"{p.step + 1}" + (f"/{total}" if _is_num(total) else "")
     else:
-        epoch = f"{num(p.epoch, '{:g}')}" + (f"/{epochs}" if epochs else "")
+        epoch = num(p.epoch, "{:g}") + (f"/{epochs}" if _is_num(epochs) else "")
         step = f"{p.step}" + (f"/{total}" if _is_num(total) else "")
     rate = rate if rate is not None else (series.get("rate") if _is_num(series.get("rate")) else None)
     eta = eta_s if eta_s is not None else (series.get("eta_s") if _is_num(series.get("eta_s")) else None)
     eta = eta if state == "running" else None
     resumed = f"   [dim]resumed at step {series['resumed_from']}[/]" if _is_num(series.get("resumed_from")) else ""
-    best = f"{escape(h.best[1])} (val {h.best[0]:.4f})" if h.best else "N/A"
+    best = f"{h.best[1]} (val {h.best[0]:.4f})" if h.best else "N/A"
     val_acc = series.get("val_acc_k")
-    return "\n".join([
-        f"run      [b]{escape(run_id)}[/b]  [dim]{escape(state)}[/]   epoch {epoch}  step {step}   "
-        f"rate {num(rate, '{:.2f} step/s')}   ETA {duration(eta)}{resumed}",
+    return lines(
+        markup(f"run      [b]$run[/b]  [dim]$state[/]   epoch {epoch}  step {step}   "
+               f"rate {num(rate, '{:.2f} step/s')}   ETA {duration(eta)}{resumed}", run=run_id, state=state),
         f"loss     {num(p.loss, '{:.4f}')}   val {num(p.val_loss, '{:.4f}')}   lr {num(p.lr, '{:.2e}')}",
         f"acc/pos  {_positions(p.acc)}" + (f"   [dim]val {_positions(val_acc, False)}[/]" if val_acc else ""),
-        f"ckpt     last {escape(h.last_checkpoint or 'N/A')}   best {best}",
-    ])
+        markup("ckpt     last $last   best $best", last=h.last_checkpoint or "N/A", best=best),
+    )
 
 
-def verify_markup(run: RunInfo) -> str | None:
+def verify_markup(run: RunInfo) -> Content:
     """verify's table once it has finished (its finish summary carries the report)."""
     if run.state not in ("done", "failed", "stopped"):
-        return f"verify   [b]{escape(run.run_id)}[/b]  [dim]{escape(run.state)}[/]"
+        return markup("verify   [b]$run[/b]  [dim]$state[/]", run=run.run_id, state=run.state)
     report = run.last_event or {}
     checks = [c for c in report.get("checks") or [] if isinstance(c, dict)]
     failed = [str(c.get("name")) for c in checks if not c.get("ok")]
-    head = (f"verify   [b]{escape(run.run_id)}[/b]  [dim]{escape(run.state)}[/]   checks "
-            + (f"[red]failed: {escape(', '.join(failed))}[/]" if failed else f"[green]{len(checks)} ok[/]"))
+    head = markup("verify   [b]$run[/b]  [dim]$state[/]   checks "
+                  + ("[red]failed: $failed[/]" if failed else f"[green]{len(checks)} ok[/]"),
+                  run=run.run_id, state=run.state, failed=", ".join(failed))
     acc = report.get("acceptance")
     if not isinstance(acc, dict):
         error = report.get("error")
-        return head + (f"\n         [red]{escape(str(error)[:200])}[/]" if error else "")
-    k = acc.get("k") if _is_num(acc.get("k")) else 0
-    rows = [head + f"   k={k}",
-            "         draft      " + "".join(f"pos{j + 1:<4}" for j in range(int(k))) + "accepted  length"]
+        return lines(head, markup("         [red]$error[/]", error=str(error)[:200])) if error else head
+    k = int(acc["k"]) if _is_num(acc.get("k")) else 0
+    rows: list[Content | str] = [head + Content(f"   k={k}"),
+                                 "         draft      " + "".join(f"pos{j + 1:<4}" for j in range(k))
+                                 + "accepted  length"]
     for name in ("trained", "untrained"):
         a = acc.get(name) if isinstance(acc.get(name), dict) else {}
-        cells = "".join(f"{v:<7.2f}" if _is_num(v) else "N/A    " for v in (a.get("per_position") or [])[:int(k)])
+        cells = "".join(f"{v:<7.2f}" if _is_num(v) else "N/A    " for v in (a.get("per_position") or [])[:k])
         rows.append(f"         {name:<10} {cells}{num(a.get('mean_accepted'), '{:<9.2f}')} "
                     f"{num(a.get('mean_acceptance_length'), '{:.2f}')}")
-    return "\n".join(rows)
+    return lines(*rows)
 
 
 class TrainingPane(Pane):
@@ -215,7 +217,7 @@ class TrainingPane(Pane):
         plot = self.query_one("#loss-plot", PlotextPlot)
         verify_text = verify_markup(verify) if verify is not None else None
         if run is None:
-            body.show("[dim]no training run[/]" + (f"\n{verify_text}" if verify_text else ""))
+            body.show(lines("[dim]no training run[/]", verify_text) if verify_text else "[dim]no training run[/]")
             plot.set_class(False, "-shown")
             return
         if run.run_id != self.history.run_id:  # a new run: fresh curve, drawn at once
@@ -228,7 +230,7 @@ class TrainingPane(Pane):
             point = train_point(run.last_event or {})
             changed = self.history.feed(run.run_id, point) if point else False
         text = training_markup(run.run_id, run.state, run.eta_s, self.history, run.rate)
-        body.show(text + (f"\n{verify_text}" if verify_text else ""))
+        body.show(lines(text, verify_text) if verify_text else text)
         plot.set_class(bool(self.history.steps), "-shown")
         self._plot_stale = self._plot_stale or changed
         t = snapshot.taken_at
