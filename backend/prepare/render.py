@@ -46,10 +46,10 @@ def render_row(record: Any, endpoint: str, seq_length: int) -> tuple[Row | None,
     if not isinstance(record, dict) or not isinstance(record.get("id"), str):
         return None, R.MALFORMED, ""
     turns = record.get("conversations")
-    if not isinstance(turns, list) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns):
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) for t in turns):
         return None, R.MALFORMED, ""
     conv = _normalize(turns)
-    if conv[-1].get("role") != "assistant":
+    if len(conv) < 2 or conv[-1].get("role") != "assistant":
         return None, R.NO_ANSWER, ""
 
     def render(messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
