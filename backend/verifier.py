@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 CONFIG_FILE = "config.json"
+# bytes per value of the checkpoint's dtype: the server computes, and the hidden-states connector writes,
+# in that dtype; unknown or unset: bf16, what a large verifier is served in
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
 class VerifierError(ValueError):
@@ -31,6 +34,11 @@ class VerifierInfo:
     vocab_size: int
     nested: bool  # the language model's settings sit under text_config
     model_type: str
+    dtype: str = "bfloat16"
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES.get(self.dtype, 2)
 
     def default_aux_layers(self) -> list[int]:
         return default_aux_layers(self.num_layers)
@@ -69,7 +77,13 @@ def read_verifier(path: str) -> VerifierInfo:
     return VerifierInfo(path=os.path.abspath(path), num_layers=_int(settings, "num_hidden_layers", where),
                         hidden_size=_int(settings, "hidden_size", where),
                         vocab_size=_int(settings, "vocab_size", where), nested=nested,
-                        model_type=str(settings.get("model_type") or config.get("model_type") or ""))
+                        model_type=str(settings.get("model_type") or config.get("model_type") or ""),
+                        dtype=_dtype(settings) or _dtype(config) or "bfloat16")
+
+
+def _dtype(config: dict[str, Any]) -> str | None:
+    value = config.get("dtype") or config.get("torch_dtype")  # transformers 5 writes `dtype`, 4.x `torch_dtype`
+    return str(value).removeprefix("torch.") if isinstance(value, str) else None
 
 
 def default_aux_layers(num_layers: int) -> list[int]:

@@ -1,7 +1,7 @@
 """How much disk the hidden states take, and whether they fit. Pure functions.
 
-Each token of each row is stored once per aux layer plus once for the final layer, at the server's dtype:
-tokens x (aux layers + 1) x hidden size x 2 bytes (bf16). For a 7168-wide verifier with 3 aux layers
+Each token of each row is stored once per aux layer plus once for the final layer, at the verifier's dtype:
+tokens x (aux layers + 1) x hidden size x 2 bytes for bf16 (4 for a float32 checkpoint such as the demo's). For a 7168-wide verifier with 3 aux layers
 that is 57 KB per token: 10K samples of a 1T-parameter model needed 828 GB. When that cannot fit, the
 answer is online training, which fetches each batch's hidden states from the extraction server and
 deletes them after use.
@@ -35,6 +35,7 @@ class DiskEstimate:
     tokens: int
     aux_layers: int
     hidden_size: int
+    dtype_bytes: int
     need_bytes: int
     free_bytes: int
     reserve_bytes: int  # kept free beyond the estimate
@@ -46,7 +47,7 @@ class DiskEstimate:
 
     def detail(self) -> str:
         return (f"hidden states of {self.rows:,} rows ({self.tokens:,} tokens x ({self.aux_layers} aux layers + 1) "
-                f"x hidden {self.hidden_size:,} x {BF16_BYTES} bytes) need {gb(self.need_bytes)}; "
+                f"x hidden {self.hidden_size:,} x {self.dtype_bytes} bytes) need {gb(self.need_bytes)}; "
                 f"{gb(self.free_bytes)} free on the volume of {self.volume}"
                 + (f" (keeping {gb(self.reserve_bytes)} free)" if self.reserve_bytes else ""))
 
@@ -63,7 +64,8 @@ class DiskEstimate:
 
 
 def estimate(*, rows: int, tokens: int, aux_layers: int, hidden_size: int, free_bytes: int,
-             reserve_bytes: int, volume: str) -> DiskEstimate:
+             reserve_bytes: int, volume: str, dtype_bytes: int = BF16_BYTES) -> DiskEstimate:
     return DiskEstimate(rows=rows, tokens=tokens, aux_layers=aux_layers, hidden_size=hidden_size,
-                        need_bytes=hidden_state_bytes(tokens, aux_layers, hidden_size, rows=rows),
+                        dtype_bytes=dtype_bytes,
+                        need_bytes=hidden_state_bytes(tokens, aux_layers, hidden_size, dtype_bytes, rows=rows),
                         free_bytes=free_bytes, reserve_bytes=reserve_bytes, volume=volume)

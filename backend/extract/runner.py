@@ -163,7 +163,8 @@ def _estimate(c: ExtractConfig, inputs: Inputs) -> disk.DiskEstimate:
         missing = [n for i, n in enumerate(lengths) if i not in have]
         rows, tokens = rows + len(missing), tokens + sum(missing)
     return disk.estimate(rows=rows, tokens=tokens, aux_layers=len(inputs.aux_layer_ids),
-                         hidden_size=inputs.verifier.hidden_size, free_bytes=free_bytes(run),
+                         hidden_size=inputs.verifier.hidden_size, dtype_bytes=inputs.verifier.dtype_bytes,
+                         free_bytes=free_bytes(run),
                          reserve_bytes=c.reserve_bytes, volume=run)
 
 
