@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,30 @@ def write_generate_run(work_dir: Path, run_id: str, records: list[dict[str, Any]
         events.emit("finish", status=status, summary=summary)
     events.close()
     return Path(run_dir.path)
+
+
+PREPARED_ROWS = 24
+
+
+def prepared_work(tmp_path_factory, tiny: Path) -> Path:
+    """A work dir holding a completed generation run `gen` (24 samples with exact token ids) and its
+    prepare run `prep` (20 train, 4 held-out rows, seq length 512): made once per session, read-only."""
+    work = tmp_path_factory.getbasetemp() / "prepared-work"
+    if (work / "runs" / "prep" / "summary.json").exists():
+        return work
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    tok = Tokenizer(tiny)
+    write_generate_run(work, "gen", [sample_record(tok, i) for i in range(PREPARED_ROWS)])
+    res = run_stage("backend.prepare", "--work-dir", str(work), "--run-id", "prep", "--input-run", "gen",
+                    "--verifier", str(tiny), "--seq-length", "512", env=stage_env(tmp_path_factory))
+    assert res.returncode == 0, res.stderr
+    return work
+
+
+def copy_runs(src: Path, dst: Path, runs: tuple[str, ...] = ("gen", "prep")) -> None:
+    """Runs of one work dir in another (their summaries name absolute paths, rewritten to the new place)."""
+    for run in runs:
+        shutil.copytree(src / "runs" / run, dst / "runs" / run)
+        path = dst / "runs" / run / "summary.json"
+        path.write_text(path.read_text().replace(str(src) + "/", str(dst) + "/"))

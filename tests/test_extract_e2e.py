@@ -21,15 +21,14 @@ from console.control.extraction import build_plan
 from console.control.units import server_start_argv
 from console.profile import profile_from_dict
 from console.telemetry.collector import server_log_path
-from tests.drafter_support import (REPO, Tokenizer, run_stage, sample_record, stage_env, tiny_verifier,
-                                   write_generate_run, xdg_home)
+from tests.drafter_support import PREPARED_ROWS as ROWS
+from tests.drafter_support import REPO, copy_runs, prepared_work, stage_env, tiny_verifier
 from tests.rig.availability import rig_unavailable
 from tests.sim_support import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
 AUX = [1, 2, 3]
-ROWS = 24
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +39,7 @@ def tiny(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def work(tiny, tmp_path_factory) -> Path:
     """A work dir holding a completed generation run and its prepare run (20 train, 4 held-out rows)."""
-    work = tmp_path_factory.mktemp("extract-work")
-    tok = Tokenizer(tiny)
-    write_generate_run(work, "gen", [sample_record(tok, i) for i in range(ROWS)])
-    res = run_stage("backend.prepare", "--work-dir", str(work), "--run-id", "prep", "--input-run", "gen",
-                    "--verifier", str(tiny), "--seq-length", "512", env=stage_env(tmp_path_factory))
-    assert res.returncode == 0, res.stderr
-    return work
+    return prepared_work(tmp_path_factory, tiny)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +57,8 @@ def tmux_env(tmp_path_factory):
 class Host:
     """One baseline stand-in (its tmux session and port) and the profile that describes it."""
 
-    def __init__(self, work: Path, env: dict[str, str], name: str, extra: list[str]):
-        self.env, self.port, self.unit = env, free_port(), f"e3x-{name}"
+    def __init__(self, work: Path, env: dict[str, str], name: str, extra: list[str], port: int | None = None):
+        self.env, self.port, self.unit = env, port or free_port(), f"e3x-{name}"
         command = ["env", f"PYTHONPATH={REPO}", f"XDG_CACHE_HOME={env['XDG_CACHE_HOME']}", "HF_HUB_OFFLINE=1",
                    sys.executable, "-m", "sim.vllm_server", "--host", "127.0.0.1", "--port", str(self.port),
                    "--model", "/shared/tiny", "--served-model-name", "tiny", "--load-seconds", "0.2",
@@ -198,13 +191,7 @@ def test_an_extraction_server_that_dies_midway_fails_the_stage_with_why_and_the_
         done = summary["done"]
         assert 0 < done < ROWS
         # the same run again (a healthy server this time) resumes: only the missing rows are asked for
-        healthy = Host(work, tmux_env, "die", [])
-        healthy.port, healthy.profile = host.port, profile_from_dict({**json.loads(json.dumps(
-            {"host": {"name": "localhost", "transport": "local"}})), "server": {
-                **{k: getattr(host.profile.server, k) for k in ("manager", "unit", "model_path", "served_model_name",
-                                                                "port", "stop_timeout_s", "load_timeout_s")},
-                "command": [a for a in host.profile.server.command if a not in ("--fault", "die-after:5")]},
-            "paths": {"work_dir": str(work)}, "drafter": {"aux_layer_ids": AUX}})
+        healthy = Host(work, tmux_env, "die", [], port=host.port)
         res = subprocess.run(extract_cmd(work, tiny, "ex-die", healthy.write_plan("ex-die", tmp_path / "plan2.json"),
                                          "--concurrency", "4"),
                              env=tmux_env, cwd=REPO, capture_output=True, text=True, timeout=200)
@@ -252,15 +239,6 @@ def marker_plan(tmp_path: Path, aux=AUX) -> tuple[Path, Path]:
             "aux_layer_ids": aux}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     return tmp_path / "plan.json", marker
-
-
-def copy_runs(src: Path, dst: Path) -> None:
-    """The module's generation and prepare runs in another work dir (their summaries name absolute paths)."""
-    shutil.copytree(src / "runs" / "gen", dst / "runs" / "gen")
-    shutil.copytree(src / "runs" / "prep", dst / "runs" / "prep")
-    for run in ("gen", "prep"):
-        path = dst / "runs" / run / "summary.json"
-        path.write_text(path.read_text().replace(str(src) + "/", str(dst) + "/"))
 
 
 def test_an_extraction_that_cannot_fit_is_refused_before_anything_is_touched(tiny, work, tmp_path, tmux_env):

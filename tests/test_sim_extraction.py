@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.drafter_support import Tokenizer, stage_env, tiny_verifier

@@ -30,7 +30,7 @@ from backend.prepare import rows as R
 from backend.prepare.config import PrepareConfig
 from backend.prepare.render import render_row
 from backend.runs import Manifest, RunDir, open_run_dir, read_manifest, write_json_atomic
-from backend.verifier import VerifierError, VerifierInfo, read_verifier
+from backend.verifier import VerifierInfo, read_verifier
 
 STAGE = "prepare"
 TRAIN_DIR = "train"
