@@ -191,3 +191,25 @@ def test_bad_extraction_flags_are_refused_with_the_reason(args, message):
     res = subprocess.run([sys.executable, "-m", "sim.vllm_server", "--model", "/m", *args], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_online_training_fetches_each_sample_from_the_stand_in_and_deletes_it(extractor, storage, tok, tmp_path):
+    """speculators' training dataset with --on-missing generate (online training): no hs files on disk, each
+    sample's states fetched from the extraction server, checked, and the file deleted after use."""
+    import torch
+    from datasets import Dataset
+    from speculators.train.data import ArrowDataset
+
+    ids = [tok.chat([{"role": "user", "content": q}], generation_prompt=True) + tok.encode("<think>ok</think>yes")
+           for q in ("What is a hash map?", "Write a haiku about autumn.")]
+    Dataset.from_dict({"input_ids": ids, "loss_mask": [[0] * (len(i) - 4) + [1] * 4 for i in ids],
+                       "seq_len": [len(i) for i in ids]}).with_format("torch").save_to_disk(tmp_path / "data")
+    before = set(storage.iterdir())
+    data = ArrowDataset(max_len=512, datapath=tmp_path / "data", vllm_endpoint=f"{extractor.url}/v1",
+                        on_missing="generate", hidden_states_dtype=torch.float32, max_retries=0)
+    for i, row in enumerate(ids):
+        sample = data._get_raw_data(i)
+        assert sample["input_ids"].tolist() == row
+        assert tuple(sample["hidden_states"].shape) == (len(row), len(LAYERS) * 64)
+        assert tuple(sample["verifier_last_hidden_states"].shape) == (len(row), 64)
+    assert not [p for p in set(storage.iterdir()) - before if p.suffix == ".safetensors"]  # deleted after use

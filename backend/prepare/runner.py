@@ -136,7 +136,7 @@ class PrepareRunner:
         self.last_progress = now
         t = self.tally
         elapsed = now - self.started
-        self.emit("progress", phase=phase, done=t.read, total=max(self.total, t.read), failed=t.dropped_total,
+        self.emit("progress", phase=phase, done=t.read, total=max(self.total, t.read), failed=0,
                   kept=t.kept, dropped=t.dropped_total, dropped_by_reason=dict(t.dropped), tokens=t.tokens,
                   rate=round(t.read / elapsed, 3) if elapsed > 0 else 0.0)
 
@@ -346,7 +346,7 @@ class PrepareRunner:
         summary: dict[str, Any] = {
             "stage": STAGE, "run_id": self.c.run_id, "status": status, "input_run": inputs.run_id,
             "source": inputs.source, "verifier": inputs.verifier.path, "seq_length": self.c.seq_length,
-            "done": t.read, "total": max(self.total, t.read), "failed": t.dropped_total,
+            "done": t.read, "total": max(self.total, t.read), "failed": 0,
             "rows": {"read": t.read, "kept": t.kept, "dropped": t.dropped_total,
                      "dropped_by_reason": dict(sorted(t.dropped.items())),
                      "train": (result.get("train") or {}).get("rows", 0),
