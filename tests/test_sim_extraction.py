@@ -164,18 +164,26 @@ def _start_and_wait_exit(tmp_path, tmp_path_factory, *args: str) -> tuple[int, s
         server.kill()
 
 
-def test_layer_ids_out_of_range_fail_the_start_as_vllm_does(tiny, tmp_path, tmp_path_factory):
-    rc, out = _start_and_wait_exit(tmp_path, tmp_path_factory, "--text-backend", "tinylm",
-                                   *extraction_flags([1, 2, 9], tmp_path / "hs"))
-    assert rc == 1
-    assert "aux layer ids [9] are out of range for a verifier with 4 decoder layers" in out
-    assert "EngineCore failed to start." in out and "Application startup complete." not in out
+def test_layer_ids_out_of_range_or_a_model_without_states_refuse_the_start():
+    from types import SimpleNamespace
+
+    from sim.config import SimConfig
+    from sim.extraction import startup_problem
+
+    cfg = SimConfig(model="/m", extract_layers=(1, 2, 9))
+    model = SimpleNamespace(name="tinylm", layers=4, hidden_states=lambda ids, layers: None)
+    assert startup_problem(cfg, model) == ("eagle_aux_hidden_state_layer_ids [1, 2, 9]: aux layer ids [9] are out of "
+                                           "range for a verifier with 4 decoder layers (valid: 0..3, the state "
+                                           "entering that layer)")
+    assert startup_problem(SimConfig(model="/m", extract_layers=(0, 3)), model) is None
+    assert "needs a real model: the canned text backend" in startup_problem(cfg, SimpleNamespace(name="canned"))
 
 
-def test_extraction_needs_the_real_model(tmp_path, tmp_path_factory):
+def test_a_refused_start_fails_as_vllms_engine_does(tmp_path, tmp_path_factory):
     rc, out = _start_and_wait_exit(tmp_path, tmp_path_factory, "--text-backend", "canned",
                                    *extraction_flags([1, 2], tmp_path / "hs"))
     assert rc == 1 and "extract_hidden_states needs a real model" in out
+    assert "EngineCore failed to start." in out and "Application startup complete." not in out
 
 
 @pytest.mark.parametrize("args, message", [

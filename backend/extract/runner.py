@@ -501,6 +501,10 @@ class ExtractRunner:
                 raise StageFailed(f"the extraction server died midway ({self.done()} of {self.total} rows "
                                   f"done): {await self._why_dead()}. Start the run again to resume")
         self.progress("extracting", force=True)
+        if proc.returncode != 0 and not (await self._healthy() and await self._alive()):
+            # generate-offline-data gave up on a server that is gone: say that, not its exit status
+            raise StageFailed(f"the extraction server died midway ({self.done()} of {self.total} rows done): "
+                              f"{await self._why_dead()}. Start the run again to resume")
         if proc.returncode != 0:
             log = self.run_dir.file(LOG_FILE)
             with open(log, "rb") as f:

@@ -6,12 +6,15 @@ holding another run): one line on stderr, nothing created or changed.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
 from backend.prepare.config import ConfigError, parse_config
 from backend.runs import RunDirError, run_path
 from backend.verifier import VerifierError
+
+REQUIRED_MODULES = ("speculators", "datasets", "httpx")
 
 
 def offline_env(run_dir: str) -> None:
@@ -29,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
         offline_env(run_path(config.work_dir, config.run_id))
+        missing = [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            print(f"prepare: {sys.executable} lacks {', '.join(missing)}: install them with {sys.executable} -m "
+                  f"pip install {' '.join(missing)}", file=sys.stderr)
+            return 2
         from backend.prepare.runner import PrepareRunner, resolve_inputs
         inputs = resolve_inputs(config)
         return PrepareRunner(config).run(inputs)
