@@ -6,9 +6,7 @@ incrementally by byte offset over SSH. Both sides import this module so the form
 Every event has: `ts` (unix seconds), `kind`, `stage`, `run_id`. Kinds and their extra keys:
 - start:    total, manifest (dict)
 - progress: done, total, failed, skipped, truncated, reasoning_captured, prompt_tokens,
-            completion_tokens, rate (samples/s), bytes_written (generation); phase, kept, dropped,
-            dropped_by_reason, tokens (prepare); phase, and for each swap step `step`, `command`, then
-            `swap` {step, command, rc, ok, seconds, output} (extract); step, epoch, loss ... (train)
+            completion_tokens, rate (samples/s), bytes_written (generation); step, epoch, loss ... (train)
 - pause:    reason         - resume: (none)
 - error:    message, fatal (bool)
 - finish:   status ("completed" | "stopped" | "failed"), summary (dict)
