@@ -300,3 +300,42 @@ def test_bad_input_is_one_clear_line_and_the_servers_are_never_touched(case, tin
     assert lines[0].startswith(expected), lines[0]
     assert not marker.exists()
     assert sorted(p.relative_to(dst) for p in dst.rglob("*")) == before
+
+
+def test_endpoint_mode_uses_a_running_extraction_server_and_swaps_nothing(tiny, work, tmp_path_factory):
+    """Without a plan the stage drives an extraction server that is already up (the operator's own)."""
+    from tests.sim_support import SimServer
+    from tests.test_sim_extraction import extraction_flags
+
+    env = stage_env(tmp_path_factory)
+    server = SimServer(tmp_path_factory.mktemp("endpoint"), "--served-model-name", "tiny", "--text-backend",
+                       "tinylm", "--stats-interval", "60", *extraction_flags(AUX, tmp_path_factory.mktemp("hs")),
+                       env=env).start()
+    try:
+        server.wait_ready(timeout=120)
+        res = subprocess.run([sys.executable, "-m", "backend.extract", "--work-dir", str(work), "--run-id", "ex-ep",
+                              "--input-run", "prep", "--verifier", str(tiny), "--aux-layer-ids", "1,2,3",
+                              "--endpoint", server.url, "--concurrency", "4"],
+                             env=env, cwd=REPO, capture_output=True, text=True, timeout=200)
+        assert res.returncode == 0, res.stderr
+        summary = json.loads((work / "runs/ex-ep/summary.json").read_text())
+        assert summary["status"] == "completed" and summary["done"] == ROWS and "swap" not in summary
+        assert summary["endpoint"] == server.url
+    finally:
+        server.terminate()
+        server.kill()
+
+
+def test_rows_longer_than_the_extraction_servers_context_are_refused_up_front():
+    from types import SimpleNamespace
+
+    from backend.extract.runner import ExtractRunner, Side, StageFailed
+
+    runner = ExtractRunner.__new__(ExtractRunner)
+    runner.inputs = SimpleNamespace(sides=[Side("train", "/d", "train_hidden_states", 3, 300, 100, max_len=200)])
+    runner.max_model_len = 200
+    with pytest.raises(StageFailed, match=r"longest prepared row has 200 tokens but the extraction server's "
+                                          r"max_model_len is 200 .* \[prepare\] seq_length <= 199"):
+        runner._check_lengths()
+    runner.max_model_len = 201
+    runner._check_lengths()

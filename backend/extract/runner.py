@@ -57,6 +57,7 @@ class Side:
     rows: int
     tokens: int
     first_len: int  # row 0's length: the first file's expected sequence length
+    max_len: int = 0
 
 
 @dataclass
@@ -94,7 +95,7 @@ def _read_side(name: str, path: str, output_key: str) -> Side:
     lengths = data.with_format(None)["seq_len"] if "seq_len" in data.column_names else [
         len(r) for r in data.with_format(None)["input_ids"]]
     return Side(name=name, data=path, output_key=output_key, rows=len(lengths), tokens=int(sum(lengths)),
-                first_len=int(lengths[0]) if lengths else 0)
+                first_len=int(lengths[0]) if lengths else 0, max_len=int(max(lengths)) if lengths else 0)
 
 
 def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
@@ -221,6 +222,7 @@ class ExtractRunner:
         self.last_progress = 0.0
         self.phase = "starting"
         self.child: asyncio.subprocess.Process | None = None
+        self.max_model_len: int | None = None  # what the extraction server reports in /v1/models
         self.child_log: Any = None
 
     # -- events ----------------------------------------------------------------------------------------
@@ -285,10 +287,10 @@ class ExtractRunner:
                       plan=self.plan.to_dict() if self.plan else None)
             try:
                 # a resumed run whose files are all there needs no server: the baseline stays up
-                swap = self.plan is not None and self.done_before < self.total
-                if swap:
-                    # the child's imports (seconds) overlap the extraction server's load
-                    self.child = await self._spawn_offline(wait_for_go=True)
+                if self.done_before < self.total:
+                    # the child's imports (seconds) overlap the extraction server's load; it waits for the go
+                    self.child = await self._spawn_offline()
+                if self.plan is not None and self.done_before < self.total:
                     await self._swap_in()
                 await self._extract()
                 self._check_outputs()
@@ -383,9 +385,24 @@ class ExtractRunner:
                     if not want_models:
                         return True
                     body = json.loads((await resp.content.read(1 << 20)).decode() or "null")
-                    return isinstance(body, dict) and bool(body.get("data"))
+                    if not (isinstance(body, dict) and isinstance(body.get("data"), list) and body["data"]):
+                        return False
+                    card = body["data"][0] if isinstance(body["data"][0], dict) else {}
+                    limit = card.get("max_model_len")
+                    self.max_model_len = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+                    return True
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
             return False
+
+    def _check_lengths(self) -> None:
+        """Every row must fit the extraction server's context with the one token it generates; a longer
+        row would fail alone, late, and be skipped: say it now."""
+        longest = max((s.max_len for s in self.inputs.sides), default=0)
+        if self.max_model_len is not None and longest + 1 > self.max_model_len:
+            raise StageFailed(f"the longest prepared row has {longest} tokens but the extraction server's "
+                              f"max_model_len is {self.max_model_len} (a row needs one more): prepare again with "
+                              f"[prepare] seq_length <= {self.max_model_len - 1}, or raise the server's "
+                              f"--max-model-len")
 
     async def _healthy(self) -> bool:
         url = self.plan.health_url if self.plan else f"{self.endpoint}/health"
@@ -427,6 +444,7 @@ class ExtractRunner:
                 raise Stopped()
             if await self._http_ok(plan.health_url) and await self._http_ok(plan.models_url, want_models=True):
                 self.progress("extracting", force=True, ready_after_s=round(time.monotonic() - t0, 1))
+                self._check_lengths()
                 return
             if not await self._alive():
                 raise StageFailed(f"the extraction server exited while starting ({await self._why_dead()})")
@@ -441,27 +459,26 @@ class ExtractRunner:
                 pass
 
     # -- extraction ------------------------------------------------------------------------------------
-    def offline_argv(self, wait_for_go: bool = False) -> list[str]:
+    def offline_argv(self) -> list[str]:
         c = self.c
         argv = [sys.executable, "-m", "backend.extract.offline", "--endpoint", f"{self.endpoint}/v1",
                 "--concurrency", str(c.concurrency), "--request-timeout", f"{c.request_timeout:g}",
                 "--max-retries", str(c.max_retries)]
         if c.validate_outputs:
             argv.append("--validate-outputs")
-        if wait_for_go:
-            argv.append("--wait-for-go")
+        argv.append("--wait-for-go")
         for side in self.inputs.sides:
             argv += ["--pair", side.data, self._outdir(side)]
         return argv
 
-    async def _spawn_offline(self, wait_for_go: bool) -> asyncio.subprocess.Process:
+    async def _spawn_offline(self) -> asyncio.subprocess.Process:
         assert self.run_dir is not None
         env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
         if self.child_log is None:
             self.child_log = open(self.run_dir.file(LOG_FILE), "ab")
         return await asyncio.create_subprocess_exec(
-            *self.offline_argv(wait_for_go), stdin=asyncio.subprocess.PIPE if wait_for_go else asyncio.subprocess.DEVNULL,
+            *self.offline_argv(), stdin=asyncio.subprocess.PIPE,
             stdout=self.child_log, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True)
 
     async def _extract(self) -> None:
@@ -469,20 +486,22 @@ class ExtractRunner:
         assert self.run_dir is not None
         if self.stop.is_set():
             raise Stopped()
-        if not self.plan and not await self._healthy():
-            raise StageFailed(f"nothing healthy answers at {self.endpoint}/health: start the extraction server "
-                              f"first (or let the stage swap it in with --plan)")
+        if not self.plan:
+            if not await self._healthy() or not await self._http_ok(f"{self.endpoint}/v1/models", want_models=True):
+                raise StageFailed(f"nothing healthy answers at {self.endpoint}/health and /v1/models: start the "
+                                  f"extraction server first (or let the stage swap it in with --plan)")
+            self._check_lengths()
         self.progress("extracting", force=True)
         if self.done() == self.total:
             return  # a resumed run that had finished its files
-        if self.child is None:
-            self.child = await self._spawn_offline(wait_for_go=False)
-        else:
-            assert self.child.stdin is not None
-            self.child.stdin.write(b"go\n")
-            await self.child.stdin.drain()
-            self.child.stdin.close()
         proc = self.child
+        assert proc is not None and proc.stdin is not None
+        try:
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it exited already (a failed import): its exit status and log say why, below
         misses = 0
         while True:
             try:
