@@ -337,9 +337,20 @@ class PrepareSection:
     render_concurrency: int = knob(8, min=1, max=256)
 
 
+def check_env(v: dict[str, Any]) -> str | None:
+    for key, value in v.items():
+        if check_env_name(key) or not isinstance(value, str) or check_arg(value):
+            return "a table of environment variable names to strings (no control characters)"
+    return None
+
+
 @dataclass
 class ExtractSection:
     online: bool = knob(True, doc="fetch hidden states during training instead of writing them to disk")
+    server_env: dict[str, Any] = knob({}, check=check_env,
+                                      doc="environment of the extraction server (a systemd transient unit does "
+                                          "not inherit the baseline unit's Environment=), e.g. "
+                                          "CUDA_VISIBLE_DEVICES, HF_HOME")
     concurrency: int = knob(8, min=1, max=1024)
     request_timeout_s: float = knob(120.0, min=1, max=86400)
     max_retries: int = knob(2, min=0, max=100)

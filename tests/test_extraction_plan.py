@@ -69,6 +69,17 @@ def test_systemd_plan_swaps_the_operators_unit_for_a_transient_extraction_unit()
     assert back.storage_path == storage and back.ready_timeout_s == 3600.0
 
 
+def test_the_extraction_server_gets_the_profiles_environment():
+    p = profile()
+    p.extract.server_env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "HF_HOME": "/data/hf"}
+    start = build_plan(p, "r1", AUX)["start_extractor"]
+    assert start[7:9] == ["--setenv=CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", "--setenv=HF_HOME=/data/hf"]
+    assert start[9:12] == BASELINE[:3]
+    tmux = profile("tmux", command=["python3", "-m", "sim.vllm_server"])
+    tmux.extract.server_env = {"HF_HOME": "/data/hf"}
+    assert "export HF_HOME=/data/hf; " in build_plan(tmux, "r1", AUX)["start_extractor"][2]
+
+
 def test_sudo_reaches_every_systemctl_and_journalctl():
     plan = build_plan(profile(sudo=True), "r1", AUX)
     for step in ("stop_baseline", "start_baseline", "start_extractor", "stop_extractor", "extractor_log_tail"):
@@ -147,12 +158,14 @@ def test_profile_sections_are_validated_with_the_key_named():
     with pytest.raises(ProfileError) as err:
         profile_from_dict({**base, "drafter": {"aux_layer_ids": [2, 2], "verifier": "relative/path"},
                            "prepare": {"heldout_fraction": 0.7, "source": "guess"},
-                           "extract": {"layer_ids": [1], "reserve_gib": -1}}, file="p.toml")
+                           "extract": {"layer_ids": [1], "reserve_gib": -1, "server_env": {"A B": "x"}}},
+                          file="p.toml")
     text = str(err.value)
     for expected in ("drafter.aux_layer_ids: expected distinct layer ids", "drafter.verifier: expected an absolute",
                      "prepare.heldout_fraction: expected a number from 0 to 0.49",
                      "prepare.source: expected one of 'auto', 'token_rows', 'records'",
-                     "extract.layer_ids: unknown key", "extract.reserve_gib: expected a number from 0 to"):
+                     "extract.layer_ids: unknown key", "extract.reserve_gib: expected a number from 0 to",
+                     "extract.server_env: expected a table of environment variable names"):
         assert expected in text, text
     p = profile_from_dict({**base, "drafter": {"verifier": "/ckpt/kimi"}})
     assert verifier_path(p) == "/ckpt/kimi" and p.drafter.aux_layer_ids == [] and p.prepare.seq_length == 8192

@@ -94,7 +94,8 @@ def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int]) -> d
     storage = staging_dir(profile, run_id)
     command = extractor_command(profile, aux_layer_ids, storage)
     log_path = stage_log_path(profile, unit)
-    start = stage_start_argv(profile, unit, command, log_path=log_path, cwd=profile.paths.work_dir, env={})
+    start = stage_start_argv(profile, unit, command, log_path=log_path, cwd=profile.paths.work_dir,
+                             env=dict(profile.extract.server_env))
     stop = stage_stop_argv(profile, unit) if s.manager == "systemd" else tmux_stop_argv(unit, s.stop_timeout_s)
     endpoint = f"http://127.0.0.1:{s.port}"
     return {
