@@ -7,6 +7,8 @@ reported together so an operator fixes them in one pass.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
 import tomllib
 import types
@@ -361,13 +363,51 @@ class ExtractSection:
                                              "server.load_timeout_s")
 
 
+def check_train_args(v: list[str]) -> str | None:
+    """Further `speculators train` flags: plain arguments, none of those the train stage sets itself."""
+    err = check_args(v)
+    if err:
+        return err
+    from backend.train.config import OWNED_FLAGS  # the stage's own list: one definition
+
+    owned = sorted({a.split("=", 1)[0] for a in v} & set(OWNED_FLAGS))
+    if owned:
+        return f"speculators flags the stage does not set itself ({', '.join(owned)} come from [train] keys)"
+    return None
+
+
 @dataclass
 class TrainSection:
+    """The drafter's training (python -m backend.train; speculators' EAGLE-3 trainer)."""
     epochs: int = knob(20, min=1, max=10000)
-    learning_rate: float = knob(1e-3, min=0, max=10)
-    draft_vocab_size: int | None = knob(None, min=16, max=10_000_000)
-    speculative_tokens: int = knob(3, min=1, max=32)
-    extra_args: list[str] = knob([], check=check_args)
+    learning_rate: float = knob(1e-3, min=0.0, max=10, doc="speculators' --lr")
+    draft_vocab_size: int | None = knob(None, min=16, max=10_000_000,
+                                        doc="the draft's vocabulary: the N most frequent tokens; unset: all")
+    speculative_tokens: int = knob(3, min=1, max=32, doc="draft tokens trained for (speculators' --ttt-steps)")
+    draft_layers: int = knob(1, min=1, max=64, doc="decoder layers of the draft")
+    seq_length: int = knob(8192, min=16, max=10_000_000, doc="tokens per packed training batch")
+    optimizer: str = knob("muon", choices=("muon", "adamw"))
+    gpus: int | None = knob(None, min=0, max=1024,
+                            doc="training processes (torchrun when > 1); 0 trains on the CPU; unset: all GPUs")
+    checkpoint_freq: float = knob(1.0, min=0.01, max=1000,
+                                  doc="epochs between checkpoints; below 1 also saves within an epoch")
+    seed: int = knob(0, min=0, max=2**31 - 1)
+    extra_args: list[str] = knob([], check=check_train_args)
+
+    def stage_args(self) -> list[str]:
+        """These settings as `python -m backend.train` flags (backend/train/config.py). Remote code needs no
+        key: the stage's `--trust-remote-code auto` trusts a verifier whose config.json names classes."""
+        args = ["--epochs", str(self.epochs), "--lr", repr(self.learning_rate), "--speculative-tokens",
+                str(self.speculative_tokens), "--draft-layers", str(self.draft_layers), "--seq-length",
+                str(self.seq_length), "--optimizer", self.optimizer, "--checkpoint-freq", repr(self.checkpoint_freq),
+                "--seed", str(self.seed)]
+        if self.draft_vocab_size is not None:
+            args += ["--draft-vocab-size", str(self.draft_vocab_size)]
+        if self.gpus is not None:
+            args += ["--gpus", str(self.gpus)]
+        if self.extra_args:
+            args += ["--extra-args", json.dumps(self.extra_args)]
+        return args
 
 
 @dataclass
@@ -472,3 +512,16 @@ def write_profile(profile: Profile, path: str | Path, *, overwrite: bool = False
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def api_key(profile: Profile) -> str | None:
+    """From the environment variable or file the profile names; the key itself is never in a profile."""
+    s = profile.server
+    if s.api_key_env and os.environ.get(s.api_key_env):
+        return os.environ[s.api_key_env]
+    if s.api_key_file:
+        try:
+            return Path(s.api_key_file).expanduser().read_text().strip() or None
+        except OSError:
+            return None
+    return None

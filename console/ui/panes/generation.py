@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.markup import escape
+from textual.content import Content
 
 from console.telemetry.snapshot import RunInfo, Snapshot
-from console.ui.panes.base import Pane, Text
+from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, human_bytes, num, pct
 
 _FREE_DISK_KEYS = ("free_disk", "disk_free_bytes", "free_disk_bytes")  # generate emits free_disk
@@ -52,7 +52,7 @@ class TokenRate:
         return self.value
 
 
-def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60) -> str:
+def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60) -> Content:
     event = run.last_event or {}
     done = int(_number(event, "done") or run.done)
     total = int(_number(event, "total") or run.total)
@@ -60,8 +60,8 @@ def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60)
     rate = run.rate if run.rate is not None else _number(event, "rate")
     frac = done / total if total else None
     free = next((event[k] for k in _FREE_DISK_KEYS if k in event), None)
-    return "\n".join([
-        f"run      [b]{escape(run.run_id)}[/b]  [dim]{escape(run.state)}[/]",
+    return lines(
+        markup("run      [b]$run[/b]  [dim]$state[/]", run=run.run_id, state=run.state),
         f"done     {done}/{total} {pct(done, total)}  ▕[green]{bar(frac, max(4, min(30, width - 40)))}[/]▏",
         f"rate     {num(rate, '{:.2f}/s')}   ETA {duration(run.eta_s)}   "
         f"errors {'[red]' if errors else ''}{errors}{'[/]' if errors else ''}",
@@ -69,7 +69,7 @@ def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60)
         f"truncated (length) {pct(_number(event, 'truncated'), done)}",
         f"tokens/s {num(tokens_per_s, '{:.0f}')}   written {human_bytes(_number(event, 'bytes_written'))}"
         f"   free disk {human_bytes(free) if isinstance(free, (int, float)) else 'N/A'}",
-    ])
+    )
 
 
 class GenerationPane(Pane):
