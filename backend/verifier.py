@@ -1,7 +1,7 @@
 """What the host-side stages need to know about the verifier checkpoint, read from its config.json alone.
 
-Reading the config (no weights, no torch) is enough to refuse bad input before anything expensive
-starts: a verifier path that is not on this host, aux layer ids outside its decoder, token ids outside
+Reading the config (no weights, no torch) is enough for prepare and extract, and to refuse bad input before
+anything expensive starts (the train stage's backend/train/verifier.py also reads the weights' names): a verifier path that is not on this host, aux layer ids outside its decoder, token ids outside
 its vocabulary. Nested configs (Kimi-K2.5 style: the language model's settings under `text_config`) are
 unwrapped the way speculators does.
 
@@ -16,14 +16,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+# one error type for a verifier that cannot be used, whichever stage finds it
+from backend.train.verifier import VerifierError, check_layer_ids
+
 CONFIG_FILE = "config.json"
 # bytes per value of the checkpoint's dtype: the server computes, and the hidden-states connector writes,
 # in that dtype; unknown or unset: bf16, what a large verifier is served in
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-
-
-class VerifierError(ValueError):
-    """The verifier cannot be used as given; the message names the path or key and what to do."""
 
 
 @dataclass(frozen=True)
@@ -90,28 +89,21 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def check_aux_layers(layer_ids: Sequence[int], num_layers: int) -> list[int]:
-    """The ids as a list, or VerifierError: distinct, each the input of one decoder layer (0..n-1)."""
+def check_aux_layers(layer_ids: Sequence[int], info: VerifierInfo) -> list[int]:
+    """The ids as a list, or VerifierError: distinct, each the input of one decoder layer (0..n-1); the
+    rule is the train stage's (backend.train.verifier.check_layer_ids), stated once."""
     ids = [int(i) for i in layer_ids]
-    if not ids:
-        raise VerifierError("no aux layer ids given")
-    bad = [i for i in ids if not 0 <= i < num_layers]
-    if bad:
-        raise VerifierError(f"aux layer ids {bad} are out of range for a verifier with {num_layers} decoder "
-                            f"layers (valid: 0..{num_layers - 1}, the state entering that layer, as vLLM "
-                            f"counts them)")
-    if len(set(ids)) != len(ids):
-        raise VerifierError(f"aux layer ids {ids} repeat a layer: each must be distinct")
+    check_layer_ids(info, ids)  # reads only .path and .num_layers
     return ids
 
 
 def resolve_aux_layers(layer_ids: Sequence[int] | None, info: VerifierInfo) -> list[int]:
     """The ids given, or vLLM's default for this verifier when none are; checked either way."""
     if layer_ids:
-        return check_aux_layers(layer_ids, info.num_layers)
+        return check_aux_layers(layer_ids, info)
     default = info.default_aux_layers()
     try:
-        return check_aux_layers(default, info.num_layers)
+        return check_aux_layers(default, info)
     except VerifierError:
         raise VerifierError(f"the default aux layer ids {default} (2, n//2, n-3) do not work for a verifier "
                             f"with {info.num_layers} layers: set [drafter].aux_layer_ids, e.g. "

@@ -293,8 +293,8 @@ def test_bad_input_is_one_clear_line_and_the_servers_are_never_touched(case, tin
     assert len(lines) == 1, res.stderr
     expected = {"prepare-running": "extract: input_run: prepare run prep2 has not finished",
                 "no-verifier": f"extract: verifier: verifier {tmp_path}/gone does not exist on this host",
-                "layers-out-of-range": "extract: aux_layer_ids: aux layer ids [4] are out of range for a verifier "
-                                       "with 4 decoder layers (valid: 0..3",
+                "layers-out-of-range": f"extract: aux_layer_ids: aux layer ids [4] are out of range for {tiny} (4 "
+                                       f"decoder layers: valid ids are 0..3",
                 "plan-other-layers": "extract: swap_plan: the plan starts the extraction server with aux layer ids "
                                      "[1, 2], the stage extracts [1, 2, 3]"}[case]
     assert lines[0].startswith(expected), lines[0]
