@@ -112,7 +112,8 @@ PREPARED_ROWS = 24
 
 def prepared_work(tmp_path_factory, tiny: Path) -> Path:
     """A work dir holding a completed generation run `gen` (24 samples with exact token ids) and its
-    prepare run `prep` (20 train, 4 held-out rows, seq length 512): made once per session, read-only."""
+    prepare run `prep` (20 train, 4 held-out rows, seq length 512), made once per session; tests add their
+    own runs beside them, never change these two."""
     work = tmp_path_factory.getbasetemp() / "prepared-work"
     if (work / "runs" / "prep" / "summary.json").exists():
         return work
