@@ -305,12 +305,62 @@ class GenerateSection:
     max_retries: int = knob(5, min=0, max=100)
 
 
+def check_layer_ids(v: list[int]) -> str | None:
+    if any(i < 0 for i in v) or len(set(v)) != len(v):
+        return "distinct layer ids >= 0 (each below the verifier's layer count, checked on the host)"
+    return None
+
+
+@dataclass
+class DrafterSection:
+    """What the drafter is built for; shared by extract, train and verify."""
+    verifier: str | None = knob(None, check=check_path,
+                                doc="the verifier checkpoint directory on the host (config, tokenizer, "
+                                    "weights); default server.model_path")
+    aux_layer_ids: list[int] = knob([], check=check_layer_ids,
+                                    doc="verifier layers whose input states the drafter reads, in vLLM's "
+                                        "convention (id L = the state entering layer L); [] = vLLM's default "
+                                        "(2, n//2, n-3)")
+    num_speculative_tokens: int = knob(3, min=1, max=32)
+    trust_remote_code: bool = knob(False, doc="the verifier's config/tokenizer need their own code (Kimi)")
+
+
+@dataclass
+class PrepareSection:
+    seq_length: int = knob(8192, min=16, max=10_000_000, doc="training window; longer rows are clipped")
+    heldout_fraction: float = knob(0.05, min=0, max=0.49,
+                                   doc="share of rows held out for verify, never trained on (0: none)")
+    heldout_min: int = knob(4, min=0, max=1_000_000, doc="hold out at least this many rows (at most half)")
+    minimum_valid_tokens: int | None = knob(None, min=1, max=10_000_000,
+                                            doc="drop rows with fewer supervised tokens")
+    source: str = knob("auto", choices=("auto", "token_rows", "records"),
+                       doc="token_rows: the exact ids the server returned; records: the turns rendered by "
+                           "the server's chat template; auto: token rows when the run has them")
+    render_concurrency: int = knob(8, min=1, max=256)
+
+
+def check_env(v: dict[str, Any]) -> str | None:
+    for key, value in v.items():
+        if check_env_name(key) or not isinstance(value, str) or check_arg(value):
+            return "a table of environment variable names to strings (no control characters)"
+    return None
+
+
 @dataclass
 class ExtractSection:
-    layer_ids: list[int] = knob([])
-    seq_length: int = knob(8192, min=16, max=10_000_000)
-    concurrency: int = knob(8, min=1, max=1024)
     online: bool = knob(True, doc="fetch hidden states during training instead of writing them to disk")
+    server_env: dict[str, Any] = knob({}, check=check_env,
+                                      doc="environment of the extraction server (a systemd transient unit does "
+                                          "not inherit the baseline unit's Environment=), e.g. "
+                                          "CUDA_VISIBLE_DEVICES, HF_HOME")
+    concurrency: int = knob(8, min=1, max=1024)
+    request_timeout_s: float = knob(120.0, min=1, max=86400)
+    max_retries: int = knob(2, min=0, max=100)
+    validate_outputs: bool = knob(True, doc="load each file after writing and check it (speculators' check)")
+    reserve_gib: float = knob(1.0, min=0, max=1_000_000, doc="kept free on the volume beyond the estimate")
+    ready_timeout_s: float | None = knob(None, min=10, max=86400,
+                                         doc="how long the extraction server may take to load; default "
+                                             "server.load_timeout_s")
 
 
 def check_train_args(v: list[str]) -> str | None:
@@ -380,6 +430,8 @@ class Profile:
     paths: PathsSection
     gpus: GpusSection = knob(None)
     generate: GenerateSection = knob(None)
+    drafter: DrafterSection = knob(None)
+    prepare: PrepareSection = knob(None)
     extract: ExtractSection = knob(None)
     train: TrainSection = knob(None)
     verify: VerifySection = knob(None)

@@ -133,6 +133,15 @@ class TinyText:
                                   use_cache=True)
         return out
 
+    def hidden_states(self, prompt_ids: list[int], layer_ids: Any) -> Any:
+        """The prompt's hidden states in speculators' layout (sim/hidden_states.py), computed under the
+        same lock as generation: one forward pass at a time on this model."""
+        from sim import hidden_states
+
+        with self._lock:
+            self._torch.set_num_threads(1)
+            return hidden_states.compute(self.model, prompt_ids, layer_ids)
+
     def _pick(self, logits: Any, temperature: float, top_p: float, top_k: int | None, gen: Any) -> int:
         torch = self._torch
         if temperature == 0:

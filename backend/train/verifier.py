@@ -189,7 +189,7 @@ def inspect_verifier(path: str) -> VerifierInfo:
 def check_layer_ids(info: VerifierInfo, layer_ids: list[int]) -> None:
     """Aux layer ids in vLLM's convention: the state entering decoder layer L, so 0 <= L < num_layers."""
     if not layer_ids:
-        raise VerifierError("no aux layer ids: set [extract] layer_ids in the profile (e.g. [2, n//2, n-3])")
+        raise VerifierError("no aux layer ids: set [drafter] aux_layer_ids in the profile (e.g. [2, n//2, n-3])")
     bad = [i for i in layer_ids if not 0 <= i < info.num_layers]
     if bad:
         raise VerifierError(f"aux layer ids {bad} are out of range for {info.path} ({info.num_layers} decoder "
