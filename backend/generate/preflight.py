@@ -18,6 +18,7 @@ import aiohttp
 
 from backend.generate.client import ChatClient
 from backend.generate.config import GenerateConfig
+from backend.generate.fit import ContextLimits, discover
 from backend.generate.records import ResponseError, dumps_line, loads, parse_completion
 
 REQUIRED_MODULES = ("aiohttp", "datasets", "pyarrow")
@@ -42,6 +43,7 @@ class Check:
 class PreflightReport:
     checks: list[Check] = field(default_factory=list)
     token_ids: bool | None = None  # whether the server returned token ids in the smoke completion
+    context: ContextLimits | None = None  # the served context and whether /tokenize answers
 
     @property
     def ok(self) -> bool:
@@ -53,7 +55,9 @@ class PreflightReport:
         return check
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "token_ids": self.token_ids, "checks": [asdict(c) for c in self.checks]}
+        return {"ok": self.ok, "token_ids": self.token_ids,
+                "context": self.context.to_dict() if self.context is not None else None,
+                "checks": [asdict(c) for c in self.checks]}
 
     def failures(self) -> str:
         return "; ".join(f"{c.name}: {c.detail} -> {c.fix}" for c in self.checks if not c.ok)
@@ -84,13 +88,44 @@ def free_bytes(path: str) -> int:
     return shutil.disk_usage(probe).free
 
 
+def human_bytes(n: float) -> str:
+    """1536 -> "1.5 KiB": whole bytes below 1 KiB, else one decimal in the largest unit that is >= 1."""
+    if n < 1024:
+        return f"{max(0, int(n))} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} PiB"
+
+
 def check_disk(report: PreflightReport, run_dir: str, need: int) -> None:
     free = free_bytes(run_dir)
     report.add("disk_space", free >= need,
-               f"{free / 1e9:.2f} GB free on the volume of {run_dir}; the output may need up to "
-               f"{need / 1e9:.2f} GB (every answer at max_tokens)",
-               f"free {max(0, need - free) / 1e9:.2f} GB there, point --work-dir at a larger volume, "
+               f"{human_bytes(free)} free on the volume of {run_dir}; the output may need up to "
+               f"{human_bytes(need)} (answers averaging half of max_tokens)",
+               f"free {human_bytes(max(0, need - free))} there, point --work-dir at a larger volume, "
                f"or lower --limit/--max-tokens")
+
+
+def check_context(report: PreflightReport, limits: ContextLimits, config: GenerateConfig) -> None:
+    """How prompts will be fitted; fails only when no prompt at all could be sent."""
+    limit = limits.max_model_len
+    how = (f"prompt lengths measured with /tokenize (a one-turn prompt takes {limits.probe_tokens} tokens)"
+           if limits.tokenize else f"{limits.note}; too-long prompts are found from the server's 400 answers")
+    if limit is None:
+        report.add("prompt_fit", True, f"the server does not say its max_model_len; {how}")
+        return
+    if config.max_tokens >= limit and config.long_prompt == "skip":
+        report.add("prompt_fit", False, f"--max-tokens {config.max_tokens} leaves no room for a prompt in the "
+                   f"served context of {limit} tokens, and --long-prompt skip would skip every sample",
+                   f"lower --max-tokens well below {limit}, or pass --long-prompt reduce")
+        return
+    note = (f"; --max-tokens {config.max_tokens} >= max_model_len: every prompt gets a reduced budget"
+            if config.max_tokens >= limit else "")
+    report.add("prompt_fit", True, f"max_model_len {limit}; {how}; a prompt that fits only with a smaller "
+               f"max_tokens is {'sent with a reduced max_tokens' if config.long_prompt == 'reduce' else 'skipped'}"
+               f"{note}")
 
 
 async def check_server(report: PreflightReport, client: ChatClient, config: GenerateConfig) -> None:
@@ -168,6 +203,9 @@ async def run_preflight(config: GenerateConfig, client: ChatClient, *, run_dir: 
     report = PreflightReport()
     check_modules(report)
     await check_server(report, client, config)
+    if report.ok:
+        report.context = await discover(client, config.model, config.chat_template_kwargs)
+        check_context(report, report.context, config)
     token_ids = bool(report.token_ids) if config.return_token_ids == "auto" else config.return_token_ids == "on"
     check_disk(report, run_dir, estimate_bytes(samples, config.max_tokens, token_ids, avg_row_bytes))
     return report

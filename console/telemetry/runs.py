@@ -2,6 +2,8 @@
 
 A run's state comes from its own events first (a finish event says done, failed or stopped) and from its
 unit second: no finish and no live unit means the program died without a word (kill -9, reboot): stale.
+A stale run shows what its last events said is on disk: the generate stage reports every durable batch
+and starts with what it found on disk, so that is the record count a resume would start from.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ class RunTrack:
             self.total = int(ev.data.get("total") or 0)
             self.started = ev.ts
             self.finish = None  # a resumed run starts again
+            if "done" in ev.data:  # the counters as the run found them on disk (a resume starts from there)
+                self.progress = {k: v for k, v in d.items() if k != "manifest"}
         elif ev.kind == "progress":
             self.progress = d
             self.total = int(ev.data.get("total") or self.total)
@@ -48,6 +52,10 @@ class RunTrack:
             self.errors += 1
         elif ev.kind == "finish":
             self.finish = d
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class RunBook:
@@ -116,9 +124,11 @@ class RunBook:
             else:
                 state = "stale"
             done, total, rate = int(p.get("done") or 0), int(p.get("total") or t.total), p.get("rate")
+            # rows skipped (bad rows, prompts too long) or failed will not be generated: not in the ETA
+            left = total - done - _count(p.get("skipped")) - _count(p.get("failed"))
             eta = p.get("eta_s")
-            if eta is None and state == "running" and isinstance(rate, (int, float)) and rate > 0 and total > done:
-                eta = round((total - done) / rate, 1)  # the stage reports its rate; the ETA follows
+            if eta is None and state == "running" and isinstance(rate, (int, float)) and rate > 0 and left > 0:
+                eta = round(left / rate, 1)  # the stage reports its rate; the ETA follows
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
                                failed=int(p.get("failed") or 0), rate=rate, eta_s=eta, last_event=p or None))
         return out
