@@ -189,15 +189,17 @@ def tokenize_body(model: str, messages: list[dict[str, Any]], chat_template_kwar
     return body
 
 
-async def discover(client: Any, model: str, chat_template_kwargs: dict[str, Any]) -> ContextLimits:
-    """The served max_model_len (GET /v1/models) and whether /tokenize answers (one probe)."""
+async def discover(client: Any, model: str, chat_template_kwargs: dict[str, Any], *,
+                   max_model_len: int | None = None) -> ContextLimits:
+    """The served max_model_len (GET /v1/models, unless the preflight read it already) and whether
+    /tokenize answers (one probe)."""
     import asyncio
 
     import aiohttp
 
-    limit: int | None = None
+    limit = max_model_len
     try:
-        code, body = await client.get_json("/v1/models")
+        code, body = await client.get_json("/v1/models") if limit is None else (0, None)
         if code == 200 and isinstance(body, dict):
             for card in body.get("data") or []:
                 if isinstance(card, dict) and card.get("id") == model:

@@ -44,6 +44,7 @@ class PreflightReport:
     checks: list[Check] = field(default_factory=list)
     token_ids: bool | None = None  # whether the server returned token ids in the smoke completion
     context: ContextLimits | None = None  # the served context and whether /tokenize answers
+    max_model_len: int | None = None  # from the served model's card in /v1/models
 
     @property
     def ok(self) -> bool:
@@ -155,6 +156,9 @@ async def check_server(report: PreflightReport, client: ChatClient, config: Gene
                    "pass --model with the served id, or restart the server with --served-model-name")
         return
     report.add("served_model", True, f"serves {config.model!r}")
+    card = next(m for m in body["data"] if isinstance(m, dict) and m.get("id") == config.model)
+    limit = card.get("max_model_len")
+    report.max_model_len = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
     await _smoke(report, client, config)
 
 
@@ -204,7 +208,8 @@ async def run_preflight(config: GenerateConfig, client: ChatClient, *, run_dir: 
     check_modules(report)
     await check_server(report, client, config)
     if report.ok:
-        report.context = await discover(client, config.model, config.chat_template_kwargs)
+        report.context = await discover(client, config.model, config.chat_template_kwargs,
+                                        max_model_len=report.max_model_len)
         check_context(report, report.context, config)
     token_ids = bool(report.token_ids) if config.return_token_ids == "auto" else config.return_token_ids == "on"
     check_disk(report, run_dir, estimate_bytes(samples, config.max_tokens, token_ids, avg_row_bytes))

@@ -423,7 +423,7 @@ class Runner:
         except OSError as exc:
             print(f"generate: could not write {run_dir.summary_path}: {exc}", file=sys.stderr)
         self.emit("finish", status=status, summary=summary)
-        line = f"generate: {status}: {summary.get('done', 0)}/{self.rows} done"
+        line = f"generate: {status}: {summary.get('done', 0)} done"
         line += f", {summary.get('failed', 0)} failed{_by_reason(s.failed)}"
         line += f", {summary.get('skipped', 0)} skipped{_by_reason(s.skipped)}"
         if s.reduced:
