@@ -17,9 +17,12 @@ Everything here is pure except `discover`, which asks the server once at start.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
 
 from backend.generate.records import loads
 
@@ -193,10 +196,6 @@ async def discover(client: Any, model: str, chat_template_kwargs: dict[str, Any]
                    max_model_len: int | None = None) -> ContextLimits:
     """The served max_model_len (GET /v1/models, unless the preflight read it already) and whether
     /tokenize answers (one probe)."""
-    import asyncio
-
-    import aiohttp
-
     limit = max_model_len
     try:
         code, body = await client.get_json("/v1/models") if limit is None else (0, None)
