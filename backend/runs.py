@@ -19,7 +19,9 @@ from backend.events import EVENTS_FILE
 
 MANIFEST_FILE = "manifest.json"
 SUMMARY_FILE = "summary.json"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A run id also names the run's unit (`e3-<stage>-<run id>`: a systemd unit or a tmux session), so it
+# holds nothing either treats specially (no dots, colons or '#'). The one definition, for both sides.
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class RunDirError(Exception):
@@ -130,10 +132,15 @@ class RunDir:
         write_json_atomic(self.summary_path, summary)
 
 
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id):
+        raise RunDirError(f"run id {run_id!r}: expected letters, digits, '_' and '-' (at most 64), "
+                          "starting with a letter or digit")
+    return run_id
+
+
 def run_path(work_dir: str, run_id: str) -> str:
-    if not _RUN_ID.match(run_id):
-        raise RunDirError(f"run id {run_id!r} is not usable as a directory name: use letters, digits, "
-                          f". _ - (at most 128 characters, not starting with a dot)")
+    check_run_id(run_id)
     return os.path.join(os.path.abspath(work_dir), "runs", run_id)
 
 

@@ -6,10 +6,12 @@ import sys
 from pathlib import Path
 
 from console.commands import demo_cmd, profile_cmd, run_cmd, server_cmd, trust_cmd
+from console.version import package_version
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-console", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--profile", help="profile TOML of the GPU host to open")
     parser.add_argument("--demo", action="store_true", help="start a local SIMULATED GPU host and open it")
     parser.add_argument("--demo-speed", type=float, default=1.0,

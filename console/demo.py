@@ -1,6 +1,6 @@
 """The built-in SIMULATED demo host: a vLLM stand-in in tmux and simulated GPUs, all on this machine.
 
-`demo-host start` fills profiles/demo.toml in (this interpreter, a free loopback port, the GPU state
+`demo-host start` fills console/demo.toml in (this interpreter, a free loopback port, the GPU state
 file), writes the result to `<demo dir>/profile.toml` and starts the stand-in the same way a real tmux
 host is driven. The demo keeps its own tmux server (TMUX_TMPDIR under the demo dir), so `stop` can end
 every process it started without touching the operator's own tmux sessions.
@@ -13,16 +13,20 @@ import os
 import shlex
 import socket
 import sys
+from importlib.resources import as_file, files
 from pathlib import Path
 
+import sim
 from console.profile import DEFAULT_GPU_QUERY, Profile, load_profile, write_profile
 from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
 from console.host.base import CommandResult
 from console.host.factory import env_prefix
-from console.control.units import server_start_argv, server_stop_argv
+from console.control.units import server_log_path, server_start_argv, server_stop_argv
 
-ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE = ROOT / "profiles" / "demo.toml"
+# Where `sim` was imported from (site-packages, or a checkout): the stand-in, started under tmux, must
+# import that same copy.
+ROOT = Path(sim.__file__).resolve().parents[1]
+TEMPLATE = files("console") / "demo.toml"
 BASE_LOAD_SECONDS = 20.0
 
 
@@ -49,7 +53,8 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
     os.chmod(work_dir / "tmux", 0o700)  # tmux refuses a socket directory others can write
     data_dir = work_dir / "data"
     data_dir.mkdir(exist_ok=True)
-    p = load_profile(TEMPLATE)
+    with as_file(TEMPLATE) as template:
+        p = load_profile(template)
     state = str(work_dir / "gpus.json")
     p.paths.work_dir = str(work_dir)
     p.paths.data_dir = str(data_dir)
@@ -99,7 +104,6 @@ async def _run(argv: list[str], timeout: float = 60) -> CommandResult:
 
 
 async def start(work_dir: Path, *, speed: float = 1.0) -> Profile:
-    from console.telemetry.collector import server_log_path
     profile = prepare(work_dir, speed=speed)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)

@@ -7,6 +7,7 @@ reported together so an operator fixes them in one pass.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import tomllib
 import types
@@ -425,3 +426,16 @@ def write_profile(profile: Profile, path: str | Path, *, overwrite: bool = False
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def api_key(profile: Profile) -> str | None:
+    """From the environment variable or file the profile names; the key itself is never in a profile."""
+    s = profile.server
+    if s.api_key_env and os.environ.get(s.api_key_env):
+        return os.environ[s.api_key_env]
+    if s.api_key_file:
+        try:
+            return Path(s.api_key_file).expanduser().read_text().strip() or None
+        except OSError:
+            return None
+    return None

@@ -1,164 +1,369 @@
-"""The real Controller: collectors and the host layer behind the app (see console/controller.py)."""
+"""One session with a host: the connect/follow/refresh loop and the one set of actions on it.
+
+The app, `status`, `status --watch`, `wait-ready` and `run STAGE [--wait]` all drive the collector
+through a Session and nothing else does, so they always agree (the same refusals, the same snapshots).
+
+The loop ticks on its interval whatever the host layer is doing: a refresh that has not answered within
+its deadline yields a snapshot that says the host is not answering (and since when), with the last
+known values, while that refresh goes on in the background. The server unit's journal is streamed once
+and shared: it feeds the load tracker and any view following the server's log.
+"""
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shlex
-from typing import AsyncIterator
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, Protocol
 
-from console.profile import Profile
-from console.telemetry.collector import Collector, server_log_path
-from console.control.stages import ActionResult, JournalLine
-from console.host.base import HostError
+from console.control import launch
+from console.control.launch import Launch, StageError
+from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
+                                   server_log_path, server_restart_commands, server_start_command,
+                                   server_stop_command, stage_log_path)
+from console.host.base import AuthenticationFailed, HostError, HostKeyError
 from console.host.factory import host_for_profile
-from console.control.units import server_restart_argvs, server_start_argv, server_stop_argv
-from console.telemetry.snapshot import Snapshot
-from console.control.launch import StageError, launch_generate, stage_log_path, stop_stage_unit
+from console.parsers.journal import journal_follow_argv, parse_journal_json
+from console.parsers.text import clean, clean_block
+from console.profile import Profile
+from console.telemetry.collector import Collector, journal_tail_cursor
+from console.telemetry.server_log import LogFileCursor
+from console.telemetry.snapshot import RunInfo, Snapshot
 
 LOG_POLL_S = 0.5
+LOG_READ_MAX = 1 << 20
+BACKLOG_LINES = 200  # what a view following a log sees of its past
+SUBSCRIBER_QUEUE = 20000  # lines a slow view may fall behind before the oldest are dropped
 
 
-class LiveController:
-    def __init__(self, profile: Profile, *, readonly: bool = False, interval: float = 1.0):
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    message: str
+    commands: tuple[str, ...] = ()  # what ran on the host, as the operator reads it
+
+
+@dataclass(frozen=True)
+class JournalLine:
+    text: str
+    unit: str
+    ts: float | None = None
+
+
+class Controller(Protocol):
+    """What the Textual app needs (a Session; tests pass a fake with the same shape)."""
+    profile_name: str
+    host_name: str
+    simulated: bool
+    readonly: bool
+
+    def snapshots(self) -> AsyncIterator[Snapshot]: ...
+
+    def journal(self, unit: str) -> AsyncIterator[JournalLine]: ...
+
+    async def start_stage(self, stage: str) -> ActionResult: ...
+
+    async def _live_units(self, stage: str) -> list[str]:
+        res = await self.host.run(live_stage_units_argv(self.profile, stage), timeout=30)
+        return parse_live_stage_units(self.profile, stage, res.stdout)
+
+    async def stop_stage(self, stage: str) -> ActionResult: ...
+
+    async def restart_server(self) -> ActionResult: ...
+
+    async def deep_check(self) -> ActionResult: ...
+
+    async def close(self) -> None: ...
+
+
+class Session:
+    def __init__(self, profile: Profile, *, readonly: bool = False, interval: float = 1.0,
+                 deadline: float | None = None, clock: Callable[[], float] = time.time):
         self.profile = profile
         self.profile_name = profile.name or "profile"
         self.host_name = profile.host.name
         self.simulated = profile.host.simulated
         self.readonly = readonly
         self.interval = interval
+        # how long a refresh may take before the snapshot says "not answering"
+        self.deadline = deadline if deadline is not None else max(5.0, 3 * interval)
+        self.clock = clock
         self.host = host_for_profile(profile)
-        self.collector = Collector(profile, self.host, readonly=readonly)
+        self.collector = Collector(profile, self.host, readonly=readonly, clock=clock)
         self._connected = False
-        self._follower: asyncio.Task | None = None
+        self._server_stream: asyncio.Task | None = None
+        self._subscribers: set[asyncio.Queue] = set()
+        self._refresh: asyncio.Task | None = None
+        self._waiting_since: float | None = None
 
-    # -- data ---------------------------------------------------------------------------------------
+    @property
+    def final_error(self) -> str | None:
+        """Set when connecting cannot succeed until the operator acts (a refused key or host key)."""
+        return self.collector.final_error
 
-    async def snapshots(self) -> AsyncIterator[Snapshot]:
-        self.collector.host_info.error = "connecting..."
-        yield self.collector.snapshot()
+    # -- the loop -----------------------------------------------------------------------------------
+
+    async def snapshots(self, *, connecting: bool = True) -> AsyncIterator[Snapshot]:
+        """A snapshot about every `interval` seconds, for ever; after a final error, that one and stop.
+        `connecting`: first a snapshot that says so (a view shows it at once; a script skips it)."""
+        if connecting:
+            yield self.collector.snapshot(error="connecting...")
         while True:
-            if not self._connected and self.collector.final_error is None:
-                self._connected = await self.collector.try_connect()
-            if self._connected and self.collector.final_error is None:
-                if self._follower is None and self.profile.server.manager == "systemd":
-                    self._follower = asyncio.create_task(self._feed_tracker())
-                snap = await self.collector.refresh()
-            else:
-                snap = self.collector.snapshot()
+            started = time.monotonic()
+            snap = await self.tick()
             yield snap
-            await asyncio.sleep(self.interval if self.collector.host_info.reachable else 2 * self.interval)
+            if self.final_error:
+                return
+            pause = self.interval if snap.host.reachable else 2 * self.interval
+            await asyncio.sleep(max(0.0, pause - (time.monotonic() - started)))
 
-    async def _feed_tracker(self) -> None:
-        async for _ in self.collector.follow_journal():
-            pass
+    async def tick(self) -> Snapshot:
+        """One step: connect if needed, refresh within the deadline, or say the host is not answering."""
+        if self._refresh is None:
+            self._refresh = asyncio.create_task(self._step())
+            self._refresh_started = self.clock()
+        done, _ = await asyncio.wait({self._refresh}, timeout=self.deadline)
+        if self._refresh in done:
+            task, self._refresh = self._refresh, None
+            snap = task.result()
+            if self._waiting_since is not None:
+                # that probe waited out the outage: its time says nothing of the link, a fresh one does
+                self._waiting_since = None
+                self.collector.rtt_ms = None
+                snap = dataclasses.replace(snap, host=dataclasses.replace(snap.host, rtt_ms=None))
+                if snap.host.reachable:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        snap = await asyncio.wait_for(self._step(), self.deadline)
+            return snap
+        if self._waiting_since is None:
+            self._waiting_since = self._refresh_started
+        waited = self.clock() - self._waiting_since
+        return self.collector.snapshot(
+            not_answering_since=self._waiting_since,
+            error=f"{self.host_name} is not answering (nothing for {waited:.0f} s); showing the last known state")
+
+    async def _step(self) -> Snapshot:
+        if not self._connected and self.final_error is None:
+            self._connected = await self.collector.try_connect()
+        if self._connected and self.final_error is None:
+            self._ensure_server_stream()
+            return await self.collector.refresh()
+        return self.collector.snapshot()
+
+    async def settle(self, *, deep: bool = False, rounds: int = 4) -> Snapshot:
+        """A one-shot snapshot: connect, then probe until every run's events and unit have been read
+        (the first probe finds runs, the next reads their events, then their units)."""
+        snap = await self.tick()
+        for _ in range(rounds):
+            if not snap.host.reachable or self.collector.settled():
+                break
+            snap = await self.tick()
+        if deep and snap.server.phase == "ready":
+            await self.deep_check()
+            snap = self.collector.snapshot()
+        return snap
+
+    # -- logs ---------------------------------------------------------------------------------------
+
+    def _ensure_server_stream(self) -> None:
+        if self._server_stream is None and self.profile.server.manager == "systemd":
+            self._server_stream = asyncio.create_task(self._follow_server_unit())
+
+    async def _follow_server_unit(self) -> None:
+        """The server unit's one journal stream: every entry goes to the load tracker and to each view
+        following the server's log."""
+        unit = self.profile.server.unit
+        async for entry in self._follow_unit(unit, lambda: self.collector.log.cursor):
+            if self.collector.log.feed_entry(entry) is not None:  # None: a duplicate
+                line = JournalLine(clean(entry.message), unit, entry.ts)
+                for q in self._subscribers:
+                    if q.full():
+                        q.get_nowait()  # the oldest goes: a stalled view must not grow memory
+                    q.put_nowait(line)
+
+    async def _follow_unit(self, unit: str, cursor_of: Callable[[], str | None]):
+        """Follow a unit's journal for ever, resuming right after the last entry seen (no gaps, no
+        duplicates, across reconnects). Never `-n` with a follow: started before the unit has entries,
+        journalctl drops the unit's first burst, so the follow always starts after a cursor."""
+        delay = 0.5
+        cursor = cursor_of()
+        while self.final_error is None:
+            try:
+                if cursor is None:
+                    cursor = await journal_tail_cursor(self.host)
+                async for raw in self.host.stream(journal_follow_argv(unit, cursor=cursor, lines=0)):
+                    entry = parse_journal_json(raw)
+                    if entry is None:
+                        continue
+                    cursor = entry.cursor or cursor
+                    delay = 0.5
+                    yield entry
+            except (AuthenticationFailed, HostKeyError) as e:
+                self.collector.final_error = str(e)
+            except HostError:
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     def journal(self, unit: str) -> AsyncIterator[JournalLine]:
-        if self.profile.server.manager == "systemd":
-            return self._journal_systemd(unit)
-        return self._journal_file(unit, self._log_path(unit))
-
-    async def _journal_systemd(self, unit: str) -> AsyncIterator[JournalLine]:
-        async for text in self.collector.follow_journal(unit, feed_tracker=False):
-            yield JournalLine(text=text, unit=unit)
-
-    def _log_path(self, unit: str) -> str:
+        """Follow a unit's log (the server's, or a stage run's) with its recent past first."""
+        if self.profile.server.manager != "systemd":
+            path = server_log_path(self.profile) if unit == self.profile.server.unit \
+                else stage_log_path(self.profile, unit)
+            return self._journal_file(unit, path)
         if unit == self.profile.server.unit:
-            return server_log_path(self.profile)
-        return stage_log_path(self.profile, unit)
+            return self._journal_shared()
+        return self._journal_stage(unit)
+
+    async def _journal_shared(self) -> AsyncIterator[JournalLine]:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
+        self._subscribers.add(queue)  # before the backlog is read: no line can fall between the two
+        unit = self.profile.server.unit
+        for entry in list(self.collector.log.recent):
+            yield JournalLine(clean(entry.message), unit, entry.ts)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._subscribers.discard(queue)
+
+    async def _journal_stage(self, unit: str) -> AsyncIterator[JournalLine]:
+        cursor: str | None = None
+        try:
+            res = await self.host.run(["journalctl", "-u", unit, "-a", "-o", "json", "--no-pager",
+                                       "-n", str(BACKLOG_LINES)], timeout=30)
+            for raw in res.stdout.splitlines():
+                entry = parse_journal_json(raw)
+                if entry is not None:
+                    cursor = entry.cursor or cursor
+                    yield JournalLine(clean(entry.message), unit, entry.ts)
+        except HostError:
+            pass
+        async for entry in self._follow_unit(unit, lambda: cursor):
+            yield JournalLine(clean(entry.message), unit, entry.ts)
 
     async def _journal_file(self, unit: str, path: str) -> AsyncIterator[JournalLine]:
         """tmux manager: tail the program's log file by offset (about the last 200 lines first)."""
-        from console.parsers.vllm_log import split_cr
-        offset, first = None, True
+        tail: LogFileCursor | None = None
         while True:
             try:
-                if offset is None:
-                    offset = max(0, (await self.host.read_from(path, 0, 0)).size - 64 * 1024)
-                chunk = await self.host.read_from(path, offset, 1 << 20)
-                if chunk.size < offset:
-                    offset, first = 0, False  # truncated or replaced: start over
-                    continue
-                end = chunk.data.rfind(b"\n") + 1
-                lines = chunk.data[:end].decode(errors="replace").split("\n")[:-1]
+                if tail is None:
+                    head = await self.host.read_from(path, 0, 0)
+                    start = max(0, head.size - 64 * 1024)
+                    tail = LogFileCursor(inode=await self._inode(path), offset=start, skip_to_newline=start > 0)
+                    first = True
+                chunk = await self.host.read_from(path, tail.offset or 0, LOG_READ_MAX)
+                lines, _ = tail.take(await self._inode(path), chunk.size, chunk.data, limit=LOG_READ_MAX)
+                if tail.restarted:
+                    yield JournalLine(f"[console] {path} was replaced or cut short: reading it from its start", unit)
                 if first:
-                    lines = lines[1:][-200:] if offset > 0 else lines[-200:]  # a tail starts mid-line
-                    first = False
-                offset += end
+                    lines, first = lines[-BACKLOG_LINES:], False
                 for line in lines:
-                    yield JournalLine(text=split_cr(line), unit=unit)
+                    yield JournalLine(clean(line), unit)
             except HostError:
                 pass
             await asyncio.sleep(LOG_POLL_S)
 
+    async def _inode(self, path: str) -> str:
+        res = await self.host.run(["stat", "-L", "-c", "%i", path], timeout=30)
+        return res.stdout.strip() if res.ok else "0"
+
     # -- actions ------------------------------------------------------------------------------------
 
-    def _refuse(self) -> ActionResult | None:
+    def _refused(self) -> ActionResult | None:
         return ActionResult(False, "read-only console: no action that changes the host") if self.readonly else None
 
-    async def _run_all(self, argvs: list[list[str]], what: str) -> ActionResult:
-        shown = []
-        for argv in argvs:
-            shown.append(shlex.join(argv))
+    async def _run_all(self, commands: list[HostCommand], what: str) -> ActionResult:
+        shown: list[str] = []
+        for cmd in commands:
+            shown.append(cmd.shown)
             try:
-                res = await self.host.run(argv, timeout=self.profile.server.stop_timeout_s + 60)
+                res = await self.host.run(cmd.argv, timeout=self.profile.server.stop_timeout_s + 60)
             except HostError as e:
-                return ActionResult(False, f"{what} failed: {e}", tuple(shown))
+                return ActionResult(False, clean_block(f"{what} failed: {e}"), tuple(shown))
             if not res.ok:
                 err = (res.stderr or res.stdout).strip().splitlines()
-                return ActionResult(False, f"{what} failed (exit {res.returncode}): {err[-1] if err else ''}",
+                return ActionResult(False, clean(f"{what} failed (exit {res.returncode}): {err[-1] if err else ''}"),
                                     tuple(shown))
         return ActionResult(True, f"{what}: done", tuple(shown))
 
-    async def start_stage(self, stage: str) -> ActionResult:
-        if refused := self._refuse():
-            return refused
+    def running(self, stage: str) -> list[RunInfo]:
+        return [r for r in self.collector.run_infos() if r.stage == stage and r.state == "running"]
+
+    async def start_stage(self, stage: str, **options) -> ActionResult:
+        result, _ = await self.launch_stage(stage, **options)
+        return result
+
+    async def launch_stage(self, stage: str, **options) -> tuple[ActionResult, Launch | None]:
+        """Start a stage; the Launch (run id, unit, run dir) comes back for headless callers."""
+        if refused := self._refused():
+            return refused, None
         if stage == "serve":
-            return await self._run_all([server_start_argv(self.profile, server_log_path(self.profile))],
-                                       "start server")
-        if stage == "generate":
-            running = [r for r in self.collector.run_infos() if r.stage == "generate" and r.state == "running"]
-            if running:
-                return ActionResult(False, f"generate run {running[0].run_id} is already running")
-            try:
-                launch = await launch_generate(self.host, self.profile)
-            except (StageError, HostError) as e:
-                return ActionResult(False, f"start generate failed: {e}")
-            return ActionResult(True, f"generate run {launch.run_id} started in {launch.unit}",
-                                tuple(launch.commands))
-        return ActionResult(False, f"stage {stage!r} cannot be started from this version of the console yet")
+            return await self._run_all([server_start_command(self.profile)], "start server"), None
+        if stage not in launch.LAUNCHERS:
+            return ActionResult(False, f"stage {stage!r} cannot be started from this version of the console yet"), None
+        if running := self.running(stage):
+            return ActionResult(False, f"{stage} run {running[0].run_id} is already running "
+                                       f"(stop it first, or wait for it)"), None
+        try:
+            live = await self._live_units(stage)
+        except HostError as e:
+            return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
+        if live:
+            return ActionResult(False, f"{stage} is already running in {', '.join(live)} "
+                                       f"(stop it first, or wait for it)"), None
+        try:
+            started = await launch.LAUNCHERS[stage](self.host, self.profile, **options)
+        except (StageError, HostError) as e:
+            return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
+        return ActionResult(True, f"{stage} run {started.run_id} started in {started.unit}",
+                            tuple(started.commands)), started
+
+    async def _live_units(self, stage: str) -> list[str]:
+        res = await self.host.run(live_stage_units_argv(self.profile, stage), timeout=30)
+        return parse_live_stage_units(self.profile, stage, res.stdout)
 
     async def stop_stage(self, stage: str) -> ActionResult:
-        if refused := self._refuse():
+        if refused := self._refused():
             return refused
         if stage == "serve":
-            return await self._run_all([server_stop_argv(self.profile)], "stop server")
-        running = [r for r in self.collector.run_infos() if r.stage == stage and r.state == "running"]
+            return await self._run_all([server_stop_command(self.profile)], "stop server")
+        running = self.running(stage)
         if not running:
             return ActionResult(False, f"no running {stage} run to stop")
         try:
-            shown = await stop_stage_unit(self.host, self.profile, running[-1].unit or "")
+            shown = await launch.stop_stage_unit(self.host, self.profile, running[-1].unit or "")
         except (StageError, HostError) as e:
-            return ActionResult(False, str(e))
+            return ActionResult(False, clean_block(str(e)))
         return ActionResult(True, f"stopped {running[-1].unit}", tuple(shown))
 
     async def restart_server(self) -> ActionResult:
-        if refused := self._refuse():
+        if refused := self._refused():
             return refused
-        return await self._run_all(server_restart_argvs(self.profile, server_log_path(self.profile)),
-                                   "restart server")
+        return await self._run_all(server_restart_commands(self.profile), "restart server")
 
     async def deep_check(self) -> ActionResult:
         try:
             text = await self.collector.run_deep_check()
         except (HostError, OSError) as e:
-            return ActionResult(False, f"deep check failed: {e}")
-        return ActionResult(text.startswith("ok"), text, ("POST /v1/chat/completions",))
+            return ActionResult(False, clean_block(f"deep check failed: {e}"))
+        return ActionResult(text.startswith("ok"), clean_block(text), ("POST /v1/chat/completions",))
 
     async def close(self) -> None:
-        if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(BaseException):
-                await self._follower
+        for task in (self._server_stream, self._refresh):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._server_stream = self._refresh = None
         await self.collector.close()
         with contextlib.suppress(Exception):
             await self.host.close()
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+

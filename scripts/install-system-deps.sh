@@ -1,10 +1,11 @@
 #!/bin/sh
 # System packages the console's test rigs need (tests/rig/): a real sshd, tmux, debootstrap for the
-# systemd rig's root filesystem, procps and util-linux (unshare, mount). Idempotent: installs only
+# systemd rig's root filesystem, procps and util-linux (unshare, mount), iproute2 (network namespaces
+# for the link-failure tests). Idempotent: installs only
 # what is missing, and refreshes the package index only when something is.
 set -eu
 
-PACKAGES="openssh-server openssh-client tmux debootstrap procps util-linux"
+PACKAGES="openssh-server openssh-client tmux debootstrap procps util-linux iproute2"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-system-deps.sh: must run as root (apt-get install); try: sudo $0" >&2

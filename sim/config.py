@@ -22,6 +22,7 @@ class SimConfig:
     vllm_version: str = "0.33.0"
     reasoning_field: str | None = None
     load_seconds: float = 20.0
+    import_seconds: float = 0.0
     shards: int = 64
     max_model_len: int = 262144
     gpus: int = 8
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--vllm-version", default="0.33.0")
     a("--reasoning-field", choices=REASONING_FIELDS)
     a("--load-seconds", type=float, default=20.0)
+    a("--import-seconds", type=float, default=0.0,
+      help="silence before the first log line (real vLLM spends 5-15 s importing)")
     a("--shards", type=int, default=64)
     a("--max-model-len", type=int, default=262144)
     a("--gpus", "--tensor-parallel-size", "-tp", dest="gpus", type=int, default=8)
@@ -145,6 +148,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     cfg = SimConfig(
         model=ns.model, host=ns.host, port=ns.port, served_model_name=ns.served_model_name,
         vllm_version=ns.vllm_version, reasoning_field=ns.reasoning_field, load_seconds=ns.load_seconds,
+        import_seconds=max(0.0, ns.import_seconds),
         shards=ns.shards, max_model_len=ns.max_model_len, gpus=ns.gpus, gpu_state=ns.gpu_state,
         gpu_total_mib=ns.gpu_total_mib, weights_gib=ns.weights_gib,
         gpu_memory_utilization=ns.gpu_memory_utilization, drafter=drafter,

@@ -85,6 +85,13 @@ class Server:
             loadlog.address_in_use(sink, cfg.host, cfg.port)
             return 1
         self._write_gpus()
+        if cfg.import_seconds:
+            try:  # quiet, as vLLM is while it imports: nothing in the log yet
+                await asyncio.wait_for(self.stop.wait(), cfg.import_seconds)
+                sock.close()
+                return 0
+            except asyncio.TimeoutError:
+                pass
         text = start_resolve(cfg.text_backend, response_tokens=cfg.response_tokens)
         loader = Loader(cfg, sink, self.gpus, text)
         load = asyncio.create_task(loader.run())

@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import math
 import shlex
+from dataclasses import replace
 from typing import AsyncIterator, Callable
 
-from console.control.stages import ActionResult, JournalLine
+from console.session import ActionResult, JournalLine
 from console.telemetry.snapshot import (GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot)
 
 SERVER_UNIT = "eagle3-vllm.service"
@@ -140,7 +141,7 @@ def base_snapshot(*, phase: str = "ready", n_gpus: int = 2, reachable: bool = Tr
             for i in range(n_gpus)]
     return Snapshot(HostInfo("gpu-host", reachable=reachable, rtt_ms=12.5,
                              error=None if reachable else "Connection refused"),
-                    service, server, gpus, taken_at=taken_at)
+                    service, server, tuple(gpus), taken_at=taken_at)
 
 
 def generation_run(done: int = 1200, total: int = 5000, ts: float = 1_700_000_000.0) -> RunInfo:
@@ -166,12 +167,10 @@ def training_run(step: int = 120, epoch: float = 1.0, ts: float = 1_700_000_000.
 def demo_snapshot(i: int, n_gpus: int = 8, t0: float = 1_700_000_000.0) -> Snapshot:
     """Tick `i` of a live-looking host: GPUs moving, generation and training advancing."""
     snap = base_snapshot(n_gpus=n_gpus, taken_at=t0 + i)
-    for g in snap.gpus:
-        g.utilization_pct = int(50 + 45 * math.sin((i + g.index) / 5))
-        g.memory_used_mib = 100000 + (i * 97 + g.index * 1000) % 40000
-    snap.runs = [generation_run(done=min(5000, 1000 + 4 * i), ts=t0 + i),
-                 training_run(step=i + 1, epoch=1 + i // 100, ts=t0 + i)]
-    return snap
+    gpus = tuple(replace(g, utilization_pct=int(50 + 45 * math.sin((i + g.index) / 5)),
+                         memory_used_mib=100000 + (i * 97 + g.index * 1000) % 40000) for g in snap.gpus)
+    return replace(snap, gpus=gpus, runs=(generation_run(done=min(5000, 1000 + 4 * i), ts=t0 + i),
+                                          training_run(step=i + 1, epoch=1 + i // 100, ts=t0 + i)))
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ import pytest
 from textual.widgets import Button, Input
 
 from console.ui.app import ConsoleApp
-from console.control.stages import ActionResult
+from tests.polling import until
+from console.session import ActionResult
 from tests.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
                                      stage_unit, training_run)
 from console.ui.panes.command_log import CommandLogPane
@@ -37,12 +38,8 @@ async def actions_done(app: ConsoleApp, pilot, count: int = 1) -> None:
 
 async def wait_for(pilot, condition, timeout: float = 3.0) -> None:
     """Pause until `condition()` holds (journal lines arrive in batches every 0.25 s)."""
-    for _ in range(int(timeout / 0.02)):
-        if condition():
-            break
-        await pilot.pause(0.02)
+    await until(condition, timeout=timeout, interval=0.02, pause=pilot.pause)
     await pilot.pause()
-    assert condition()
 
 
 async def select(pilot, stage_index: int) -> None:
@@ -157,8 +154,7 @@ async def test_user_keymap_remaps(tmp_path):
 
 
 async def test_journal_follows_server_then_selected_stage_log():
-    snap = base_snapshot()
-    snap.runs = [generation_run()]
+    snap = dataclasses.replace(base_snapshot(), runs=(generation_run(),))
     fake = FakeController([snap], journal={SERVER_UNIT: ["a", "b"], stage_unit("generate"): ["g1"]})
     app, _ = make_app(fake)
     async with app.run_test(size=SIZE) as pilot:
@@ -227,17 +223,15 @@ async def test_journal_ring_buffer_is_bounded():
 
 
 async def test_malformed_snapshots_are_contained():
-    bad = base_snapshot()
-    bad.service = dataclasses.replace(bad.service, unit=None)  # type: ignore[arg-type]
-    bad.server.progress = "3 of 8"  # type: ignore[assignment]
-    bad.server.phase = "loading_weights"
-    bad.gpus[0].memory_used_mib = "lots"  # type: ignore[assignment]
+    good = base_snapshot()
     run = training_run()
-    run.last_event = dict(run.last_event or {}, loss="nan?")
-    gen = generation_run()
-    gen.last_event = None
-    gen.done = None  # type: ignore[assignment]
-    bad.runs = [run, gen]
+    run = dataclasses.replace(run, last_event=dict(run.last_event or {}, loss="nan?"))
+    gen = dataclasses.replace(generation_run(), last_event=None, done=None)  # type: ignore[arg-type]
+    bad = dataclasses.replace(
+        good, service=dataclasses.replace(good.service, unit=None),  # type: ignore[arg-type]
+        server=dataclasses.replace(good.server, progress="3 of 8", phase="loading_weights"),  # type: ignore[arg-type]
+        gpus=(dataclasses.replace(good.gpus[0], memory_used_mib="lots"), *good.gpus[1:]),  # type: ignore[arg-type]
+        runs=(run, gen))
     fake = FakeController([bad, base_snapshot()])
     app, _ = make_app(fake)
     async with app.run_test(size=SIZE) as pilot:
@@ -265,7 +259,7 @@ async def test_lost_connection_banner_and_data_age():
         clock[0] = t + 42
         fake.push(base_snapshot(reachable=False, taken_at=t + 42))
         await pilot.pause(0.1)
-        assert banner.has_class("-shown") and "Connection refused" in banner.markup_text
+        assert banner.has_class("-shown") and "Connection refused" in banner.plain
         assert app.query_one("#service").border_subtitle == "data 42s old"
         fake.push(base_snapshot(taken_at=t + 50))
         await pilot.pause(0.1)
@@ -310,3 +304,21 @@ async def test_stream_failure_and_action_exception_are_shown(monkeypatch):
         await actions_done(app, pilot)
         name, result = app.results[-1]
         assert name == "deep check" and not result.ok and "port forward failed" in result.message
+
+
+async def test_log_view_follows_the_newest_run_of_the_stage():
+    """`l` follows a stage, not one run of it: when a new run of that stage starts, the view moves to it."""
+    old = dataclasses.replace(generation_run(), run_id="old", unit="e3-generate-old", state="done")
+    new = dataclasses.replace(generation_run(), run_id="new", unit="e3-generate-new")
+    first = dataclasses.replace(base_snapshot(), runs=(old,))
+    fake = FakeController([first], journal={SERVER_UNIT: [], "e3-generate-old": ["old run"],
+                                            "e3-generate-new": ["new run"]})
+    app, _ = make_app(fake)
+    async with app.run_test(size=SIZE) as pilot:
+        journal = app.query_one(JournalPane)
+        await wait_for(pilot, lambda: journal.unit == SERVER_UNIT)
+        await select(pilot, 1)
+        await pilot.press("l")
+        await wait_for(pilot, lambda: journal.unit == "e3-generate-old" and list(journal.buffer) == ["old run"])
+        fake.push(dataclasses.replace(base_snapshot(), runs=(old, new)))
+        await wait_for(pilot, lambda: journal.unit == "e3-generate-new" and list(journal.buffer) == ["new run"])

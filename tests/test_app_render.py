@@ -1,6 +1,8 @@
 """Pure renderers and state helpers behind the panes, on real-format samples."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.fake_controller import base_snapshot, generation_run, training_run
@@ -40,19 +42,18 @@ def test_numbers():
 @pytest.mark.parametrize("width", [30, 55, 80, 120])
 def test_gpu_row_fits_width(width):
     gpu = GpuInfo(3, "NVIDIA H200", 70000, 143771, 87, 61, 420.0)
-    row = gpu_row(gpu, [10, 50, 90], width)
+    row = gpu_row(gpu, [10, 50, 90], width).plain
     assert "68.4/140.4G" in row and "87%" in row
 
 
 def test_gpu_row_says_na_plainly():
-    row = gpu_row(GpuInfo(0, "GPU"), [], 80)
+    row = gpu_row(GpuInfo(0, "GPU"), [], 80).plain
     assert "N/A" in row and "%" not in row.replace("N/A", "")
 
 
 def test_stage_rows_from_snapshot():
-    snap = base_snapshot()
-    snap.runs = [generation_run(), RunInfo("train", "t0", "done", "eagle3-train.service"),
-                 RunInfo("train", "t1", "failed", "eagle3-train.service")]
+    snap = replace(base_snapshot(), runs=(generation_run(), RunInfo("train", "t0", "done", "eagle3-train.service"),
+                                          RunInfo("train", "t1", "failed", "eagle3-train.service")))
     rows = {r.stage: r for r in stage_rows(snap)}
     assert rows["serve"].state == "running" and rows["serve"].unit == "eagle3-vllm.service"
     assert rows["generate"].state == "running" and rows["generate"].detail == "24%"
@@ -72,7 +73,7 @@ def test_generation_markup_and_token_rate():
     second = generation_run(done=1010, ts=102.0)
     assert rate.feed("gen-0001", first.last_event) is None
     assert rate.feed("gen-0001", second.last_event) == pytest.approx(4500.0)
-    text = generation_markup(second, 4500.0)
+    text = generation_markup(second, 4500.0).plain
     assert "1010/5000" in text and "free disk 512.0 GiB" in text and "truncated (length) 4.0%" in text
 
 
@@ -96,10 +97,10 @@ def test_train_history_keeps_points_once_and_best_checkpoint():
 
 
 def test_readiness_markup_loading_and_failed():
-    text = readiness_markup(base_snapshot(phase="loading_weights").server)
+    text = readiness_markup(base_snapshot(phase="loading_weights").server).plain
     assert "loading_weights" in text and "from shard progress" in text
     failed = readiness_markup(base_snapshot(phase="failed").server)
-    assert "[b red]✖ torch.OutOfMemoryError" in failed
+    assert "✖ torch.OutOfMemoryError" in failed.plain and "[b red]✖ torch.OutOfMemoryError" in failed.markup
 
 
 def test_transitions():
@@ -107,9 +108,8 @@ def test_transitions():
     assert transitions(None, ready) == []
     assert [n.text for n in transitions(loading, ready)] == ["Server ready: Qwen/Qwen3-8B"]
     assert transitions(loading, failed)[0].severity == "error"
-    before, after = base_snapshot(), base_snapshot()
-    before.runs = [RunInfo("generate", "g", "running")]
-    after.runs = [RunInfo("generate", "g", "done")]
+    before = replace(base_snapshot(), runs=(RunInfo("generate", "g", "running"),))
+    after = replace(base_snapshot(), runs=(RunInfo("generate", "g", "done"),))
     assert [n.text for n in transitions(before, after)] == ["Stage generate finished (g)"]
 
 
@@ -122,7 +122,7 @@ def test_clean_line_strips_terminal_control():
 async def test_line_batcher_delivers_first_at_once_then_batches():
     import asyncio
 
-    from console.control.stages import JournalLine
+    from console.session import JournalLine
     from console.ui.panes.journal import LineBatcher
     got: list[list[str]] = []
     b = LineBatcher(lambda lines: got.append([l.text for l in lines]), 0.05)
@@ -141,5 +141,5 @@ async def test_line_batcher_delivers_first_at_once_then_batches():
 def test_help_lists_remapped_keys():
     from console.ui.keys import visible_keys
     from console.ui.screens.help import help_markup
-    text = help_markup(visible_keys(False), {"stop_stage": "X"}, readonly=False)
-    assert "X" in text and "stop_stage" in text and "?" in text and "\\[keys]" in text
+    text = help_markup(visible_keys(False), {"stop_stage": "X"}, readonly=False).plain
+    assert "X" in text and "stop_stage" in text and "?" in text and '[keys] stop_stage = "X"' in text

@@ -1,6 +1,8 @@
 """SVG snapshots of fixed states (clock frozen, TZ=UTC). Regenerate with `--snapshot-update`."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import time
 
 import pytest
@@ -44,9 +46,8 @@ def training_history(n: int = 41):  # 41: the last point falls on a plot redraw 
     snaps = []
     for i in range(1, n + 1):
         snap = base_snapshot(taken_at=NOW - n + i)
-        snap.runs = [generation_run(done=5000, total=5000), training_run(step=i * 5, epoch=1 + i * 5 // 100)]
-        snap.runs[0].state = "done"
-        snaps.append(snap)
+        snaps.append(replace(snap, runs=(replace(generation_run(done=5000, total=5000), state="done"),
+                                         training_run(step=i * 5, epoch=1 + i * 5 // 100))))
     return snaps
 
 
@@ -63,8 +64,7 @@ def test_failed(snap_compare):
 
 
 def test_generation_mid_run(snap_compare):
-    snap = base_snapshot(n_gpus=8)
-    snap.runs = [generation_run()]
+    snap = replace(base_snapshot(n_gpus=8), runs=(generation_run(),))
     assert snap_compare(app_for(snap), terminal_size=SIZE, run_before=settle)
 
 
@@ -79,8 +79,7 @@ def test_disconnected_narrow(snap_compare):
 
 
 def test_stop_confirmation(snap_compare):
-    snap = base_snapshot()
-    snap.runs = [generation_run()]
+    snap = replace(base_snapshot(), runs=(generation_run(),))
 
     async def run_before(pilot):
         await settle(pilot)

@@ -119,7 +119,8 @@ def test_demo_app_end_to_end(tmp_path):
 
         # start it again with `s`: the command shows in the command log, the load runs to ready
         screen.keys("s")
-        screen.wait_for(r"respawn-pane", 20)
+        screen.wait_for(r"start serve: start server: done", 20)
+        assert "tmux start session" in screen.text()
         screen.wait_for(r"phase\s+(starting|loading_weights|compiling|allocating|capturing|starting_api)", 30)
         screen.wait_for(r"phase\s+ready", 120)
         second_pid = server_pid(demo_dir)

@@ -7,7 +7,8 @@ import pytest
 
 from backend.generate.client import backoff_delay, read_api_key
 from backend.generate.config import ConfigError, parse_config
-from backend.generate.preflight import PreflightReport, check_disk, check_modules, estimate_bytes
+from backend.generate.preflight import (REQUIRED_MODULES, PreflightReport, check_disk, check_modules, estimate_bytes,
+                                       modules_for)
 
 
 def test_config_file_and_flag_precedence(tmp_path):
@@ -72,3 +73,15 @@ def test_preflight_disk_and_modules(tmp_path):
     assert not mods.ok and "no_such_module_xyz" in mods.detail and "pip install no_such_module_xyz" in mods.fix
     assert not report.ok and "disk_space" in report.failures()
     assert estimate_bytes(10, 100, True, 50) > estimate_bytes(10, 100, False, 50) > 0
+
+
+def test_preflight_asks_for_datasets_only_where_the_dataset_needs_it(tmp_path):
+    """jsonl is read with json alone, so a host with only aiohttp (the demo's, from a plain install) passes."""
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    assert modules_for(str(tmp_path / "a.jsonl")) == ("aiohttp",)
+    assert modules_for(str(tmp_path)) == ("aiohttp",)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.parquet").write_bytes(b"")
+    assert modules_for(str(tmp_path)) == REQUIRED_MODULES  # one parquet file among them: datasets + pyarrow
+    assert modules_for(str(tmp_path / "c.json")) == REQUIRED_MODULES  # missing: ask for everything
+    assert {"datasets", "pyarrow"} <= set(REQUIRED_MODULES)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.polling import until
+
 from backend.generate.records import model_turn
 from console.profile import load_profile
 from console.host.ssh import SshHost
@@ -84,13 +86,7 @@ async def events_of(ssh: SshHost, run_dir: str) -> list[dict]:
 
 
 async def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return await until(predicate, what, timeout=timeout, interval=interval)
 
 
 async def unit_state(ssh: SshHost, unit: str) -> dict[str, str]:
@@ -143,8 +139,9 @@ async def test_run_generate_wait_in_a_transient_unit(systemd_rig, rig_ssh, tmp_p
 
 
 async def test_stop_is_graceful_and_the_same_run_id_resumes(systemd_rig, rig_ssh, tmp_path):
-    # 0.4 s per request at concurrency 2: 40 samples take ~8 s, so the stop lands mid-run
-    unit, profile_path, _ = await standin_with_dataset(rig_ssh, systemd_rig, tmp_path, rows=40, latency=0.4,
+    # 1 s per request at concurrency 2: 40 samples take ~20 s, so the stop lands mid-run even on a
+    # loaded machine (a status command in between takes a few seconds there)
+    unit, profile_path, _ = await standin_with_dataset(rig_ssh, systemd_rig, tmp_path, rows=40, latency=1.0,
                                                        concurrency=2)
     profile = load_profile(profile_path)
     run_id = f"rig-{uuid.uuid4().hex[:8]}"

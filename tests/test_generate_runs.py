@@ -45,7 +45,7 @@ def test_fresh_archives_instead_of_deleting(tmp_path):
 
 
 def test_unusable_dirs(tmp_path):
-    with pytest.raises(RunDirError, match="not usable"):
+    with pytest.raises(RunDirError, match="expected letters, digits"):
         open_run_dir(str(tmp_path), "../x", _manifest())
     stray = tmp_path / "runs" / "r1"
     stray.mkdir(parents=True)

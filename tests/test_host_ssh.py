@@ -28,6 +28,20 @@ def make_host(server, **kw) -> SshHost:
     return SshHost(server.host, **opts)
 
 
+@pytest.fixture
+async def ssh_host():
+    """`ssh_host(server, **options)` makes an SshHost that is closed when the test ends, however it ends."""
+    made: list[SshHost] = []
+
+    def make(server, **kw) -> SshHost:
+        made.append(make_host(server, **kw))
+        return made[-1]
+
+    yield make
+    for host in made:
+        await host.close()
+
+
 # -- pure helpers ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec, expected", [
@@ -69,109 +83,91 @@ def test_parse_read_output():
 
 
 @pytest.mark.rig
-async def test_run_output_status_quoting_and_input(sshd_server):
-    host = make_host(sshd_server)
-    try:
-        res = await host.run(["sh", "-c", 'echo "$1"; echo err >&2; exit 4', "sh", "a b;$HOME'x"])
-        assert (res.returncode, res.stdout, res.stderr) == (4, "a b;$HOME'x\n", "err\n")
-        res = await host.run(["cat"], input="piped\n")
-        assert res.ok and res.stdout == "piped\n"
-        res = await host.run(["cat"], timeout=5)  # no input: stdin is at EOF, nothing hangs
-        assert res.ok and res.stdout == ""
-        with pytest.raises(CommandTimeout):
-            # Short: as root, sshd refuses the kill 'signal' request, so the command runs out on its own.
-            await host.run(["sleep", "2"], timeout=0.5)
-        assert (await host.run(["true"])).ok  # the connection survives a timed-out command
-    finally:
-        await host.close()
+async def test_run_output_status_quoting_and_input(sshd_server, ssh_host):
+    host = ssh_host(sshd_server)
+    res = await host.run(["sh", "-c", 'echo "$1"; echo err >&2; exit 4', "sh", "a b;$HOME'x"])
+    assert (res.returncode, res.stdout, res.stderr) == (4, "a b;$HOME'x\n", "err\n")
+    res = await host.run(["cat"], input="piped\n")
+    assert res.ok and res.stdout == "piped\n"
+    res = await host.run(["cat"], timeout=5)  # no input: stdin is at EOF, nothing hangs
+    assert res.ok and res.stdout == ""
+    with pytest.raises(CommandTimeout):
+        # Short: as root, sshd refuses the kill 'signal' request, so the command runs out on its own.
+        await host.run(["sleep", "2"], timeout=0.5)
+    assert (await host.run(["true"])).ok  # the connection survives a timed-out command
 
 
 @pytest.mark.rig
-async def test_one_connection_and_channel_cap(sshd_server):
-    host = make_host(sshd_server, max_channels=8)
-    try:
-        await host.connect()
-        conn = host._conn
-        # 20 at once would exceed sshd's MaxSessions (10) on one connection without the cap.
-        results = await asyncio.gather(*(host.run(["sh", "-c", "sleep 0.2; echo ok"]) for _ in range(20)))
-        assert all(r.stdout == "ok\n" for r in results)
-        assert host._conn is conn
-        assert host.channels_opened == 20
-    finally:
-        await host.close()
+async def test_one_connection_and_channel_cap(sshd_server, ssh_host):
+    host = ssh_host(sshd_server, max_channels=8)
+    await host.connect()
+    conn = host._conn
+    # 20 at once would exceed sshd's MaxSessions (10) on one connection without the cap.
+    results = await asyncio.gather(*(host.run(["sh", "-c", "sleep 0.2; echo ok"]) for _ in range(20)))
+    assert all(r.stdout == "ok\n" for r in results)
+    assert host._conn is conn
+    assert host.channels_opened == 20
 
 
 @pytest.mark.rig
-async def test_stream_lines_keep_inner_carriage_returns(sshd_server):
-    host = make_host(sshd_server)
+async def test_stream_lines_keep_inner_carriage_returns(sshd_server, ssh_host):
+    host = ssh_host(sshd_server)
     script = "import sys\nfor i in range(3): print(f'{i}0%|\\r{i+1}0%|', flush=True)\nprint('done')"
-    try:
-        async with aclosing(host.stream([sys.executable, "-c", script])) as lines:
-            got = [line async for line in lines]
-        assert got == ["00%|\r10%|", "10%|\r20%|", "20%|\r30%|", "done"]
-    finally:
-        await host.close()
+    async with aclosing(host.stream([sys.executable, "-c", script])) as lines:
+        got = [line async for line in lines]
+    assert got == ["00%|\r10%|", "10%|\r20%|", "20%|\r30%|", "done"]
 
 
 @pytest.mark.rig
-async def test_stream_stopped_by_consumer_kills_remote_process(sshd_server, tmp_path):
-    host = make_host(sshd_server)
+async def test_stream_stopped_by_consumer_kills_remote_process(sshd_server, tmp_path, ssh_host):
+    host = ssh_host(sshd_server)
     pidfile = tmp_path / "pid"
     script = f"echo $$ > {pidfile}; while true; do echo tick; sleep 0.05; done"
-    try:
-        async with aclosing(host.stream(["sh", "-c", script])) as lines:
-            async for line in lines:
-                assert line == "tick"
-                break
-        pid = int(pidfile.read_text())
-        for _ in range(100):  # the PTY hangup reaches the process asynchronously
-            if not os.path.exists(f"/proc/{pid}"):
-                break
-            await asyncio.sleep(0.05)
-        assert not os.path.exists(f"/proc/{pid}")
-    finally:
-        await host.close()
+    async with aclosing(host.stream(["sh", "-c", script])) as lines:
+        async for line in lines:
+            assert line == "tick"
+            break
+    pid = int(pidfile.read_text())
+    for _ in range(100):  # the PTY hangup reaches the process asynchronously
+        if not os.path.exists(f"/proc/{pid}"):
+            break
+        await asyncio.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}")
 
 
 @pytest.mark.rig
-async def test_read_from_incremental_one_channel_each(sshd_server, tmp_path):
-    host = make_host(sshd_server)
+async def test_read_from_incremental_one_channel_each(sshd_server, tmp_path, ssh_host):
+    host = ssh_host(sshd_server)
     path = tmp_path / "train.log"
-    try:
-        missing = await host.read_from(str(path))
-        assert (missing.data, missing.size) == (b"", 0)
-        path.write_bytes(b"step 1\n")
-        before = host.channels_opened
-        c1 = await host.read_from(str(path))
-        assert host.channels_opened == before + 1
-        assert (c1.data, c1.next_offset, c1.size) == (b"step 1\n", 7, 7)
-        with open(path, "ab") as f:
-            f.write(b"step 2\n\x00\xff binary ok\n")
-        c2 = await host.read_from(str(path), c1.next_offset)
-        assert c2.data == b"step 2\n\x00\xff binary ok\n" and c2.size == c2.next_offset
-        c3 = await host.read_from(str(path), 2, max_bytes=3)
-        assert (c3.data, c3.next_offset) == (b"ep ", 5)
-        path.write_bytes(b"new\n")  # truncated: the caller sees size < its offset
-        c4 = await host.read_from(str(path), c2.next_offset)
-        assert c4.size == 4 and c4.size < c2.next_offset and c4.data == b""
-    finally:
-        await host.close()
+    missing = await host.read_from(str(path))
+    assert (missing.data, missing.size) == (b"", 0)
+    path.write_bytes(b"step 1\n")
+    before = host.channels_opened
+    c1 = await host.read_from(str(path))
+    assert host.channels_opened == before + 1
+    assert (c1.data, c1.next_offset, c1.size) == (b"step 1\n", 7, 7)
+    with open(path, "ab") as f:
+        f.write(b"step 2\n\x00\xff binary ok\n")
+    c2 = await host.read_from(str(path), c1.next_offset)
+    assert c2.data == b"step 2\n\x00\xff binary ok\n" and c2.size == c2.next_offset
+    c3 = await host.read_from(str(path), 2, max_bytes=3)
+    assert (c3.data, c3.next_offset) == (b"ep ", 5)
+    path.write_bytes(b"new\n")  # truncated: the caller sees size < its offset
+    c4 = await host.read_from(str(path), c2.next_offset)
+    assert c4.size == 4 and c4.size < c2.next_offset and c4.data == b""
 
 
 @pytest.mark.rig
-async def test_upload_atomic_with_mode(sshd_server, tmp_path):
-    host = make_host(sshd_server)
+async def test_upload_atomic_with_mode(sshd_server, tmp_path, ssh_host):
+    host = ssh_host(sshd_server)
     target = tmp_path / "stage.sh"
     target.write_text("old")
     inode = os.stat(target).st_ino
-    try:
-        await host.upload(b"#!/bin/sh\necho new\n", str(target), mode=0o750)
-        assert target.read_bytes() == b"#!/bin/sh\necho new\n"
-        assert os.stat(target).st_mode & 0o777 == 0o750
-        assert os.stat(target).st_ino != inode  # renamed into place, never rewritten in place
-        assert os.listdir(tmp_path) == ["stage.sh"]
-    finally:
-        await host.close()
+    await host.upload(b"#!/bin/sh\necho new\n", str(target), mode=0o750)
+    assert target.read_bytes() == b"#!/bin/sh\necho new\n"
+    assert os.stat(target).st_mode & 0o777 == 0o750
+    assert os.stat(target).st_ino != inode  # renamed into place, never rewritten in place
+    assert os.listdir(tmp_path) == ["stage.sh"]
 
 
 @pytest.mark.rig
@@ -200,14 +196,11 @@ async def test_forward_port_reaches_remote_loopback_server(sshd_server):
 
 
 @pytest.mark.rig
-async def test_proxy_jump_through_a_verified_jump_host(sshd_server):
+async def test_proxy_jump_through_a_verified_jump_host(sshd_server, ssh_host):
     # The rig's sshd serves as its own jump host: the tunnel and the target are both verified.
-    host = make_host(sshd_server, jump_host=f"{sshd_server.username}@127.0.0.1:{sshd_server.port}")
-    try:
-        assert (await host.run(["echo", "via jump"])).stdout == "via jump\n"
-        assert host._tunnel is not None
-    finally:
-        await host.close()
+    host = ssh_host(sshd_server, jump_host=f"{sshd_server.username}@127.0.0.1:{sshd_server.port}")
+    assert (await host.run(["echo", "via jump"])).stdout == "via jump\n"
+    assert host._tunnel is not None
 
 
 def _fingerprint_of(pub: str) -> str:
@@ -217,13 +210,13 @@ def _fingerprint_of(pub: str) -> str:
 
 
 @pytest.mark.rig
-async def test_unknown_host_key_refused_with_fingerprint_then_trusted(sshd_server, tmp_path):
+async def test_unknown_host_key_refused_with_fingerprint_then_trusted(sshd_server, tmp_path, ssh_host):
     known = tmp_path / "known_hosts"
     expected = _fingerprint_of(f"{sshd_server.host_key}.pub")
     for content in (None, ""):  # a missing file and an empty one both mean "unknown"
         if content is not None:
             known.write_text(content)
-        host = make_host(sshd_server, known_hosts=known)
+        host = ssh_host(sshd_server, known_hosts=known)
         with pytest.raises(HostKeyError) as info:
             await host.run(["true"])
         assert info.value.changed is False and info.value.fingerprint == expected
@@ -232,19 +225,16 @@ async def test_unknown_host_key_refused_with_fingerprint_then_trusted(sshd_serve
     assert key.get_fingerprint("sha256") == expected
     line = trust_host_key(known, sshd_server.host, sshd_server.port, key)
     assert line.startswith(f"[127.0.0.1]:{sshd_server.port} ssh-ed25519 ")
-    host = make_host(sshd_server, known_hosts=known)
-    try:
-        assert (await host.run(["true"])).ok
-    finally:
-        await host.close()
+    host = ssh_host(sshd_server, known_hosts=known)
+    assert (await host.run(["true"])).ok
 
 
 @pytest.mark.rig
-async def test_changed_host_key_refused_loudly(sshd_server, tmp_path):
+async def test_changed_host_key_refused_loudly(sshd_server, tmp_path, ssh_host):
     other = keys.generate_key(tmp_path / "impostor_key")
     known = tmp_path / "known_hosts"
     known.write_text(keys.known_hosts_line(sshd_server.host, sshd_server.port, other))
-    host = make_host(sshd_server, known_hosts=known)
+    host = ssh_host(sshd_server, known_hosts=known)
     t0 = time.monotonic()
     with pytest.raises(HostKeyError) as info:
         await host.run(["true"])
@@ -255,9 +245,9 @@ async def test_changed_host_key_refused_loudly(sshd_server, tmp_path):
 
 
 @pytest.mark.rig
-async def test_bad_client_key_refused_clearly_and_not_retried(sshd_server, tmp_path):
+async def test_bad_client_key_refused_clearly_and_not_retried(sshd_server, tmp_path, ssh_host):
     stranger = keys.generate_key(tmp_path / "stranger_key")
-    host = make_host(sshd_server, identity_file=stranger, connect_attempts=6, backoff=(1.0, 5.0))
+    host = ssh_host(sshd_server, identity_file=stranger, connect_attempts=6, backoff=(1.0, 5.0))
     t0 = time.monotonic()
     with pytest.raises(AuthenticationFailed) as info:
         await host.run(["true"])
@@ -277,58 +267,46 @@ async def test_unreachable_after_bounded_retries():
 
 
 @pytest.mark.rig
-async def test_reconnects_by_itself_after_sshd_restart(fresh_sshd):
-    host = make_host(fresh_sshd)
-    try:
-        assert (await host.run(["echo", "before"])).stdout == "before\n"
-        first = host._conn
-        fresh_sshd.kill_all()  # listener and sessions: the host went away
-        await asyncio.sleep(0.2)
-        fresh_sshd.start()  # same port, same host key
-        assert (await host.run(["echo", "after"])).stdout == "after\n"
-        assert host._conn is not first
-    finally:
-        await host.close()
+async def test_reconnects_by_itself_after_sshd_restart(fresh_sshd, ssh_host):
+    host = ssh_host(fresh_sshd)
+    assert (await host.run(["echo", "before"])).stdout == "before\n"
+    first = host._conn
+    fresh_sshd.kill_all()  # listener and sessions: the host went away
+    await asyncio.sleep(0.2)
+    fresh_sshd.start()  # same port, same host key
+    assert (await host.run(["echo", "after"])).stdout == "after\n"
+    assert host._conn is not first
 
 
 @pytest.mark.rig
-async def test_reconnect_waits_out_a_short_outage(fresh_sshd):
-    host = make_host(fresh_sshd, connect_attempts=8, backoff=(0.2, 1.0))
-    try:
-        await host.connect()
-        fresh_sshd.kill_all()
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.5, fresh_sshd.start)
-        assert (await host.run(["echo", "back"])).stdout == "back\n"
-    finally:
-        await host.close()
+async def test_reconnect_waits_out_a_short_outage(fresh_sshd, ssh_host):
+    host = ssh_host(fresh_sshd, connect_attempts=8, backoff=(0.2, 1.0))
+    await host.connect()
+    fresh_sshd.kill_all()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.5, fresh_sshd.start)
+    assert (await host.run(["echo", "back"])).stdout == "back\n"
 
 
 @pytest.mark.rig
-async def test_stream_ended_by_drop_raises_host_disconnected(fresh_sshd):
-    host = make_host(fresh_sshd)
-    try:
-        with pytest.raises(HostDisconnected):
-            async with aclosing(host.stream(["sh", "-c", "while true; do echo tick; sleep 0.05; done"])) \
-                    as lines:
-                async for line in lines:
-                    assert line == "tick"
-                    fresh_sshd.drop_connections()
-        assert (await host.run(["echo", "again"])).stdout == "again\n"  # listener still up
-    finally:
-        await host.close()
+async def test_stream_ended_by_drop_raises_host_disconnected(fresh_sshd, ssh_host):
+    host = ssh_host(fresh_sshd)
+    with pytest.raises(HostDisconnected):
+        async with aclosing(host.stream(["sh", "-c", "while true; do echo tick; sleep 0.05; done"])) \
+                as lines:
+            async for line in lines:
+                assert line == "tick"
+                fresh_sshd.drop_connections()
+    assert (await host.run(["echo", "again"])).stdout == "again\n"  # listener still up
 
 
 @pytest.mark.rig
-async def test_run_cut_by_drop_raises_host_disconnected(fresh_sshd):
-    host = make_host(fresh_sshd)
-    try:
-        await host.connect()
-        asyncio.get_running_loop().call_later(0.3, fresh_sshd.drop_connections)
-        with pytest.raises(HostDisconnected):
-            await host.run(["sleep", "10"])
-    finally:
-        await host.close()
+async def test_run_cut_by_drop_raises_host_disconnected(fresh_sshd, ssh_host):
+    host = ssh_host(fresh_sshd)
+    await host.connect()
+    asyncio.get_running_loop().call_later(0.3, fresh_sshd.drop_connections)
+    with pytest.raises(HostDisconnected):
+        await host.run(["sleep", "10"])
 
 
 def test_asyncssh_is_recent_enough():

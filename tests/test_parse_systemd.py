@@ -17,10 +17,11 @@ def sample(name: str) -> str:
 
 def test_props_and_argv():
     assert SYSTEMCTL_SHOW_PROPS == ["ActiveState", "SubState", "Result", "NRestarts", "ExecMainPID",
-                                    "ActiveEnterTimestamp", "MemoryCurrent", "LoadState"]
+                                    "ActiveEnterTimestamp", "MemoryCurrent", "LoadState", "InvocationID"]
     assert systemctl_show_argv("vllm.service") == [
         "systemctl", "show", "vllm.service", "-p",
-        "ActiveState,SubState,Result,NRestarts,ExecMainPID,ActiveEnterTimestamp,MemoryCurrent,LoadState",
+        "ActiveState,SubState,Result,NRestarts,ExecMainPID,ActiveEnterTimestamp,MemoryCurrent,LoadState,"
+        "InvocationID",
         "--no-pager"]
 
 

@@ -24,7 +24,7 @@ def test_probe_runs_as_one_command_and_splits(tmp_path):
     run.mkdir(parents=True)
     (run / "events.jsonl").write_bytes(b'{"kind":"start"}\n{"kind":"progress","done":1}\npartial')
     p = profile(tmp_path, manager="tmux")
-    argv, plan = build_probe(p, events=[EventsRead(str(run), 17)], server_log=(str(tmp_path / "nolog"), 0))
+    argv, plan = build_probe(p, events=[EventsRead(str(run), 17, 1 << 20)], server_log=(str(tmp_path / "nolog"), 0))
     assert argv[:2] == ["sh", "-c"]
     res = asyncio.run(LocalHost().run(argv))
     sec = split_sections(res.stdout, plan)
@@ -32,7 +32,7 @@ def test_probe_runs_as_one_command_and_splits(tmp_path):
     assert sec["gpus"].rc == 0 and "NVIDIA H200" in sec["gpus"].text
     assert sec["service"].rc != 0  # no such tmux session
     assert sec["events:0"].text == '{"kind":"progress","done":1}\npartial'
-    assert sec["server_log"].text == ""
+    assert sec["server_log"].text == "0 0\n"  # `INODE SIZE` first: no such file yet
     runs = parse_runs_listing(sec["runs"].text)
     assert [r.run_id for r in runs] == ["r1"] and runs[0].size == 53
     assert parse_df(sec["disk"].text) > 0
@@ -62,6 +62,20 @@ def test_events_bytes_survive_exactly(tmp_path):
     run.mkdir(parents=True)
     lines = [json.dumps({"kind": "progress", "done": i, "note": "ünïcode"}) for i in range(50)]
     (run / "events.jsonl").write_text("\n".join(lines) + "\n")
-    argv, plan = build_probe(profile(tmp_path), events=[EventsRead(str(run), 0)])
+    argv, plan = build_probe(profile(tmp_path), events=[EventsRead(str(run), 0, 1 << 20)])
     res = asyncio.run(LocalHost().run(argv))
     assert split_sections(res.stdout, plan)["events:0"].text == "\n".join(lines) + "\n"
+
+
+def test_undecodable_bytes_keep_their_offsets(tmp_path):
+    """A byte that is not UTF-8 comes back as itself, so a reader counting bytes never drifts into the
+    middle of the next line (decoding with replacement and re-encoding made one byte three)."""
+    p = profile(tmp_path, manager="tmux")
+    log = tmp_path / "server.log"
+    data = b"ok \xff\xfe line\nsecond \xc3 line\n"
+    log.write_bytes(data)
+    argv, plan = build_probe(p, server_log=(str(log), 0))
+    res = asyncio.run(LocalHost().run(argv, errors="surrogateescape"))
+    head, _, body = split_sections(res.stdout, plan)["server_log"].data.partition(b"\n")
+    assert body == data
+    assert head.split()[1] == str(len(data)).encode()

@@ -19,7 +19,7 @@ def test_two_scrapes_give_rates_and_acceptance():
     assert second.generation_tps is not None and second.generation_tps > 0
     assert second.spec_mean_acceptance_length is not None and second.spec_mean_acceptance_length > 1
     assert 0 < second.spec_acceptance_rate <= 1 and second.spec_per_position
-    text = readiness_markup(ServerInfo(phase="ready", model_id="m", metrics=second))
+    text = readiness_markup(ServerInfo(phase="ready", model_id="m", metrics=second)).plain
     assert "tok/s" in text and "acceptance length" in text
 
 

@@ -34,7 +34,7 @@ def test_no_key_no_file(tmp_path):
 
 def test_backend_is_uploaded_once_per_content(tmp_path, monkeypatch):
     """The host gets the backend when its copy is older (another content hash), and nothing otherwise."""
-    from console import stages
+    from console.control import launch as stages
     p = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
                            "server": {"model_path": "/m", "manager": "tmux", "unit": "u"},
                            "paths": {"work_dir": str(tmp_path)}})
@@ -49,3 +49,18 @@ def test_backend_is_uploaded_once_per_content(tmp_path, monkeypatch):
     newer: list[str] = []
     assert asyncio.run(stages.ensure_backend(LocalHost(), p, newer)).endswith("/0123456789abcdef")
     assert len(newer) == 1 and version != "0123456789abcdef"
+
+
+def test_live_stage_units_from_real_listings():
+    from console.control.units import parse_live_stage_units
+    systemd = profile_from_dict({"host": {"name": "gpu-host.example"}, "server": {"model_path": "/m", "unit": "v"},
+                                 "paths": {"work_dir": "/w"}})
+    listing = ("e3-generate-g1.service loaded active running /usr/bin/python3 -m backend.generate --dataset x\n"
+               "e3-generate-old.service loaded activating start /usr/bin/python3 -m backend.generate\n")
+    assert parse_live_stage_units(systemd, "generate", listing) == ["e3-generate-g1", "e3-generate-old"]
+    assert parse_live_stage_units(systemd, "train", listing) == []
+    tmux = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
+                              "server": {"model_path": "/m", "manager": "tmux", "unit": "v"},
+                              "paths": {"work_dir": "/w"}})
+    panes = "v 0\ne3-generate-a 0\ne3-generate-b 1\ne3-train-t 0\n"
+    assert parse_live_stage_units(tmux, "generate", panes) == ["e3-generate-a"]  # b exited

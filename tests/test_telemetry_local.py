@@ -20,7 +20,7 @@ from backend.events import EventLog
 from console.profile import profile_from_dict
 from console import demo
 from console.telemetry.collector import Collector
-from console.commands.server_cmd import _stable, server_action
+from console.commands.server_cmd import watch_key, server_action
 from console.host.factory import host_for_profile
 from console.host.local import LocalHost
 from console.control.units import tmux_start_argv
@@ -75,7 +75,7 @@ async def test_demo_load_live_shards_phases_and_watch(demo_host):
         await collector.connect()
         rc, shown, out = await server_action(profile, "start-server")
         assert rc == 0, out
-        assert "tmux new-session" in shown[0]
+        assert shown[0].startswith("tmux start session ")
         snaps = []
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
@@ -112,7 +112,7 @@ async def test_demo_load_live_shards_phases_and_watch(demo_host):
         watched = [d["server"]["phase"] for d in docs]
         assert "ready" in watched and in_order(dedup(watched)), watched
         assert len(docs) >= 3
-        stable = [_stable(d) for d in docs]
+        stable = [watch_key(d) for d in docs]
         assert all(a != b for a, b in zip(stable, stable[1:]))  # a line only when something changed
     finally:
         watch.kill()
@@ -219,18 +219,18 @@ async def test_gpus_simulated_tool_with_state(tmp_path):
 async def test_gpus_no_driver(tmp_path):
     snap = await probe_gpus(tmp_path, ["env", f"PYTHONPATH={REPO}", sys.executable, "-m", "sim.nvidia_smi",
                                        "--simulate-no-driver"])
-    assert snap.gpus == [] and "cannot talk to the NVIDIA driver" in snap.gpu_error
+    assert snap.gpus == () and "cannot talk to the NVIDIA driver" in snap.gpu_error
     assert snap.host.reachable  # a GPU problem is not a host problem
 
 
 async def test_gpus_driver_mismatch_and_no_devices(tmp_path):
     snap = await probe_gpus(tmp_path, shell(f"cat {shlex.quote(str(SAMPLES / 'mismatch.txt'))}; exit 18"))
-    assert snap.gpus == [] and "version mismatch" in snap.gpu_error
+    assert snap.gpus == () and "version mismatch" in snap.gpu_error
     snap = await probe_gpus(tmp_path, shell(f"cat {shlex.quote(str(SAMPLES / 'no_devices.txt'))}; exit 6"))
-    assert snap.gpus == [] and "found no NVIDIA GPU" in snap.gpu_error
+    assert snap.gpus == () and "found no NVIDIA GPU" in snap.gpu_error
 
 
 async def test_gpus_command_missing(tmp_path):
     snap = await probe_gpus(tmp_path, ["nvidia-smi-e3-not-installed", "--query-gpu=index"])
-    assert snap.gpus == [] and "not found on the host" in snap.gpu_error
+    assert snap.gpus == () and "not found on the host" in snap.gpu_error
     assert snap.host.reachable and snap.service.active_state == "inactive"

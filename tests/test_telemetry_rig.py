@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from console.profile import load_profile
+from console.parsers.vllm_load import LoadTracker
+from console.session import Session
 from console.telemetry.collector import Collector
 from console.commands.server_cmd import server_action
 from console.host.ssh import SshHost
@@ -122,17 +124,19 @@ class Observed:
 
 async def observe(profile_path: Path, *, until=("ready", "failed"), timeout: float = 30.0,
                   start: bool = True, interval: float = 0.2) -> tuple[Observed, Collector]:
-    """Start the unit (through the CLI's own server_action), follow its journal and refresh until the
-    server reaches one of `until`; every journal line and every snapshot is kept."""
+    """Start the unit (through the CLI's own server_action), follow its journal through the session's
+    one shared stream and tick the session until the server reaches one of `until`; every journal line
+    (with the phase a tracker fed the same lines is in) and every snapshot is kept."""
     profile = load_profile(profile_path)
-    from console.host.factory import host_for_profile
-    collector = Collector(profile, host_for_profile(profile))
-    await collector.connect()
+    session = Session(profile, interval=interval)
     seen = Observed()
+    await session.tick()  # connected: the session's journal stream runs from here
 
     async def follow() -> None:
-        async for message in collector.follow_journal():
-            seen.journal.append((message, collector.tracker.phase))
+        tracker = LoadTracker()
+        async for line in session.journal(profile.server.unit):
+            tracker.feed(line.text, line.ts)
+            seen.journal.append((line.text, tracker.phase))
 
     follower = asyncio.create_task(follow())
     try:
@@ -142,25 +146,26 @@ async def observe(profile_path: Path, *, until=("ready", "failed"), timeout: flo
             assert shown == [shlex.join(["systemctl", "start", profile.server.unit])]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            snap = await collector.refresh()
+            snap = await session.tick()
             seen.snaps.append(snap)
             if snap.server.phase in until:
                 break
             await asyncio.sleep(interval)
         else:
             raise AssertionError(f"no {until} within {timeout} s: {seen.snap_phases()} / {seen.journal_phases()}")
-        # let the follower catch the tail of the journal (the last lines can trail the probe), then
+        # let the stream catch the tail of the journal (the last lines can trail the probe), then
         # refresh once more: that snapshot includes them, and the finished load gets remembered
         for _ in range(50):
-            if collector.tracker.phase in until or collector.tracker.phase == "ready":
+            if session.collector.tracker.phase in until or session.collector.tracker.phase == "ready":
                 break
             await asyncio.sleep(0.1)
-        seen.snaps.append(await collector.refresh())
+        await asyncio.sleep(0.3)
+        seen.snaps.append(await session.tick())
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
-        await collector.close()
-    return seen, collector
+        await session.close()
+    return seen, session.collector
 
 
 def in_order(seq: list[str], order: list[str]) -> bool:
@@ -249,7 +254,7 @@ async def test_second_load_uses_history_status_json_and_stop(systemd_rig, rig_ss
         loading = [s for s in third.snaps if s.server.phase in ("starting", "loading_weights")
                    and s.server.eta_source is not None]
         assert loading and {s.server.eta_source for s in loading} == {"previous_load"}
-        assert all(s.gpus == [] and "driver" in s.gpu_error for s in third.snaps)
+        assert all(s.gpus == () and "driver" in s.gpu_error for s in third.snaps)
 
         stop = cli("stop-server", "--profile", str(unit.profile_path), "--yes")
         assert stop.returncode == 0, stop.stderr
@@ -304,6 +309,36 @@ async def test_wait_ready_reports_oom_root_cause(systemd_rig, rig_ssh, tmp_path)
         assert status["server"]["phase"] == "failed" and "CUDA out of memory" in status["server"]["error"]
         assert status["service"]["active_state"] == "failed"
     finally:
+        await rig_ssh.run(["systemctl", "reset-failed", unit.name], timeout=30)
+
+
+async def test_a_restart_is_judged_by_the_new_process_only(systemd_rig, rig_ssh, tmp_path):
+    """journalctl -u UNIT holds every earlier run of the unit: after a restart, `status` and `wait-ready`
+    must speak of the new process (its InvocationID) from its first second, before it prints anything."""
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=3.0,
+                              extra=["--fault", "crash-during-load:0.4"])
+    try:
+        rc, _, out = await server_action(load_profile(unit.profile_path), "start-server")
+        assert rc == 0, out
+        assert cli("wait-ready", "--profile", str(unit.profile_path), "--timeout", "40").returncode == 1
+        # the same unit without the fault, restarted: the new load must not inherit the old failure
+        text = unit_text(unit.name, unit.port, unit.work_dir, version="0.33.0", load_seconds=6.0,
+                         extra=["--import-seconds", "3"])
+        await rig_ssh.run(["sh", "-c", 'cat > "$1" && systemctl daemon-reload', "sh",
+                           f"/etc/systemd/system/{unit.name}.service"], input=text, check=True, timeout=30)
+        assert cli("restart-server", "--profile", str(unit.profile_path), "--yes").returncode == 0
+        status = json.loads(cli("status", "--profile", str(unit.profile_path), "--json").stdout)
+        assert status["server"]["phase"] in ("starting", "loading_weights"), status["server"]
+        assert status["server"]["error"] is None and status["server"]["version"] is None
+        ready = cli("wait-ready", "--profile", str(unit.profile_path), "--timeout", "60")
+        assert ready.returncode == 0, ready.stderr
+        # and after a good load, a restart starts over: no "starting_api" with the old shard count
+        assert cli("restart-server", "--profile", str(unit.profile_path), "--yes").returncode == 0
+        status = json.loads(cli("status", "--profile", str(unit.profile_path), "--json").stdout)
+        assert status["server"]["phase"] in ("starting", "loading_weights"), status["server"]
+        assert status["server"]["progress"] is None
+    finally:
+        await stop_unit(rig_ssh, unit)
         await rig_ssh.run(["systemctl", "reset-failed", unit.name], timeout=30)
 
 
@@ -362,10 +397,8 @@ async def test_journal_stream_resumes_after_dropped_connection(systemd_rig, rig_
     await rig_ssh.run(["mkdir", "-p", work_dir], check=True)
     profile_path = write_profile(tmp_path / "lines.toml", systemd_rig, name, keys.free_port(), work_dir)
     profile = load_profile(profile_path)
-    from console.host.factory import host_for_profile
-    host = host_for_profile(profile)
-    collector = Collector(profile, host)
-    await collector.connect()  # before the unit exists: nothing primed, the follow replays from the start
+    session = Session(profile)
+    await session.tick()  # before the unit exists: its stream starts after the journal's last entry
     script = "for i in $(seq 1 60); do echo line $i; sleep 0.05; done; sleep 0.5"
     await rig_ssh.run(["systemd-run", f"--unit={name}", "--quiet", "sh", "-c", script], check=True)
     got: list[str] = []
@@ -373,7 +406,8 @@ async def test_journal_stream_resumes_after_dropped_connection(systemd_rig, rig_
 
     async def follow() -> None:
         nonlocal dropped
-        async for message in collector.follow_journal():
+        async for line in session.journal(name):
+            message = line.text
             if not message.startswith("line "):
                 continue  # systemd's own "Started ..." lines
             got.append(message)
@@ -389,7 +423,6 @@ async def test_journal_stream_resumes_after_dropped_connection(systemd_rig, rig_
     try:
         await asyncio.wait_for(follow(), 40)
     finally:
-        await collector.close()
-        await host.close()
+        await session.close()
     assert dropped
     assert got == [f"line {i}" for i in range(1, 61)]  # nothing lost, nothing twice

@@ -18,10 +18,14 @@ import aiohttp
 
 from backend.generate.client import ChatClient
 from backend.generate.config import GenerateConfig
+from backend.generate.dataset import DatasetError, data_files
 from backend.generate.fit import ContextLimits, discover
 from backend.generate.records import ResponseError, dumps_line, loads, parse_completion
 
 REQUIRED_MODULES = ("aiohttp", "datasets", "pyarrow")
+# .jsonl is read line by line with json; only parquet and .json go through `datasets` (and pyarrow), so a
+# host (the demo's, for one) with a jsonl dataset needs neither
+JSONL_MODULES = ("aiohttp",)
 SMOKE_PROMPT = "Reply with one short sentence: what is 2 + 2?"
 # Bytes a record takes per generated token: the text once (~4.2 B/token, rounded up); token ids ~7 B/token,
 # twice counting the pre-tokenized export. Answers average well under max_tokens, but a reasoning model
@@ -62,6 +66,14 @@ class PreflightReport:
 
     def failures(self) -> str:
         return "; ".join(f"{c.name}: {c.detail} -> {c.fix}" for c in self.checks if not c.ok)
+
+
+def modules_for(dataset: str) -> tuple[str, ...]:
+    try:
+        names = data_files(dataset)
+    except DatasetError:
+        return REQUIRED_MODULES
+    return JSONL_MODULES if all(n.endswith(".jsonl") for n in names) else REQUIRED_MODULES
 
 
 def check_modules(report: PreflightReport, modules: tuple[str, ...] = REQUIRED_MODULES) -> None:
@@ -205,7 +217,7 @@ async def _smoke(report: PreflightReport, client: ChatClient, config: GenerateCo
 async def run_preflight(config: GenerateConfig, client: ChatClient, *, run_dir: str, samples: int,
                         avg_row_bytes: int) -> PreflightReport:
     report = PreflightReport()
-    check_modules(report)
+    check_modules(report, modules_for(config.dataset))
     await check_server(report, client, config)
     if report.ok:
         report.context = await discover(client, config.model, config.chat_template_kwargs,

@@ -12,7 +12,7 @@ from console.commands.server_cmd import load_or_exit
 def run_app(a: argparse.Namespace) -> int:
     from console.ui.app import ConsoleApp
     from console.ui.keys import KeymapError
-    from console.session import LiveController
+    from console.session import Session
 
     work_dir = None
     if a.demo:
@@ -28,7 +28,7 @@ def run_app(a: argparse.Namespace) -> int:
     else:
         print("error: give --profile FILE (see `eagle3-console profile init --help`) or --demo", file=sys.stderr)
         return 2
-    controller = LiveController(profile, readonly=a.readonly)
+    controller = Session(profile, readonly=a.readonly)
     try:
         try:
             app = ConsoleApp(controller, readonly=a.readonly, keymap_path=a.keymap)

@@ -1,16 +1,18 @@
-"""`eagle3-console run STAGE`: start a stage on the host, detached; `--wait` follows it to the end."""
+"""`eagle3-console run STAGE`: start a stage on the host, detached; `--wait` follows it to the end.
+
+It starts the stage through the same Session action as the app's `s` key, so it refuses exactly what
+the app refuses (a second run of a stage that is already running).
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 
-from console.telemetry.collector import Collector
 from console.commands.server_cmd import load_or_exit
-from console.host.base import HostError
-from console.host.factory import host_for_profile
-from console.control.launch import StageError, launch_generate
+from console.session import Session
+
+NO_EVENTS_S = 120.0  # a started run that writes no event in this long is dead on arrival
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,51 +30,47 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 async def run_stage(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
-    host = host_for_profile(profile)
-    try:
-        await host.connect()
-        launch = await launch_generate(host, profile, run_id=a.run_id, dataset=a.dataset, limit=a.limit,
-                                       fresh=a.fresh)
-        for cmd in launch.commands:
+    async with Session(profile, interval=a.interval) as session:
+        snap = await session.settle()
+        if not snap.host.reachable:
+            print(f"error: {snap.host.error}", file=sys.stderr)
+            return 1
+        result, launch = await session.launch_stage(a.stage, run_id=a.run_id, dataset=a.dataset,
+                                                    limit=a.limit, fresh=a.fresh)
+        for cmd in result.commands:
             print(f"$ {cmd}", file=sys.stderr)
+        if not result.ok or launch is None:
+            print(f"error: {result.message}", file=sys.stderr)
+            return 1
         print(f"started {launch.unit}: run {launch.run_id} in {launch.run_dir}")
         if not a.wait:
             return 0
-        return await follow_run(Collector(profile, host), launch.run_id, a.interval)
-    except (StageError, HostError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        with contextlib.suppress(Exception):
-            await host.close()
+        return await follow_run(session, launch.run_id)
 
 
-async def follow_run(collector: Collector, run_id: str, interval: float) -> int:
+async def follow_run(session: Session, run_id: str) -> int:
     """Print a line per progress change until the run finishes (or turns out dead: exit 1)."""
-    await collector.connect()
     last = None
-    seen = 0.0
-    while True:
-        snap = await collector.refresh()
+    quiet_since = asyncio.get_running_loop().time()
+    async for snap in session.snapshots(connecting=False):
         run = next((r for r in snap.runs if r.run_id == run_id), None)
-        if run is not None:
-            line = f"{run.state}: {run.done}/{run.total} done, {run.failed} failed"
-            if run.rate:
-                line += f", {run.rate:.1f}/s"
-            if line != last:
-                print(line, flush=True)
-                last = line
-            if run.state in ("done", "failed", "stopped", "stale"):
-                ev = run.last_event or {}
-                if run.state != "done" and ev.get("error"):
-                    print(f"error: {ev['error']}", file=sys.stderr)
-                return 0 if run.state == "done" else 1
-        else:
-            seen += interval
-            if seen > 120:
-                print("error: the run wrote no events in 120 s: check its log", file=sys.stderr)
+        if run is None:
+            if asyncio.get_running_loop().time() - quiet_since > NO_EVENTS_S:
+                print(f"error: the run wrote no events in {NO_EVENTS_S:g} s: check its log", file=sys.stderr)
                 return 1
-        await asyncio.sleep(interval)
+            continue
+        line = f"{run.state}: {run.done}/{run.total} done, {run.failed} failed"
+        if run.rate:
+            line += f", {run.rate:.1f}/s"
+        if line != last:
+            print(line, flush=True)
+            last = line
+        if run.state in ("done", "failed", "stopped", "stale"):
+            ev = run.last_event or {}
+            if run.state != "done" and ev.get("error"):
+                print(f"error: {ev['error']}", file=sys.stderr)
+            return 0 if run.state == "done" else 1
+    return 1  # the session ended: the host refused us (said in the last snapshot)
 
 
 def cmd_run(a: argparse.Namespace) -> int:

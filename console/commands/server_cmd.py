@@ -1,6 +1,7 @@
 """Headless commands: status, wait-ready, start-server, stop-server, restart-server.
 
-These are the contract scripts and tests rely on; the app shows the same Snapshot.
+These are the contract scripts and tests rely on; they drive the same Session as the app and print the
+same Snapshot, whose text is already cleaned of anything that could drive a terminal.
 """
 from __future__ import annotations
 
@@ -8,18 +9,15 @@ import argparse
 import asyncio
 import contextlib
 import json
-import shlex
 import sys
 import time
+from typing import Any
 
+from console.control.units import server_restart_commands, server_start_command, server_stop_command
 from console.profile import Profile, ProfileError, load_profile
-from console.telemetry.collector import Collector, server_log_path
-from console.host.base import HostError
-from console.host.factory import host_for_profile
-from console.control.units import server_restart_argvs, server_start_argv, server_stop_argv
+from console.parsers.text import clean_block
+from console.session import Session
 from console.telemetry.snapshot import Snapshot
-
-VOLATILE = ("taken_at", "rtt_ms")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +28,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--interval", type=float, default=0.5, help="seconds between probes with --watch")
     st.add_argument("--deep", action="store_true",
                     help="when ready, also send one tiny chat completion: did content and reasoning come back?")
+    st.add_argument("--timeout", type=float, default=120.0,
+                    help="give up after this many seconds (a one-shot status; default 120)")
     st.set_defaults(func=cmd_status)
 
     wr = sub.add_parser("wait-ready", help="exit 0 when the server is ready, 1 if its load failed, 2 on timeout")
@@ -55,39 +55,37 @@ def load_or_exit(path: str) -> Profile:
         raise SystemExit(2) from None
 
 
-def _stable(d: dict) -> dict:
-    """The snapshot without what changes every tick, to decide whether anything changed."""
-    d = json.loads(json.dumps(d))
-    for key in VOLATILE:
-        d.pop(key, None)
-        d.get("host", {}).pop(key, None)
+def watch_key(doc: dict[str, Any]) -> dict[str, Any]:
+    """What `status --watch` compares in a snapshot's JSON: state, not noise (round trips, power,
+    temperature, utilization, free disk, token rates and ETAs move every poll; a line per poll would
+    bury the changes)."""
+    d = json.loads(json.dumps(doc))
+    d.pop("taken_at", None)
+    d.pop("free_bytes", None)
+    d["host"].pop("rtt_ms", None)
+    server = d["server"]
+    server.pop("eta_s", None)
+    server.pop("metrics", None)
+    if server.get("fraction") is not None:
+        server["fraction"] = round(server["fraction"], 2)
+    for g in d["gpus"]:
+        for noisy in ("power_w", "utilization_pct", "temperature_c"):
+            g.pop(noisy, None)
+        if g.get("memory_used_mib") is not None:
+            g["memory_used_mib"] = round(g["memory_used_mib"] / 1024)  # GiB steps
+    for r in d["runs"]:
+        for noisy in ("rate", "eta_s", "last_event"):
+            r.pop(noisy, None)
     return d
 
 
-async def open_collector(profile: Profile, *, readonly: bool = False) -> Collector:
-    collector = Collector(profile, host_for_profile(profile), readonly=readonly)
-    await collector.try_connect()
-    return collector
-
-
-async def snapshot_once(profile: Profile, *, deep: bool = False) -> Snapshot:
-    collector = await open_collector(profile)
-    try:
-        if not collector.host_info.reachable:
-            return collector.snapshot()
-        snap = await collector.refresh()
-        for _ in range(3):  # the first probe finds runs, the next reads their events, then their units
-            if collector.settled():
-                break
-            snap = await collector.refresh()
-        if deep and snap.server.phase == "ready":
-            await collector.run_deep_check()
-            snap = collector.snapshot()
-        return snap
-    finally:
-        await collector.close()
-        with contextlib.suppress(Exception):
-            await collector.host.close()
+async def snapshot_once(profile: Profile, *, deep: bool = False, timeout: float = 120.0) -> Snapshot:
+    async with Session(profile, interval=0.5) as session:
+        try:
+            return await asyncio.wait_for(session.settle(deep=deep), timeout)
+        except asyncio.TimeoutError:
+            return session.collector.snapshot(not_answering_since=time.time() - timeout,
+                                              error=f"no complete answer within {timeout:g} s")
 
 
 def human(snap: Snapshot) -> str:
@@ -96,8 +94,13 @@ def human(snap: Snapshot) -> str:
     if h.simulated:
         text = f", serving {h.sim_text}" if h.sim_text else ""
         lines.append(f"*** SIMULATED demo host: no real GPU or vLLM{text} ***")
-    lines.append(f"host     {h.name}: " + ("reachable" + (f" ({h.rtt_ms} ms)" if h.rtt_ms else "")
-                                          if h.reachable else f"UNREACHABLE: {h.error}"))
+    if h.reachable:
+        state = "reachable" + (f" ({h.rtt_ms} ms)" if h.rtt_ms else "")
+    elif h.not_answering_since is not None:
+        state = f"NOT ANSWERING: {h.error}"
+    else:
+        state = f"UNREACHABLE: {h.error}"
+    lines.append(f"host     {h.name}: {state}")
     lines.append(f"service  {s.manager} {s.unit}: {s.active_state}/{s.sub_state}"
                  + (f" since {s.since}" if s.since else "") + (f", {s.restarts} restarts" if s.restarts else ""))
     extra = ""
@@ -132,67 +135,40 @@ def cmd_status(a: argparse.Namespace) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(watch(profile, a.interval))
         return 0
-    snap = asyncio.run(snapshot_once(profile, deep=a.deep))
+    snap = asyncio.run(snapshot_once(profile, deep=a.deep, timeout=a.timeout))
     print(json.dumps(snap.to_json()) if a.json else human(snap))
     return 0 if snap.host.reachable else 3
 
 
-async def _follow(collector: Collector) -> None:
-    """Keep the load tracker fed from the journal between probes (systemd units)."""
-    async for _ in collector.follow_journal():
-        pass
-
-
-async def live_snapshots(profile: Profile, interval: float):
-    collector = await open_collector(profile)
-    follower = None
-    try:
-        while True:
-            if collector.host_info.reachable and follower is None and profile.server.manager == "systemd":
-                follower = asyncio.create_task(_follow(collector))
-            if collector.host_info.reachable and collector.final_error is None:
-                snap = await collector.refresh()
-            elif collector.final_error is None and await collector.try_connect():
-                snap = await collector.refresh()
-            else:
-                snap = collector.snapshot()
-            yield snap
-            if collector.final_error:
-                return  # a refused key will not fix itself: say so once and stop
-            await asyncio.sleep(interval)
-    finally:
-        if follower:
-            follower.cancel()
-        await collector.close()
-
-
 async def watch(profile: Profile, interval: float) -> None:
     last = None
-    async for snap in live_snapshots(profile, interval):
-        d = snap.to_json()
-        stable = _stable(d)
-        if stable != last:
-            last = stable
-            print(json.dumps(d), flush=True)
+    async with Session(profile, interval=interval) as session:
+        async for snap in session.snapshots(connecting=False):
+            doc = snap.to_json()
+            key = watch_key(doc)
+            if key != last:
+                last = key
+                print(json.dumps(doc), flush=True)
 
 
 async def wait_ready(profile: Profile, timeout: float, interval: float) -> tuple[int, Snapshot | None]:
     deadline = time.monotonic() + timeout
     snap = None
-    gen = live_snapshots(profile, interval)
-    try:
-        while time.monotonic() < deadline:
-            try:
-                snap = await asyncio.wait_for(gen.__anext__(), max(0.1, deadline - time.monotonic()))
-            except (asyncio.TimeoutError, StopAsyncIteration):
-                break
-            if snap.server.phase == "ready" and not snap.server.error:
-                return 0, snap
-            if snap.server.phase == "failed":
-                return 1, snap
-        return 2, snap
-    finally:
-        await gen.aclose()
+    async with Session(profile, interval=interval) as session:
+        gen = session.snapshots(connecting=False)
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    snap = await asyncio.wait_for(gen.__anext__(), max(0.1, deadline - time.monotonic()))
+                except (asyncio.TimeoutError, StopAsyncIteration):
+                    break
+                if snap.server.phase == "ready" and not snap.server.error:
+                    return 0, snap
+                if snap.server.phase == "failed":
+                    return 1, snap
+            return 2, snap
+        finally:
+            await gen.aclose()
 
 
 def cmd_wait_ready(a: argparse.Namespace) -> int:
@@ -210,26 +186,19 @@ def cmd_wait_ready(a: argparse.Namespace) -> int:
 
 
 async def server_action(profile: Profile, action: str) -> tuple[int, list[str], str]:
-    host = host_for_profile(profile)
-    await host.connect()
-    log = server_log_path(profile)
-    if action == "start-server":
-        argvs = [server_start_argv(profile, log)]
-    elif action == "stop-server":
-        argvs = [server_stop_argv(profile)]
-    else:
-        argvs = server_restart_argvs(profile, log)
-    shown, out = [], ""
-    try:
-        for argv in argvs:
-            shown.append(shlex.join(argv))
-            res = await host.run(argv, timeout=profile.server.stop_timeout_s + 60)
+    commands = {"start-server": lambda: [server_start_command(profile)],
+                "stop-server": lambda: [server_stop_command(profile)],
+                "restart-server": lambda: server_restart_commands(profile)}[action]()
+    async with Session(profile) as session:
+        await session.host.connect()
+        shown, out = [], ""
+        for cmd in commands:
+            shown.append(cmd.shown)
+            res = await session.host.run(cmd.argv, timeout=profile.server.stop_timeout_s + 60)
             out += res.stdout + res.stderr
             if not res.ok:
                 return res.returncode, shown, out
         return 0, shown, out
-    finally:
-        await host.close()
 
 
 def cmd_server_action(a: argparse.Namespace) -> int:
@@ -250,5 +219,5 @@ def cmd_server_action(a: argparse.Namespace) -> int:
     for cmd in shown:
         print(f"$ {cmd}")
     if out.strip():
-        print(out.strip(), file=sys.stderr if rc else sys.stdout)
+        print(clean_block(out.strip()), file=sys.stderr if rc else sys.stdout)
     return rc

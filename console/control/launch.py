@@ -1,28 +1,31 @@
 """Launch, stop and find stage programs on the host.
 
-A stage is `<host python> -m backend.<stage> ...` started detached (systemd-run or tmux, see managers),
+A stage is `<host python> -m backend.<stage> ...` started detached (systemd-run or tmux, see control/units.py),
 so losing the console or SSH never kills it. The backend code is uploaded first, addressed by a hash of
 its content: a host whose copy is older gets the new one, a host that has it already gets nothing.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
-import re
 import shlex
 import tarfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
-from console.profile import Profile
+from console.profile import Profile, api_key
 from console.host.base import Host
-from console.control.units import stage_start_argv, stage_stop_argv
-from console.telemetry.probe import stage_unit_name
+from backend.runs import RunDirError
+from backend.runs import check_run_id as _check_run_id
+from console.control.units import stage_log_path, stage_start_command, stage_stop_command, stage_unit_name
 
-BACKEND_DIR = Path(__file__).resolve().parents[2] / "backend"
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+# The upload is the installed `backend` package and nothing else: host code only, never the console or the
+# demo's stand-in, and the same files whether the console runs from a wheel or a checkout.
+BACKEND_PACKAGE = "backend"
 STAGE_MODULES = {"generate": "backend.generate"}
 
 
@@ -39,29 +42,46 @@ class Launch:
 
 
 def check_run_id(run_id: str) -> str:
-    if not RUN_ID.match(run_id):
-        raise StageError(f"run id {run_id!r}: expected letters, digits, '_' and '-' (at most 64), "
-                         "starting with a letter or digit")
-    return run_id
+    try:
+        return _check_run_id(run_id)
+    except RunDirError as e:
+        raise StageError(str(e)) from None
 
 
 def new_run_id(stage: str) -> str:
     return f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def backend_files() -> list[tuple[str, bytes]]:
+    """(path in the bundle, content) of every .py file of the installed backend package, sorted."""
+    found: list[tuple[tuple[str, ...], bytes]] = []
+
+    def walk(node: Traversable, parts: tuple[str, ...]) -> None:
+        for child in node.iterdir():
+            if child.is_dir():
+                if child.name != "__pycache__":
+                    walk(child, (*parts, child.name))
+            elif child.name.endswith(".py"):
+                found.append(((*parts, child.name), child.read_bytes()))
+
+    walk(files(BACKEND_PACKAGE), (BACKEND_PACKAGE,))
+    return [("/".join(parts), data) for parts, data in sorted(found)]
+
+
 def backend_bundle() -> tuple[str, bytes]:
-    """A deterministic tar.gz of backend/*.py and its content hash."""
-    files = sorted(p for p in BACKEND_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+    """A deterministic tar.gz of the backend package's .py files, and a hash of exactly what it holds."""
+    members = backend_files()
     digest = hashlib.sha256()
-    for p in files:
-        digest.update(str(p.relative_to(BACKEND_DIR.parent)).encode() + b"\0" + p.read_bytes() + b"\0")
+    for name, data in members:
+        digest.update(name.encode() + b"\0" + data + b"\0")
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for p in files:
-            info = tarfile.TarInfo(str(p.relative_to(BACKEND_DIR.parent)))
-            data = p.read_bytes()
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            tar.addfile(info, io.BytesIO(data))
+    # mtime=0: gzip's own header would otherwise stamp the time and make equal bundles differ
+    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=6, mtime=0) as gz:
+        with tarfile.open(fileobj=gz, mode="w") as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
     return digest.hexdigest()[:16], buf.getvalue()
 
 
@@ -113,7 +133,6 @@ def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, 
 async def upload_api_key(host: Host, profile: Profile) -> str | None:
     """The stage runs detached, where the console's environment does not reach: hand it the API key as
     a 0600 file in a 0700 dir on the host, so it is in no command line, unit property or log."""
-    from console.telemetry.http_checks import api_key
     key = api_key(profile)
     if not key:
         return None
@@ -123,11 +142,6 @@ async def upload_api_key(host: Host, profile: Profile) -> str | None:
     path = f"{secrets_dir}/vllm-api-key"
     await host.upload(key.encode() + b"\n", path, mode=0o600)
     return path
-
-
-def stage_log_path(profile: Profile, unit: str) -> str:
-    """tmux manager: the stage's output (kept out of the run dir, which the stage alone owns)."""
-    return f"{profile.paths.work_dir}/logs/{unit}.log"
 
 
 async def launch_generate(host: Host, profile: Profile, *, run_id: str | None = None, dataset: str | None = None,
@@ -147,10 +161,10 @@ async def launch_generate(host: Host, profile: Profile, *, run_id: str | None = 
     unit = stage_unit_name("generate", run_id)
     run_dir = f"{profile.paths.work_dir}/runs/{run_id}"
     argv = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh, api_key_path=key_path)
-    start = stage_start_argv(profile, unit, argv, log_path=stage_log_path(profile, unit),
-                             cwd=profile.paths.work_dir, env=env)
-    shown.append(shlex.join(start))
-    res = await host.run(start, timeout=60)
+    start = stage_start_command(profile, unit, argv, log_path=stage_log_path(profile, unit),
+                                cwd=profile.paths.work_dir, env=env)
+    shown.append(start.shown)
+    res = await host.run(start.argv, timeout=60)
     if not res.ok:
         raise StageError(f"starting {unit} failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()}")
     return Launch(run_id=run_id, unit=unit, run_dir=run_dir, commands=shown)
@@ -173,9 +187,13 @@ def _preflight_text(stdout: str, stderr: str) -> str:
 
 
 async def stop_stage_unit(host: Host, profile: Profile, unit: str) -> list[str]:
-    argv = stage_stop_argv(profile, unit)
-    res = await host.run(argv, timeout=180)
+    stop = stage_stop_command(profile, unit)
+    res = await host.run(stop.argv, timeout=180)
     if not res.ok:
         raise StageError(f"stopping {unit} failed: {(res.stderr or res.stdout).strip()}")
-    return [shlex.join(argv)]
+    return [stop.shown]
+
+
+# The stage programs the console can start, by stage name.
+LAUNCHERS = {"generate": launch_generate}
 

@@ -9,11 +9,25 @@ Every function returns argv lists; callers run them with Host.run and show them 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from console.profile import Profile
 
-PANE_FORMAT = "#{pane_pid} #{pane_dead} #{pane_dead_status}"
+
+def stage_unit_name(stage: str, run_id: str) -> str:
+    """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
+    return f"e3-{stage}-{run_id}"
+
+
+def server_log_path(profile: Profile) -> str:
+    """Where the tmux manager's server writes its output (tee'd from the pane)."""
+    return f"{profile.paths.work_dir}/logs/{profile.server.unit}.log"
+
+
+def stage_log_path(profile: Profile, unit: str) -> str:
+    """tmux manager: a stage's output (kept out of the run dir, which the stage alone owns)."""
+    return f"{profile.paths.work_dir}/logs/{unit}.log"
 
 
 def _sudo(profile: Profile, argv: list[str]) -> list[str]:
@@ -42,6 +56,7 @@ def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: st
     # process, so SIGTERM reaches it and tmux records its own exit status
     inner = f"{exports}{cd}exec > >(tee -a {shlex.quote(log_path)}) 2>&1; exec {shlex.join(list(argv))}"
     t = f"={session}"
+    log = shlex.quote(log_path)
     script = "\n".join([
         f"mkdir -p {shlex.quote(log_dir)} || exit 1",
         f"if tmux has-session -t {shlex.quote(t)} 2>/dev/null; then",
@@ -50,6 +65,9 @@ def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: st
         "  fi",
         f"  tmux kill-session -t {shlex.quote(t)}",
         "fi",
+        # each start gets a fresh log, so a reader never takes the previous program's last lines
+        # (an old failure) for this one's; the previous log is kept beside it
+        f"if [ -e {log} ]; then mv -f {log} {log}.1; fi",
         f"tmux new-session -d -s {shlex.quote(session)} -x 200 -y 50 || exit 1",
         f"tmux set-window-option -t {shlex.quote(t + ':')} remain-on-exit on >/dev/null || exit 1",
         f"tmux respawn-pane -k -t {shlex.quote(t + ':')} {shlex.quote(shlex.join(['bash', '-c', inner]))}",
@@ -110,3 +128,68 @@ def stage_stop_argv(profile: Profile, unit: str) -> list[str]:
     if profile.server.manager == "systemd":
         return _sudo(profile, ["systemctl", "stop", unit])
     return tmux_stop_argv(unit, 120)
+
+
+@dataclass(frozen=True)
+class HostCommand:
+    """A command for the host and the way the operator reads it: the program and its arguments, not
+    the shell plumbing (a tmux start is a whole script) around them."""
+    argv: list[str]
+    shown: str
+
+
+def _shown(profile: Profile, what: str, unit: str, argv: list[str], program: Sequence[str] | None = None) -> str:
+    if profile.server.manager == "systemd" or program is None:
+        return shlex.join(argv)
+    return f"tmux {what} session {unit}: {shlex.join(list(program))}" if program else f"tmux {what} session {unit}"
+
+
+def server_start_command(profile: Profile) -> HostCommand:
+    argv = server_start_argv(profile, server_log_path(profile))
+    return HostCommand(argv, _shown(profile, "start", profile.server.unit, argv, server_command(profile)))
+
+
+def server_stop_command(profile: Profile) -> HostCommand:
+    argv = server_stop_argv(profile)
+    return HostCommand(argv, _shown(profile, "stop (SIGTERM, then wait)", profile.server.unit, argv, ()))
+
+
+def server_restart_commands(profile: Profile) -> list[HostCommand]:
+    if profile.server.manager == "systemd":
+        argv = server_restart_argvs(profile, server_log_path(profile))[0]
+        return [HostCommand(argv, shlex.join(argv))]
+    return [server_stop_command(profile), server_start_command(profile)]
+
+
+def stage_start_command(profile: Profile, unit: str, argv: Sequence[str], *, log_path: str, cwd: str,
+                        env: Mapping[str, str]) -> HostCommand:
+    full = stage_start_argv(profile, unit, argv, log_path=log_path, cwd=cwd, env=env)
+    return HostCommand(full, _shown(profile, "start", unit, full, argv))
+
+
+def stage_stop_command(profile: Profile, unit: str) -> HostCommand:
+    argv = stage_stop_argv(profile, unit)
+    return HostCommand(argv, _shown(profile, "stop (SIGTERM, then wait)", unit, argv, ()))
+
+
+def live_stage_units_argv(profile: Profile, stage: str) -> list[str]:
+    """Lists the stage's units that are running now, whatever their runs' events say (a run just
+    started has written none yet)."""
+    if profile.server.manager == "systemd":
+        return ["systemctl", "list-units", "--plain", "--no-legend", "--all", "--state=active,activating",
+                f"{stage_unit_name(stage, '')}*"]
+    return ["tmux", "list-panes", "-a", "-F", "#{session_name} #{pane_dead}"]
+
+
+def parse_live_stage_units(profile: Profile, stage: str, text: str) -> list[str]:
+    prefix = stage_unit_name(stage, "")
+    live = []
+    for line in text.splitlines():
+        bits = line.split()
+        if not bits or not bits[0].startswith(prefix):
+            continue
+        if profile.server.manager == "systemd":
+            live.append(bits[0].removesuffix(".service"))
+        elif len(bits) == 2 and bits[1] == "0":  # tmux: a pane still alive
+            live.append(bits[0])
+    return sorted(set(live))

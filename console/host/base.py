@@ -47,6 +47,8 @@ class CommandResult:
     returncode: int
     stdout: str
     stderr: str
+    elapsed_s: float | None = None  # the command's own time, from its channel open to its exit
+
 
     @property
     def ok(self) -> bool:
@@ -69,7 +71,11 @@ class Host(Protocol):
     async def close(self) -> None: ...
 
     async def run(self, argv: Sequence[str], *, timeout: float | None = 30.0,
-                  input: str | None = None, check: bool = False) -> CommandResult: ...
+                  input: str | None = None, check: bool = False, errors: str = "replace") -> CommandResult:
+        """Run argv to completion within `timeout` seconds overall (connecting and opening the channel
+        included). `errors="surrogateescape"` keeps undecodable bytes recoverable (`.encode("utf-8",
+        "surrogateescape")`), for callers that count bytes."""
+        ...
 
     def stream(self, argv: Sequence[str]) -> AsyncIterator[str]:
         """Yield stdout lines (without newline) of a long-running command; the remote side dies with

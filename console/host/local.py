@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import tempfile
+import time
 from typing import AsyncIterator, Sequence
 
 from .base import CommandResult, CommandTimeout, HostError, ReadChunk
@@ -13,8 +14,8 @@ from .base import CommandResult, CommandTimeout, HostError, ReadChunk
 MAX_LINE = 1 << 20  # stream() drops longer lines rather than buffer without bound
 
 
-def _decode(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")
+def _decode(data: bytes, errors: str = "replace") -> str:
+    return data.decode("utf-8", errors=errors)
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -41,10 +42,11 @@ class LocalHost:
         return None
 
     async def run(self, argv: Sequence[str], *, timeout: float | None = 30.0,
-                  input: str | None = None, check: bool = False) -> CommandResult:
+                  input: str | None = None, check: bool = False, errors: str = "replace") -> CommandResult:
         argv_t = tuple(argv)
         if not argv_t:
             raise ValueError("run() needs a non-empty argv")
+        started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv_t,
@@ -64,7 +66,7 @@ class LocalHost:
             await _kill(proc)
             raise
         result = CommandResult(argv_t, proc.returncode if proc.returncode is not None else -1,
-                               _decode(out), _decode(err))
+                               _decode(out, errors), _decode(err, errors), elapsed_s=time.monotonic() - started)
         return _checked(result, check)
 
     async def stream(self, argv: Sequence[str]) -> AsyncIterator[str]:

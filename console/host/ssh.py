@@ -17,6 +17,7 @@ import contextlib
 import os
 import random
 import shlex
+import time
 from typing import AsyncIterator, Sequence
 
 import asyncssh
@@ -31,6 +32,8 @@ __all__ = ["SshHost", "JumpHost", "parse_jump_host", "fetch_host_key", "fingerpr
            "trust_host_key"]
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+READ_TIMEOUT_S = 60
+UPLOAD_TIMEOUT_S = 300
 
 # Failures that mean "the transport is gone", as opposed to the command failing.
 _DROPPED = (asyncssh.ConnectionLost, asyncssh.DisconnectError, asyncssh.ChannelOpenError,
@@ -204,37 +207,48 @@ class SshHost:
     # -- operations -------------------------------------------------------------------------------
 
     async def run(self, argv: Sequence[str], *, timeout: float | None = 30.0,
-                  input: str | None = None, check: bool = False) -> CommandResult:
+                  input: str | None = None, check: bool = False, errors: str = "replace") -> CommandResult:
         argv_t = tuple(argv)
         if not argv_t:
             raise ValueError("run() needs a non-empty argv")
         command = shlex.join(argv_t)
-        async with self._channels:
-            conn, proc = await self._open(lambda c: c.create_process(
-                command, encoding="utf-8", errors="replace"))
-            try:
-                # EOF even without input (asyncssh's communicate only sends it with input), so a
-                # command that reads stdin ends as it does locally with /dev/null.
-                if input:
-                    proc.stdin.write(input)
-                proc.stdin.write_eof()
-                out, err = await asyncio.wait_for(proc.communicate(), timeout)
-                await proc.wait_closed()
-            except asyncio.TimeoutError:
+        proc = None
+        try:
+            # One deadline for everything: waiting for a channel slot, reconnecting after a drop,
+            # opening the channel and the command's own I/O. A link that swallows packets would
+            # otherwise hold the caller through the whole reconnect series.
+            async with asyncio.timeout(timeout):
+                async with self._channels:
+                    conn, proc = await self._open(lambda c: c.create_process(
+                        command, encoding="utf-8", errors=errors))
+                    opened = time.monotonic()
+                    try:
+                        # EOF even without input (asyncssh's communicate only sends it with input), so
+                        # a command that reads stdin ends as it does locally with /dev/null.
+                        if input:
+                            proc.stdin.write(input)
+                        proc.stdin.write_eof()
+                        out, err = await proc.communicate()
+                        await proc.wait_closed()
+                    except _DROPPED as exc:
+                        self._mark_dead(conn)
+                        raise HostDisconnected(f"{self.name}: connection lost while running {argv_t[0]}") \
+                            from exc
+        except TimeoutError:
+            if proc is not None:
                 _abandon(proc)
-                raise CommandTimeout(f"{self.name}: {argv_t[0]} did not finish within {timeout} s") \
-                    from None
-            except asyncio.CancelledError:
+            raise CommandTimeout(f"{self.name}: {argv_t[0]} did not finish within {timeout} s"
+                                 + ("" if proc is not None else " (no channel could be opened: is the link up?)")) \
+                from None
+        except asyncio.CancelledError:
+            if proc is not None:
                 _abandon(proc)
-                raise
-            except _DROPPED as exc:
-                self._mark_dead(conn)
-                raise HostDisconnected(f"{self.name}: connection lost while running {argv_t[0]}") \
-                    from exc
+            raise
         if proc.returncode is None:
             self._mark_dead(conn)
             raise HostDisconnected(f"{self.name}: connection lost while running {argv_t[0]}")
-        result = CommandResult(argv_t, proc.returncode, out or "", err or "")
+        result = CommandResult(argv_t, proc.returncode, out or "", err or "",
+                               elapsed_s=time.monotonic() - opened)
         if check and not result.ok:
             detail = (result.stderr.strip().splitlines() or [""])[-1]
             raise HostError(f"{self.name}: {argv_t[0]} failed with exit {result.returncode}: {detail}")
@@ -272,17 +286,21 @@ class SshHost:
         if offset < 0 or max_bytes < 0:
             raise ValueError("offset and max_bytes must be >= 0")
         command = shlex.join(read_command(path, offset, max_bytes))
-        async with self._channels:
-            conn, proc = await self._open(lambda c: c.create_process(command, encoding=None))
-            try:
-                out, err = await asyncio.wait_for(proc.communicate(), 60)
-                await proc.wait_closed()
-            except asyncio.TimeoutError:
+        proc = None
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                async with self._channels:
+                    conn, proc = await self._open(lambda c: c.create_process(command, encoding=None))
+                    try:
+                        out, err = await proc.communicate()
+                        await proc.wait_closed()
+                    except _DROPPED as exc:
+                        self._mark_dead(conn)
+                        raise HostDisconnected(f"{self.name}: connection lost reading {path}") from exc
+        except TimeoutError:
+            if proc is not None:
                 _abandon(proc)
-                raise CommandTimeout(f"{self.name}: reading {path} took over 60 s") from None
-            except _DROPPED as exc:
-                self._mark_dead(conn)
-                raise HostDisconnected(f"{self.name}: connection lost reading {path}") from exc
+            raise CommandTimeout(f"{self.name}: reading {path} took over {READ_TIMEOUT_S} s") from None
         if proc.returncode != 0:
             raise HostError(f"{self.name}: cannot read {path}: "
                             f"{(err or b'').decode(errors='replace').strip() or proc.returncode}")
@@ -291,6 +309,13 @@ class SshHost:
     async def upload(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
         directory, base = os.path.split(remote_path)
         tmp = os.path.join(directory, f".{base}.{os.urandom(4).hex()}.tmp")
+        try:
+            async with asyncio.timeout(UPLOAD_TIMEOUT_S):
+                await self._upload(data, tmp, remote_path, mode)
+        except TimeoutError:
+            raise CommandTimeout(f"{self.name}: upload to {remote_path} took over {UPLOAD_TIMEOUT_S} s") from None
+
+    async def _upload(self, data: bytes, tmp: str, remote_path: str, mode: int) -> None:
         async with self._channels:
             conn, sftp = await self._open(lambda c: c.start_sftp_client())
             try:
@@ -347,7 +372,12 @@ class SshHost:
 
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         try:
-            await self._connection()  # fail here, not on the first request, if the host is down
+            # fail here, not on the first request, if the host is down (and within a bounded time)
+            try:
+                async with asyncio.timeout(2 * self.connect_timeout + 10):
+                    await self._connection()
+            except TimeoutError:
+                raise HostUnreachable(f"cannot reach {self._where()} for a port forward") from None
             yield server.sockets[0].getsockname()[1]
         finally:
             server.close()

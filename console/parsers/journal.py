@@ -20,6 +20,7 @@ class JournalEntry:
     pid: int | None = None
     priority: int | None = None  # syslog level: 3 = err, 4 = warning, 6 = info
     from_manager: bool = False  # systemd's own line about the unit ("Started ...", "Main process exited")
+    invocation: str | None = None  # which run of the unit wrote it (`_SYSTEMD_INVOCATION_ID`)
 
 
 def _text(value: object) -> str:
@@ -61,6 +62,8 @@ def parse_journal_json(line: str | bytes) -> JournalEntry | None:
     manager_unit = record.get("UNIT") or record.get("USER_UNIT")
     from_manager = bool(manager_unit) and (system_unit in (None, "init.scope") or _int(record.get("_PID")) == 1)
     unit = manager_unit if from_manager else (system_unit or manager_unit)
+    # the program's own lines carry `_SYSTEMD_INVOCATION_ID`; systemd's lines about the unit `INVOCATION_ID`
+    invocation = record.get("_SYSTEMD_INVOCATION_ID") or (record.get("INVOCATION_ID") if from_manager else None)
     return JournalEntry(
         cursor=cursor if isinstance(cursor, str) and cursor else None,
         ts=usec / 1_000_000 if usec is not None and usec >= 0 else None,
@@ -69,6 +72,7 @@ def parse_journal_json(line: str | bytes) -> JournalEntry | None:
         pid=_int(record.get("_PID")),
         priority=_int(record.get("PRIORITY")),
         from_manager=from_manager,
+        invocation=invocation if isinstance(invocation, str) and invocation else None,
     )
 
 

@@ -7,7 +7,7 @@ from console.telemetry.snapshot import ServiceInfo
 
 SYSTEMCTL_SHOW_PROPS: list[str] = [
     "ActiveState", "SubState", "Result", "NRestarts", "ExecMainPID", "ActiveEnterTimestamp",
-    "MemoryCurrent", "LoadState",
+    "MemoryCurrent", "LoadState", "InvocationID",
 ]
 # systemd prints uint64 max for "no value" (e.g. MemoryCurrent without memory accounting)
 _UINT64_MAX = 2**64 - 1
@@ -78,6 +78,7 @@ def read_unit_status(text: str, unit: str = "") -> UnitStatus:
         main_pid=pid if pid else None,  # 0 means no main process
         memory_bytes=_count(props.get("MemoryCurrent")),
         result=result,
+        invocation=props.get("InvocationID") or None,
     )
     return UnitStatus(service=service, load_state=load_state, note=note)
 

@@ -2,16 +2,47 @@
 
 httpx is fine here: a handful of requests a second at most. A connection refused is the normal state
 while vLLM loads (it binds only at the end), so it is reported as "not listening", never as an error.
+The server is untrusted: every check has one overall deadline (httpx's timeouts are per read, so a
+server dripping a byte a second would hold a plain request for ever) and every body a size cap.
 """
 from __future__ import annotations
 
-import os
+import asyncio
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from console.profile import Profile
+from console.profile import Profile, api_key
+
+CHECK_DEADLINE_S = 5.0  # /health + /version + /v1/models together
+METRICS_DEADLINE_S = 5.0
+JSON_BODY_MAX = 1 << 20  # /version, /v1/models, /_sim/info
+METRICS_BODY_MAX = 8 << 20  # a real exposition is tens of KB; a million lines is not a server we serve
+DEEP_BODY_MAX = 4 << 20
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _get(client: httpx.AsyncClient, path: str, cap: int, **kw) -> tuple[int, bytes]:
+    """GET with the body read up to `cap` bytes (more is an error, never buffered)."""
+    async with client.stream("GET", path, **kw) as r:
+        body = bytearray()
+        async for chunk in r.aiter_bytes():
+            body += chunk
+            if len(body) > cap:
+                raise BodyTooLarge(f"GET {path}: body over {cap // 1024} KiB")
+        return r.status_code, bytes(body)
+
+
+def _json(body: bytes):
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -34,25 +65,20 @@ class DeepCheck:
     finish_reason: str | None = None
 
 
-def api_key(profile: Profile) -> str | None:
-    """From the environment variable or file the profile names; the key itself is never in a profile."""
-    s = profile.server
-    if s.api_key_env and os.environ.get(s.api_key_env):
-        return os.environ[s.api_key_env]
-    if s.api_key_file:
-        try:
-            return Path(s.api_key_file).expanduser().read_text().strip() or None
-        except OSError:
-            return None
-    return None
-
-
 def _headers(profile: Profile) -> dict[str, str]:
     key = api_key(profile)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 async def check_http(client: httpx.AsyncClient, profile: Profile) -> HttpState:
+    try:
+        return await asyncio.wait_for(_check_http(client, profile), CHECK_DEADLINE_S)
+    except asyncio.TimeoutError:
+        return HttpState(listening=True, error=f"the server did not answer its health checks within "
+                                               f"{CHECK_DEADLINE_S:g} s")
+
+
+async def _check_http(client: httpx.AsyncClient, profile: Profile) -> HttpState:
     state = HttpState()
     try:
         r = await client.get("/health")
@@ -67,21 +93,26 @@ async def check_http(client: httpx.AsyncClient, profile: Profile) -> HttpState:
         state.error = f"GET /health returned {r.status_code}"
         return state
     try:
-        v = await client.get("/version")
-        if v.status_code == 200:
-            state.version = str(v.json().get("version")) if isinstance(v.json(), dict) else None
-        m = await client.get("/v1/models", headers=_headers(profile))
-        if m.status_code == 200:
-            data = m.json().get("data") or []
-            if data and isinstance(data[0], dict):
-                state.model_id = data[0].get("id")
+        code, body = await _get(client, "/version", JSON_BODY_MAX)
+        version = _json(body) if code == 200 else None
+        if isinstance(version, dict) and version.get("version") is not None:
+            state.version = str(version["version"])
+        code, body = await _get(client, "/v1/models", JSON_BODY_MAX, headers=_headers(profile))
+        if code == 200:
+            models = _json(body)
+            data = models.get("data") if isinstance(models, dict) else None
+            if isinstance(data, list) and data and isinstance(data[0], dict):
+                model_id = data[0].get("id")
+                state.model_id = model_id if isinstance(model_id, str) else None
                 mml = data[0].get("max_model_len")
-                state.max_model_len = int(mml) if isinstance(mml, int) else None
-        elif m.status_code == 401:
+                state.max_model_len = mml if isinstance(mml, int) and not isinstance(mml, bool) else None
+            else:
+                state.error = "GET /v1/models: no model in the answer"
+        elif code == 401:
             state.error = "GET /v1/models: 401 unauthorized (set the profile's api_key_env or api_key_file)"
         else:
-            state.error = f"GET /v1/models returned {m.status_code}"
-    except (httpx.HTTPError, ValueError, AttributeError) as e:
+            state.error = f"GET /v1/models returned {code}"
+    except (httpx.HTTPError, BodyTooLarge) as e:
         state.error = f"reading /version or /v1/models failed: {e}"
     return state
 
@@ -89,18 +120,19 @@ async def check_http(client: httpx.AsyncClient, profile: Profile) -> HttpState:
 async def fetch_metrics(client: httpx.AsyncClient) -> str | None:
     """/metrics is open even with --api-key; None when it cannot be read (never an error to the caller)."""
     try:
-        r = await client.get("/metrics")
-    except httpx.HTTPError:
+        code, body = await asyncio.wait_for(_get(client, "/metrics", METRICS_BODY_MAX), METRICS_DEADLINE_S)
+    except (httpx.HTTPError, BodyTooLarge, asyncio.TimeoutError):
         return None
-    return r.text if r.status_code == 200 else None
+    return body.decode("utf-8", errors="replace") if code == 200 else None
 
 
 async def sim_text_backend(client: httpx.AsyncClient) -> str | None:
     """Demo host only: which text the vLLM stand-in serves (`GET /_sim/info`, not a vLLM endpoint)."""
     try:
-        info = (await client.get("/_sim/info")).json()
-    except (httpx.HTTPError, ValueError):
+        _, body = await asyncio.wait_for(_get(client, "/_sim/info", JSON_BODY_MAX), CHECK_DEADLINE_S)
+    except (httpx.HTTPError, BodyTooLarge, asyncio.TimeoutError):
         return None
+    info = _json(body)
     if not isinstance(info, dict) or not info.get("text_backend"):
         return None
     backend = str(info["text_backend"])
@@ -125,22 +157,36 @@ async def deep_check(client: httpx.AsyncClient, profile: Profile, *, timeout: fl
     }
     if profile.generate.chat_template_kwargs:
         body["chat_template_kwargs"] = profile.generate.chat_template_kwargs
+
+    async def post() -> tuple[int, bytes]:
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=_headers(profile),
+                                 timeout=timeout) as r:
+            data = bytearray()
+            async for chunk in r.aiter_bytes():
+                data += chunk
+                if len(data) > DEEP_BODY_MAX:
+                    raise BodyTooLarge(f"answer over {DEEP_BODY_MAX >> 20} MiB")
+            return r.status_code, bytes(data)
+
     try:
-        r = await client.post("/v1/chat/completions", json=body, headers=_headers(profile), timeout=timeout)
-    except httpx.HTTPError as e:
+        status, raw = await asyncio.wait_for(post(), timeout)
+    except asyncio.TimeoutError:
+        return DeepCheck(False, f"chat completion did not finish within {timeout:g} s")
+    except (httpx.HTTPError, BodyTooLarge) as e:
         return DeepCheck(False, f"chat completion failed: {type(e).__name__}: {e}")
-    try:
-        payload = r.json()
-    except ValueError:
-        return DeepCheck(False, f"chat completion returned {r.status_code} with a non-JSON body")
-    if r.status_code != 200:
+    payload = _json(raw)
+    if payload is None:
+        return DeepCheck(False, f"chat completion returned {status} with a non-JSON body")
+    if status != 200:
         err = payload.get("error") if isinstance(payload, dict) else None
         msg = err.get("message") if isinstance(err, dict) else (payload.get("message") if isinstance(payload, dict) else None)
-        return DeepCheck(False, f"chat completion returned {r.status_code}: {msg or payload}")
+        return DeepCheck(False, f"chat completion returned {status}: {msg or payload}")
     try:
         choice = payload["choices"][0]
         message = choice.get("message") or {}
-    except (KeyError, IndexError, TypeError):
+        if not isinstance(message, dict):
+            raise TypeError
+    except (KeyError, IndexError, TypeError, AttributeError):
         return DeepCheck(False, "chat completion answer has no choices[0].message")
     field = None
     reasoning = None

@@ -29,20 +29,22 @@ class MetricsWindow:
     def feed(self, text: str, now: float, model_name: str | None) -> ServerMetrics:
         self.last_scrape = now
         cur = parse_vllm_metrics(text, model_name)
-        out = ServerMetrics(
-            requests_running=int(cur.requests_running) if cur.requests_running is not None else None,
-            requests_waiting=int(cur.requests_waiting) if cur.requests_waiting is not None else None,
-            kv_cache_usage_pct=round(cur.kv_cache_usage * 100, 1) if cur.kv_cache_usage is not None else None)
+        rates: dict = {}
         if self.prev is not None:
             then, prev = self.prev
             dt = now - then
-            out.generation_tps = _rate(prev.generation_tokens_total, cur.generation_tokens_total, dt)
-            out.prompt_tps = _rate(prev.prompt_tokens_total, cur.prompt_tokens_total, dt)
+            rates.update(generation_tps=_rate(prev.generation_tokens_total, cur.generation_tokens_total, dt),
+                         prompt_tps=_rate(prev.prompt_tokens_total, cur.prompt_tokens_total, dt))
             window = spec_decode_window(prev, cur)
             if window is not None:
-                out.spec_acceptance_rate = window.acceptance_rate
-                out.spec_mean_acceptance_length = window.mean_acceptance_length
-                out.spec_per_position = list(window.per_position)
+                rates.update(spec_acceptance_rate=window.acceptance_rate,
+                             spec_mean_acceptance_length=window.mean_acceptance_length,
+                             spec_per_position=tuple(window.per_position))
+        out = ServerMetrics(
+            requests_running=int(cur.requests_running) if cur.requests_running is not None else None,
+            requests_waiting=int(cur.requests_waiting) if cur.requests_waiting is not None else None,
+            kv_cache_usage_pct=round(cur.kv_cache_usage * 100, 1) if cur.kv_cache_usage is not None else None,
+            **rates)
         self.prev = (now, cur)
         self.current = out
         return out

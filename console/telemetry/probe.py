@@ -12,14 +12,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from console.control.units import stage_unit_name
+from console.parsers.systemd import SYSTEMCTL_SHOW_PROPS
+from console.parsers.tmux import PANE_FORMAT
 from console.profile import Profile
 
-SYSTEMCTL_PROPS = (
-    "LoadState,ActiveState,SubState,Result,NRestarts,ExecMainPID,ActiveEnterTimestamp,"
-    "MemoryCurrent,InvocationID"
-)
-TMUX_PANE_FORMAT = "#{pane_pid} #{pane_dead} #{pane_dead_status}"
-EVENTS_READ_MAX = 512 * 1024  # per run per tick: a long backlog arrives over a few ticks
 SERVER_LOG_READ_MAX = 256 * 1024
 
 
@@ -27,12 +24,17 @@ SERVER_LOG_READ_MAX = 256 * 1024
 class EventsRead:
     run_dir: str
     offset: int
+    limit: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class Section:
-    text: str
+    text: str  # decoded with surrogateescape: `data` gives the exact bytes back
     rc: int | None
+
+    @property
+    def data(self) -> bytes:
+        return self.text.encode("utf-8", "surrogateescape")
 
 
 @dataclass
@@ -42,21 +44,23 @@ class ProbePlan:
     sections: list[str] = field(default_factory=list)
 
 
-def stage_unit_name(stage: str, run_id: str) -> str:
-    return f"e3-{stage}-{run_id}"
-
-
 def service_argv(profile: Profile) -> list[list[str]]:
     unit = profile.server.unit
     if profile.server.manager == "systemd":
-        return [["systemctl", "show", unit, "-p", SYSTEMCTL_PROPS]]
+        return [["systemctl", "show", unit, "-p", ",".join(SYSTEMCTL_SHOW_PROPS)]]
     # `=NAME` makes tmux match the session name exactly rather than by prefix
-    return [["tmux", "list-panes", "-t", f"={unit}", "-F", TMUX_PANE_FORMAT]]
+    return [["tmux", "list-panes", "-t", f"={unit}", "-F", PANE_FORMAT]]
 
 
-def _read_bytes(path: str, offset: int, limit: int) -> str:
+def _read_bytes(path: str, offset: int, limit: int, *, identity: bool = False) -> str:
+    """Up to `limit` bytes of `path` from `offset`; with `identity`, first a line `INODE SIZE` so a file
+    replaced (log rotation) or cut short (copytruncate) is noticed."""
     tail = shlex.join(["tail", "-c", f"+{offset + 1}", path])
-    return f"{tail} 2>/dev/null | {shlex.join(['head', '-c', str(limit)])}"
+    read = f"{tail} 2>/dev/null | {shlex.join(['head', '-c', str(limit)])}"
+    if identity:
+        stat = shlex.join(["stat", "-L", "-c", "%i %s", path])
+        read = f"{{ {stat} 2>/dev/null || echo '0 0'; }}; {read}"
+    return read
 
 
 def listen_check(port: int) -> str:
@@ -110,14 +114,14 @@ def build_probe(profile: Profile, *, events: Sequence[EventsRead] = (), stage_un
         plan.sections.append("listen")
         parts.append(f"echo {shlex.quote(marker + ' listen')}; {listen_check(listen_port)}; "
                      f"echo {shlex.quote(marker)} rc=$?")
-    reads = [(f"events:{i}", f"{ev.run_dir}/events.jsonl", ev.offset, EVENTS_READ_MAX)
+    reads = [(f"events:{i}", f"{ev.run_dir}/events.jsonl", ev.offset, ev.limit, False)
              for i, ev in enumerate(events)]
     if server_log is not None:
-        reads.append(("server_log", server_log[0], server_log[1], SERVER_LOG_READ_MAX))
-    for name, path, offset, limit in reads:
+        reads.append(("server_log", server_log[0], server_log[1], SERVER_LOG_READ_MAX, True))
+    for name, path, offset, limit, identity in reads:
         plan.sections.append(name)
         # the extra `echo` ends a line-less read so the marker always starts a line
-        parts.append(f"echo {shlex.quote(marker + ' ' + name)}; {_read_bytes(path, offset, limit)}; "
+        parts.append(f"echo {shlex.quote(marker + ' ' + name)}; {_read_bytes(path, offset, limit, identity=identity)}; "
                      f"echo; echo {shlex.quote(marker)} rc=$?")
     return ["sh", "-c", "\n".join(parts)], plan
 

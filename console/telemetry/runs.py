@@ -4,6 +4,11 @@ A run's state comes from its own events first (a finish event says done, failed 
 unit second: no finish and no live unit means the program died without a word (kill -9, reboot): stale.
 A stale run shows what its last events said is on disk: the generate stage reports every durable batch
 and starts with what it found on disk, so that is the record count a resume would start from.
+
+Reads are bounded: one probe asks for at most PROBE_EVENTS_BUDGET bytes of events in all (unfinished and
+newest runs first, the rest on later probes), an old run found at start-up is read from its tail only
+(its last events say how it ended), and a line longer than one read makes the next read larger instead
+of stopping that run's reader for good.
 """
 from __future__ import annotations
 
@@ -11,9 +16,15 @@ from dataclasses import dataclass, field
 
 from backend.events import Event, parse_events
 from console.telemetry.snapshot import RunInfo
-from console.telemetry.probe import EventsRead, RunFile, stage_unit_name
+from console.control.units import stage_unit_name
+from console.telemetry.probe import EventsRead, RunFile
 
 HISTORY_MAX = 2000  # progress events kept per run for curves
+READ_LIMIT = 512 * 1024  # bytes of one run's events per probe, to begin with
+READ_LIMIT_MAX = 64 << 20  # a single line longer than this is skipped
+PROBE_EVENTS_BUDGET = 2 << 20  # bytes of events in one probe, all runs together
+TAIL_BYTES = 64 * 1024  # how much of an old run is read when it is found
+FULL_HISTORY_RUNS = 4  # the newest runs are read whole (their curves), older ones from the tail
 
 
 @dataclass
@@ -22,6 +33,9 @@ class RunTrack:
     run_id: str
     offset: int = 0  # bytes of events.jsonl consumed
     size: int = 0  # its size at the last listing
+    mtime: float = 0.0
+    read_limit: int = READ_LIMIT
+    skip_partial: bool = False  # the next read starts mid-line: drop up to the first newline
     stage: str = ""
     total: int = 0
     progress: dict | None = None
@@ -64,26 +78,55 @@ class RunBook:
         self.tracks: dict[str, RunTrack] = {}
         self.unit_states: dict[str, str] = {}
 
-    def reads_wanted(self) -> list[EventsRead]:
+    def reads_wanted(self, budget: int = PROBE_EVENTS_BUDGET) -> list[EventsRead]:
         # unfinished runs are read every time, whatever the last listing said: the probe asks their
         # units before it reads their events, so a finish written just before the exit is never missed
-        return [EventsRead(t.run_dir, t.offset) for t in self.tracks.values()
-                if t.size > t.offset or (t.stage and t.finish is None)]
+        wanted = [t for t in self.tracks.values() if t.size > t.offset or (t.stage and t.finish is None)]
+        wanted.sort(key=lambda t: (not (t.stage and t.finish is None), -t.mtime))
+        reads = []
+        for t in wanted:
+            if budget <= 0:
+                break
+            limit = min(t.read_limit, budget)
+            if not (t.stage and t.finish is None):
+                # done, or not read yet: what the listing saw is all there is to read (a line longer
+                # than one read still gets the larger read it asked for)
+                limit = min(limit, max(t.size - t.offset, 1))
+            reads.append(EventsRead(t.run_dir, t.offset, limit))
+            budget -= limit
+        return reads
 
     def pending_units(self) -> list[str]:
         return [t.unit for t in self.tracks.values() if t.finish is None and t.stage]
 
     def apply_listing(self, files: list[RunFile]) -> None:
+        newest = {rf.run_dir for rf in sorted(files, key=lambda f: f.mtime)[-FULL_HISTORY_RUNS:]}
         for rf in files:
             track = self.tracks.get(rf.run_dir)
             if track is None or rf.size < track.offset:  # new, or replaced (`--fresh` archived the old one)
                 track = self.tracks[rf.run_dir] = RunTrack(rf.run_dir, rf.run_id)
-            track.size = rf.size
+                if rf.run_dir not in newest and rf.size > TAIL_BYTES:
+                    track.offset, track.skip_partial = rf.size - TAIL_BYTES, True
+            track.size, track.mtime = rf.size, rf.mtime
 
-    def apply_events(self, run_dir: str, data: bytes) -> None:
+    def apply_events(self, run_dir: str, data: bytes, limit: int = READ_LIMIT) -> None:
         track = self.tracks[run_dir]
+        full = len(data) >= limit
+        if track.skip_partial:
+            cut = data.find(b"\n")
+            if cut < 0:
+                track.offset += len(data) if full else 0
+                return
+            track.offset += cut + 1
+            data, track.skip_partial = data[cut + 1:], False
         events, consumed = parse_events(data)
         track.offset += consumed
+        if consumed == 0 and full:
+            if track.read_limit < READ_LIMIT_MAX:
+                track.read_limit = min(READ_LIMIT_MAX, track.read_limit * 4)  # one long line: read more
+            else:
+                track.offset += len(data)
+                track.skip_partial = True  # beyond any sane size: skip that line
         for ev in events:
             track.apply(ev)
 

@@ -1,36 +1,40 @@
 """Typed records the collectors produce and the panes and `status --json` consume.
 
 One snapshot type, shared by the headless CLI and the Textual app, so both always show the same facts.
-Field names follow the `status --json` contract exactly (see README, "status --json").
+Every record is a frozen value: a snapshot handed out is never changed afterwards, so two snapshots can
+be compared, and a pane can keep the last one without a copy. Field names follow the `status --json`
+contract exactly (see README, "status --json").
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Phase = Literal[
-    "stopped", "starting", "loading_weights", "compiling", "allocating_kv_cache",
-    "capturing_cuda_graphs", "starting_api", "ready", "failed", "unknown",
-]
-PHASES: tuple[str, ...] = (
-    "stopped", "starting", "loading_weights", "compiling", "allocating_kv_cache",
-    "capturing_cuda_graphs", "starting_api", "ready", "failed", "unknown",
+# The one definition of the server's load phases. LOAD_ORDER is the order a healthy load moves through
+# (phases only move forward within one load); the others are outcomes.
+LOAD_ORDER: tuple[str, ...] = (
+    "starting", "loading_weights", "compiling", "allocating_kv_cache", "capturing_cuda_graphs",
+    "starting_api", "ready",
 )
+PHASES: tuple[str, ...] = ("stopped", *LOAD_ORDER, "failed", "unknown")
+Phase = str  # one of PHASES
 
 
-@dataclass
+@dataclass(frozen=True)
 class HostInfo:
     name: str
     reachable: bool = False
     error: str | None = None
-    rtt_ms: float | None = None
+    rtt_ms: float | None = None  # the last probe's own round trip, never time spent waiting on a dead link
     simulated: bool = False
     sim_text: str | None = None  # demo host only: which text backend the vLLM stand-in runs
+    # set while a refresh has not answered within its deadline: the values shown are the last known
+    not_answering_since: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServiceInfo:
-    manager: Literal["systemd", "tmux"]
+    manager: str  # "systemd" | "tmux"
     unit: str
     active_state: str = "unknown"
     sub_state: str = "unknown"
@@ -40,15 +44,16 @@ class ServiceInfo:
     main_pid: int | None = None
     memory_bytes: int | None = None
     result: str | None = None
+    invocation: str | None = None  # systemd's InvocationID: which run of the unit the log lines belong to
 
 
-@dataclass
+@dataclass(frozen=True)
 class Progress:
     done: int
     total: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerMetrics:
     """From vLLM's /metrics (rates over the interval between two scrapes)."""
     requests_running: int | None = None
@@ -58,15 +63,15 @@ class ServerMetrics:
     prompt_tps: float | None = None
     spec_acceptance_rate: float | None = None  # accepted / drafted tokens, drafter only
     spec_mean_acceptance_length: float | None = None
-    spec_per_position: list[float] | None = None
+    spec_per_position: tuple[float, ...] | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerInfo:
     phase: Phase = "unknown"
     progress: Progress | None = None
     eta_s: float | None = None
-    eta_source: str | None = None  # "shards", "gpu_memory", "previous_load"
+    eta_source: str | None = None  # "shards", "gpu_memory", "checkpoint_size", "previous_load"
     fraction: float | None = None  # 0..1 of the weight loading, from the best signal
     model_id: str | None = None
     max_model_len: int | None = None
@@ -77,7 +82,7 @@ class ServerInfo:
     metrics: ServerMetrics | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class GpuInfo:
     index: int
     name: str
@@ -88,12 +93,12 @@ class GpuInfo:
     power_w: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunInfo:
     """One stage run found on the host (from its events.jsonl)."""
     stage: str
     run_id: str
-    state: str  # idle | running | done | failed | stale
+    state: str  # running | done | failed | stopped | stale
     unit: str | None = None
     done: int = 0
     total: int = 0
@@ -103,14 +108,14 @@ class RunInfo:
     last_event: dict[str, Any] | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Snapshot:
     host: HostInfo
     service: ServiceInfo
     server: ServerInfo = field(default_factory=ServerInfo)
-    gpus: list[GpuInfo] = field(default_factory=list)
+    gpus: tuple[GpuInfo, ...] = ()
     gpu_error: str | None = None
-    runs: list[RunInfo] = field(default_factory=list)
+    runs: tuple[RunInfo, ...] = ()
     free_bytes: int | None = None  # on the work dir's volume
     taken_at: float = 0.0
 

@@ -14,11 +14,14 @@ from typing import Awaitable, Callable
 from textual import work
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, ScrollableContainer, Vertical
+from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from console.control.stages import STAGES, ActionResult, Controller, JournalLine
+from console.control.stages import STAGES
+from console.session import ActionResult, Controller, JournalLine
+from console.parsers.text import clean_block
 from console.ui.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
 from console.telemetry.snapshot import Snapshot
 from console.ui.panes.command_log import CommandLogPane
@@ -27,7 +30,7 @@ from console.ui.panes.gpus import GpusPane
 from console.ui.panes.header import ConnectionBanner, HeaderPane
 from console.ui.panes.journal import JournalPane, LineBatcher
 from console.ui.panes.messages import (ActionDone, FilterClosed, JournalCommand, JournalLines, JournalUnit,
-                                    SnapshotUpdated, StageSelected, StreamProblem)
+                                    StageSelected, StreamProblem)
 from console.ui.panes.notices import transitions
 from console.ui.panes.readiness import ReadinessPane
 from console.ui.panes.service import ServicePane
@@ -48,6 +51,8 @@ class ConsoleApp(App[None]):
     ENABLE_COMMAND_PALETTE = False  # its actions would bypass --readonly
     AUTO_FOCUS = None  # on_mount focuses the stage list without scrolling the pane area to it
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]  # sets the screen class app.tcss uses
+    # the latest snapshot; every pane's own `snapshot` is bound to it
+    snapshot: reactive[Snapshot | None] = reactive(None, init=False)
 
     def __init__(self, controller: Controller, readonly: bool = False,
                  keymap_path: str | os.PathLike[str] | None = None, *,
@@ -60,6 +65,7 @@ class ConsoleApp(App[None]):
         self.clock = clock or time.time
         self.selected_stage: str = STAGES[0]
         self.journal_unit: str | None = None
+        self.journal_stage: str | None = None  # the stage whose newest run the log view follows
         self.last_snapshot: Snapshot | None = None
         self.results: list[tuple[str, ActionResult]] = []
         self._prev: Snapshot | None = None
@@ -67,19 +73,21 @@ class ConsoleApp(App[None]):
 
     def compose(self) -> ComposeResult:
         c = self.controller
+        bound = ConsoleApp.snapshot
         with Vertical(id="top"):
-            yield HeaderPane(c.profile_name, c.host_name, c.simulated, self.clock, self.readonly, id="header")
-            yield ConnectionBanner(id="banner")
+            yield HeaderPane(c.profile_name, c.host_name, c.simulated, self.clock, self.readonly,
+                             id="header").data_bind(bound)
+            yield ConnectionBanner(id="banner").data_bind(bound)
         # Scrollable: many GPUs or a short terminal must not push the journal or header off screen.
         with ScrollableContainer(id="main", can_focus=False):
             with Vertical(id="left"):
-                yield ServicePane(id="service")
-                yield ReadinessPane(id="readiness")
-                yield StagesPane(id="stages")
+                yield ServicePane(id="service").data_bind(bound)
+                yield ReadinessPane(id="readiness").data_bind(bound)
+                yield StagesPane(id="stages").data_bind(bound)
             with Vertical(id="right"):
-                yield GpusPane(id="gpus")
-                yield GenerationPane(id="generation")
-                yield TrainingPane(id="training")
+                yield GpusPane(id="gpus").data_bind(bound)
+                yield GenerationPane(id="generation").data_bind(bound)
+                yield TrainingPane(id="training").data_bind(bound)
         with Horizontal(id="bottom"):
             yield JournalPane(id="journal")
             yield CommandLogPane(id="commands")
@@ -88,9 +96,6 @@ class ConsoleApp(App[None]):
     def on_mount(self) -> None:
         if self.keymap:
             self.set_keymap(self.keymap)
-        self._snapshot_targets = [self.query_one(f"#{i}") for i in
-                                  ("header", "banner", "service", "readiness", "stages", "gpus",
-                                   "generation", "training")]
         self.query_one(StageList).focus(scroll_visible=False)
         self._consume_snapshots()
 
@@ -102,17 +107,17 @@ class ConsoleApp(App[None]):
             try:
                 async for snapshot in self.controller.snapshots():
                     self.dispatch_snapshot(snapshot)
+                if getattr(self.controller, "final_error", None):
+                    return  # refused for good (a key or host key): the banner says what to do
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the controller should reconnect itself; this is the last net
+            except Exception as exc:  # the session should reconnect itself; this is the last net
                 self.query_one(ConnectionBanner).post_message(StreamProblem(f"{type(exc).__name__}: {exc}"))
             await asyncio.sleep(RETRY_S)
 
     def dispatch_snapshot(self, snapshot: Snapshot) -> None:
-        now = self.clock()
         self.last_snapshot = snapshot
-        for target in self._snapshot_targets:
-            target.post_message(SnapshotUpdated(snapshot, now))
+        self.snapshot = snapshot
         try:
             notices = transitions(self._prev, snapshot)
             unit = snapshot.service.unit
@@ -120,20 +125,25 @@ class ConsoleApp(App[None]):
         except Exception:  # malformed snapshot: the panes show the error, no toast
             notices, unit, reachable = [], None, False
         for notice in notices:
-            self.notify(notice.text, severity=notice.severity)  # type: ignore[arg-type]
+            self.notify(notice.text, severity=notice.severity, markup=False)  # type: ignore[arg-type]
         if reachable:
             self._prev = snapshot
         if self.journal_unit is None and isinstance(unit, str) and unit:
             self.follow_unit(unit)
+        elif self.journal_stage is not None:
+            # `l` follows a stage, not one run of it: a new run of that stage takes over the view
+            current = self._unit_of(self.journal_stage)
+            if current and current != self.journal_unit:
+                self.follow_unit(current, stage=self.journal_stage)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         # Workers catch what they expect; anything else is a bug, shown rather than fatal.
         if event.state == WorkerState.ERROR:
             self.notify(f"{event.worker.name or event.worker.group}: {event.worker.error!r}",
-                        title="internal error", severity="error")
+                        title="internal error", severity="error", markup=False)
 
-    def follow_unit(self, unit: str) -> None:
-        self.journal_unit = unit
+    def follow_unit(self, unit: str, stage: str | None = None) -> None:
+        self.journal_unit, self.journal_stage = unit, stage
         self.query_one(JournalPane).post_message(JournalUnit(unit))
         self._follow_journal(unit)
 
@@ -172,10 +182,13 @@ class ConsoleApp(App[None]):
     def action_show_log(self) -> None:
         unit = self._unit_of(self.selected_stage)
         if unit is None:
-            self.notify(f"Stage {self.selected_stage} has no unit yet (not started?)", severity="warning")
+            self.notify(f"Stage {self.selected_stage} has no unit yet (not started?)", severity="warning",
+                        markup=False)
             return
         if unit != self.journal_unit:
-            self.follow_unit(unit)
+            self.follow_unit(unit, stage=self.selected_stage)
+        else:
+            self.journal_stage = self.selected_stage
 
     def _unit_of(self, stage: str) -> str | None:
         if self.last_snapshot is None:
@@ -214,7 +227,7 @@ class ConsoleApp(App[None]):
 
     def _refused(self, action: str) -> bool:
         if self.readonly and action in MUTATING_ACTIONS:
-            self.notify(f"read-only console: {action} is not available", severity="warning")
+            self.notify(f"read-only console: {action} is not available", severity="warning", markup=False)
             return True
         return False
 
@@ -248,7 +261,7 @@ class ConsoleApp(App[None]):
             if yes:
                 self._run(name, call)
             else:
-                self.notify(f"{name}: cancelled", timeout=2)
+                self.notify(f"{name}: cancelled", timeout=2, markup=False)
         self.push_screen(ConfirmScreen(question, detail), answered)
 
     def _run(self, name: str, call: Callable[[], Awaitable[ActionResult]]) -> None:
@@ -262,5 +275,6 @@ class ConsoleApp(App[None]):
         self.results.append((name, result))
         self.query_one(CommandLogPane).post_message(ActionDone(name, result, self.clock()))
         commands = "\n".join(f"$ {c}" for c in result.commands)
-        self.notify(f"{result.message}\n{commands}".strip(), title=f"{name}: {'ok' if result.ok else 'failed'}",
-                    severity="information" if result.ok else "error")
+        self.notify(clean_block(f"{result.message}\n{commands}".strip()),
+                    title=f"{name}: {'ok' if result.ok else 'failed'}",
+                    severity="information" if result.ok else "error", markup=False)

@@ -1,35 +1,64 @@
-"""Shared pane behaviour: error containment, data age, and repaint-only-on-change text."""
+"""Shared pane behaviour: data binding, error containment, data age, and repaint-only-on-change text.
+
+Panes get the app's snapshot through a bound reactive (`data_bind`: attributes down, messages up).
+Text from the host or a profile is never parsed as markup: it goes into our own markup templates as
+`$variables` (`markup()`), which Textual inserts as plain text whatever brackets or backslashes it holds.
+"""
 from __future__ import annotations
 
+import time
 from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.markup import escape
+from textual.content import Content
+from textual.reactive import reactive
 from textual.widgets import Static
 
 from console.telemetry.snapshot import Snapshot
-from console.ui.panes.messages import SnapshotUpdated
+
+
+def markup(template: str, **values: object) -> Content:
+    """Our markup template with `$name` values inserted as plain text (never parsed)."""
+    return Content.from_markup(template, **{k: "" if v is None else str(v) for k, v in values.items()})
+
+
+def lines(*parts: Content | str) -> Content:
+    """Lines joined with newlines; a `str` part is our own markup."""
+    return Content("\n").join(Content.from_markup(p) if isinstance(p, str) else p for p in parts)
 
 
 class Text(Static):
-    """A Static that repaints only when its markup actually changes (keeps idle CPU near zero)."""
+    """A Static that repaints only when its content actually changes (keeps idle CPU near zero).
+    A `str` is our own markup; remote text must come in a Content made by `markup()`."""
 
-    def __init__(self, markup: str = "", **kwargs) -> None:
-        super().__init__(markup, **kwargs)
-        self._markup = markup
+    def __init__(self, content: Content | str = "", **kwargs) -> None:
+        content = Content.from_markup(content) if isinstance(content, str) else content
+        super().__init__(content, **kwargs)
+        self._content = content
 
-    def show(self, markup: str) -> None:
-        if markup != self._markup:
+    def show(self, content: Content | str) -> None:
+        content = Content.from_markup(content) if isinstance(content, str) else content
+        if content != self._content:
             # A relayout of the whole screen costs far more than repainting one widget: only ask for
             # one when the height can change (every Text here spans its container's width).
-            layout = markup.count("\n") != self._markup.count("\n") or not markup or not self._markup
-            self._markup = markup
-            self.update(markup, layout=layout)
+            old = self._content.plain
+            layout = content.plain.count("\n") != old.count("\n") or not content.plain or not old
+            self._content = content
+            self.update(content, layout=layout)
 
     @property
     def markup_text(self) -> str:
-        return self._markup
+        return self._content.markup
+
+    @property
+    def plain(self) -> str:
+        return self._content.plain
+
+
+def app_clock(node) -> float:
+    clock = getattr(node.app, "clock", None)
+    return clock() if callable(clock) else time.time()
 
 
 def age_text(seconds: float) -> str:
@@ -42,13 +71,15 @@ def age_text(seconds: float) -> str:
 
 
 class Pane(Vertical):
-    """A bordered pane fed by SnapshotUpdated; subclasses implement `compose_body` and `render_snapshot`.
+    """A bordered pane bound to the app's snapshot; subclasses implement `compose_body` and
+    `render_snapshot`.
 
     While the host is unreachable the pane keeps its last good data and says how old it is. An
     exception while rendering (bad or missing data) is shown inside the pane instead of reaching the app.
     """
 
     TITLE: ClassVar[str] = ""
+    snapshot: reactive[Snapshot | None] = reactive(None, init=False)  # bound to the app's
     DEFAULT_CSS = """
     Pane { border: round $primary 50%; height: auto; padding: 0 1; }
     Pane:focus-within { border: round $accent; }
@@ -73,14 +104,21 @@ class Pane(Vertical):
     def render_snapshot(self, snapshot: Snapshot) -> None:
         raise NotImplementedError
 
-    def on_snapshot_updated(self, message: SnapshotUpdated) -> None:
-        snapshot = message.snapshot
-        if snapshot.host.reachable or self.last_good_at is None:
+    def watch_snapshot(self, snapshot: Snapshot | None) -> None:
+        if snapshot is None:
+            return
+        now = app_clock(self)
+        try:
+            reachable = bool(snapshot.host.reachable)
+            taken_at = snapshot.taken_at
+        except Exception:  # a malformed snapshot: shown as this pane's error below
+            reachable, taken_at = True, None
+        if reachable or self.last_good_at is None:
             self.guarded(self.render_snapshot, snapshot)
-            if snapshot.host.reachable:
-                self.last_good_at = snapshot.taken_at or message.now
-        stale = not snapshot.host.reachable and self.last_good_at is not None
-        self.set_subtitle(f"data {age_text(message.now - self.last_good_at)} old" if stale else "")
+            if reachable:
+                self.last_good_at = taken_at if isinstance(taken_at, (int, float)) and taken_at else now
+        stale = not reachable and self.last_good_at is not None
+        self.set_subtitle(f"data {age_text(now - self.last_good_at)} old" if stale else "")
 
     def guarded(self, draw, *args) -> None:
         """Run a drawing step; any exception becomes the pane's error line."""
@@ -94,7 +132,7 @@ class Pane(Vertical):
     def show_error(self, text: str | None) -> None:
         self.error = text
         box = self.query_one(".pane-error", Text)
-        box.show(f"⚠ {escape(text)}" if text else "")
+        box.show(markup("⚠ $text", text=text) if text else "")
         box.set_class(bool(text), "-shown")
 
     def set_subtitle(self, text: str) -> None:

@@ -8,6 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import RichLog
 
+from console.parsers.text import clean, clean_block
 from console.ui.panes.messages import ActionDone
 
 
@@ -15,8 +16,10 @@ def action_lines(message: ActionDone) -> list[RichText]:
     result = message.result
     stamp = time.strftime("%H:%M:%S", time.localtime(message.at))
     mark, style = ("✔", "green") if result.ok else ("✖", "bold red")
-    lines = [RichText.assemble((f"{stamp} ", "dim"), (f"{mark} {message.action}: ", style), result.message)]
-    lines += [RichText.assemble(("  $ ", "dim"), (cmd, "cyan")) for cmd in result.commands]
+    # plain Text (never markup), and cleaned again: an action's message can quote the host
+    lines = [RichText.assemble((f"{stamp} ", "dim"), (f"{mark} {message.action}: ", style),
+                               clean_block(result.message))]
+    lines += [RichText.assemble(("  $ ", "dim"), (clean(cmd), "cyan")) for cmd in result.commands]
     return lines
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.markup import escape
+from textual.content import Content
 
 from console.telemetry.snapshot import RunInfo, Snapshot
-from console.ui.panes.base import Pane, Text
+from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, human_bytes, num, pct
 
 _FREE_DISK_KEYS = ("free_disk", "disk_free_bytes", "free_disk_bytes")  # generate emits free_disk
@@ -53,37 +53,38 @@ class TokenRate:
 
 
 def by_reason(counts: Any, limit: int = 4) -> str:
-    """`prompt_too_long 2 · invalid_json 1` from an event's `*_by_reason` map (biggest first); reasons come
-    from the host, so they are cut, stripped of control characters and escaped."""
+    """`prompt_too_long 2 · invalid_json 1` from an event's `*_by_reason` map, biggest first. Plain text:
+    the reasons come from the host, so they are cut and stripped of control characters here and go into
+    the pane only as `markup()` values."""
     if not isinstance(counts, dict):
         return ""
     items = [(str(k), v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0]
     items.sort(key=lambda kv: (-kv[1], kv[0]))
-    shown = [f"{escape(''.join(ch for ch in k if ch.isprintable())[:40])} {v}" for k, v in items[:limit]]
+    shown = [f"{''.join(ch for ch in k if ch.isprintable())[:40]} {v}" for k, v in items[:limit]]
     if len(items) > limit:
         shown.append(f"+{len(items) - limit} more")
     return " · ".join(shown)
 
 
-def outcome_lines(event: dict[str, Any]) -> list[str]:
+def outcome_lines(event: dict[str, Any]) -> list[Content]:
     """Samples left out (skipped), failed and sent with a cut budget, by reason; nothing when none."""
-    lines = []
+    out = []
     skipped, reduced = int(_number(event, "skipped") or 0), int(_number(event, "reduced") or 0)
     if skipped or reduced:
         reasons = by_reason(event.get("skipped_by_reason"))
-        lines.append(f"skipped  {skipped}{': ' + reasons if reasons else ''}"
-                     + (f"   reduced max_tokens {reduced}" if reduced else ""))
+        out.append(markup("skipped  $n$reasons$reduced", n=skipped, reasons=f": {reasons}" if reasons else "",
+                          reduced=f"   reduced max_tokens {reduced}" if reduced else ""))
     failed = int(_number(event, "failed") or 0)
     reasons = by_reason(event.get("failed_by_reason"))
     if failed and reasons:
         permanent = int(_number(event, "failed_permanent") or 0)
         tail = ("   [dim]a rerun retries them[/]" if failed > permanent else "") + \
                (f"   [dim]{permanent} rejected: a rerun cannot help[/]" if permanent else "")
-        lines.append(f"failed   [red]{failed}[/]: {reasons}{tail}")
-    return lines
+        out.append(markup("failed   [red]$n[/]: $reasons", n=failed, reasons=reasons) + Content.from_markup(tail))
+    return out
 
 
-def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60) -> str:
+def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60) -> Content:
     event = run.last_event or {}
     done = int(_number(event, "done") or run.done)
     total = int(_number(event, "total") or run.total)
@@ -91,8 +92,8 @@ def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60)
     rate = run.rate if run.rate is not None else _number(event, "rate")
     frac = done / total if total else None
     free = next((event[k] for k in _FREE_DISK_KEYS if k in event), None)
-    return "\n".join([
-        f"run      [b]{escape(run.run_id)}[/b]  [dim]{escape(run.state)}[/]",
+    return lines(
+        markup("run      [b]$run[/b]  [dim]$state[/]", run=run.run_id, state=run.state),
         f"done     {done}/{total} {pct(done, total)}  ▕[green]{bar(frac, max(4, min(30, width - 40)))}[/]▏",
         f"rate     {num(rate, '{:.2f}/s')}   ETA {duration(run.eta_s)}   "
         f"errors {'[red]' if errors else ''}{errors}{'[/]' if errors else ''}",
@@ -101,7 +102,7 @@ def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60)
         f"tokens/s {num(tokens_per_s, '{:.0f}')}   written {human_bytes(_number(event, 'bytes_written'))}"
         f"   free disk {human_bytes(free) if isinstance(free, (int, float)) else 'N/A'}",
         *outcome_lines(event),
-    ])
+    )
 
 
 class GenerationPane(Pane):

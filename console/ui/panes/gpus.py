@@ -4,10 +4,10 @@ from __future__ import annotations
 from collections import deque
 
 from textual.app import ComposeResult
-from textual.markup import escape
+from textual.content import Content
 
 from console.telemetry.snapshot import GpuInfo, Snapshot
-from console.ui.panes.base import Pane, Text
+from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, level_colour, num, sparkline
 
 HISTORY = 30  # samples kept per GPU for the sparkline (about 30 s)
@@ -23,7 +23,7 @@ def _gib(mib: int | None) -> str:
     return "N/A" if mib is None else f"{mib / 1024:.1f}"
 
 
-def gpu_row(gpu: GpuInfo, history: list[float | None], width: int) -> str:
+def gpu_row(gpu: GpuInfo, history: list[float | None], width: int) -> Content:
     """One GPU as one line of markup fitted to `width` cells; narrow widths drop the extras first."""
     frac = _mem_fraction(gpu)
     mem = f"{_gib(gpu.memory_used_mib)}/{_gib(gpu.memory_total_mib)}G"
@@ -37,12 +37,12 @@ def gpu_row(gpu: GpuInfo, history: list[float | None], width: int) -> str:
     tail = tail_full if width >= 50 else f" {mem:>13} {util}"
     bar_w = width - len(head) - name_w - len(tail) - spark_w - 2
     if bar_w < 4:  # very narrow: numbers only
-        return f"{head}{mem} {util}"
-    name = f"{escape(gpu.name[:name_w - 1]):<{name_w - 1}} " if name_w else ""
+        return markup("$head$mem $util", head=head, mem=mem, util=util)
+    name = f"{gpu.name[:name_w - 1]:<{name_w - 1}} " if name_w else ""
     colour = level_colour(frac)
     mem_bar = f"[{colour}]{bar(frac, bar_w)}[/]" if frac is not None else f"[dim]{'N/A'.center(bar_w)}[/]"
     spark = f"[cyan]{sparkline(history, spark_w)}[/]" if spark_w else ""
-    return f"{head}{name}▕{mem_bar}▏{tail}{spark}"
+    return markup(f"$head$name▕{mem_bar}▏$tail{spark}", head=head, name=name, tail=tail)
 
 
 class GpusPane(Pane):
@@ -71,9 +71,9 @@ class GpusPane(Pane):
         assert snapshot is not None
         width = max(20, self.content_size.width or 80)
         if snapshot.gpu_error:
-            body = f"[red]GPU query failed: {escape(snapshot.gpu_error)}[/]"
+            body = markup("[red]GPU query failed: $error[/]", error=snapshot.gpu_error)
         elif not snapshot.gpus:
-            body = "[dim]no GPUs reported[/]"
+            body = markup("[dim]no GPUs reported[/]")
         else:
-            body = "\n".join(gpu_row(g, list(self.history.get(g.index, ())), width) for g in snapshot.gpus)
+            body = lines(*(gpu_row(g, list(self.history.get(g.index, ())), width) for g in snapshot.gpus))
         self.query_one("#gpus-body", Text).show(body)

@@ -8,11 +8,10 @@ from typing import Callable
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.markup import escape
 from textual.widgets import Input
 
-from console.control.stages import JournalLine
-from console.ui.panes.base import Text
+from console.session import JournalLine
+from console.ui.panes.base import Text, markup
 from console.ui.panes.tail_view import TailView, clean_line
 from console.ui.panes.messages import FilterClosed, JournalCommand, JournalLines, JournalUnit
 
@@ -94,16 +93,16 @@ class JournalPane(Vertical):
     def _matches(self, text: str) -> bool:
         return not self.filter or self.filter in text.lower()
 
-    def _status(self) -> str:
-        parts = [f"unit [b]{escape(self.unit or '—')}[/b]"]
+    def _status(self):
+        parts = ["unit [b]$unit[/b]"]
         parts.append("[yellow]paused[/] (f resumes)" if self.paused else "[green]following[/]")
         if self.filter:
-            parts.append(f"filter [b]{escape(self.filter)}[/b]")
+            parts.append("filter [b]$filter[/b]")
         if self.new_lines:
             parts.append(f"[reverse] {self.new_lines} new lines [/]")
         if self.note:
-            parts.append(f"[dim]{escape(self.note)}[/]")
-        return " │ ".join(parts)
+            parts.append("[dim]$note[/]")
+        return markup(" │ ".join(parts), unit=self.unit or "—", filter=self.filter, note=self.note)
 
     def _refresh_status(self) -> None:
         self.query_one("#journal-status", Text).show(self._status())

@@ -1,19 +1,10 @@
-"""Messages the app posts to panes (and panes post back); the only way data moves between widgets."""
+"""Messages between the app and its widgets: journal lines and commands for the log view, and what
+panes post up (a stage selected, the filter closed). Snapshots reach panes by data binding instead."""
 from __future__ import annotations
 
 from textual.message import Message
 
-from console.control.stages import ActionResult, JournalLine
-from console.telemetry.snapshot import Snapshot
-
-
-class SnapshotUpdated(Message):
-    """A fresh snapshot; `now` is the app clock so panes can say how old their data is."""
-
-    def __init__(self, snapshot: Snapshot, now: float) -> None:
-        super().__init__()
-        self.snapshot = snapshot
-        self.now = now
+from console.session import ActionResult, JournalLine
 
 
 class JournalLines(Message):

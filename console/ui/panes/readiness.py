@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.markup import escape
+from textual.content import Content
 from textual.widgets import ProgressBar
 
 from console.telemetry.snapshot import ServerInfo, Snapshot
-from console.ui.panes.base import Pane, Text
+from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import duration, num
 
 _PHASE_COLOUR = {"ready": "green", "failed": "red", "stopped": "dim", "unknown": "dim"}
@@ -14,32 +14,33 @@ _ETA_SOURCES = {"shards": "from shard progress", "gpu_memory": "from GPU memory 
                 "previous_load": "from the previous load"}
 
 
-def readiness_markup(srv: ServerInfo) -> str:
+def readiness_markup(srv: ServerInfo) -> Content:
     colour = _PHASE_COLOUR.get(srv.phase, "yellow")
-    lines = [f"phase    [{colour}][b]{escape(str(srv.phase))}[/b][/]"]
+    out = [markup(f"phase    [{colour}][b]$phase[/b][/]", phase=srv.phase)]
     if srv.phase not in ("ready", "failed", "stopped") and (srv.eta_s is not None or srv.progress):
         source = _ETA_SOURCES.get(srv.eta_source or "", srv.eta_source or "source unknown")
-        lines.append(f"ETA      {duration(srv.eta_s)} [dim]({escape(source)})[/]")
+        out.append(markup("ETA      $eta [dim]($source)[/]", eta=duration(srv.eta_s), source=source))
     if srv.phase == "ready" or srv.model_id:
-        lines.append(f"model    [b]{escape(srv.model_id or 'N/A')}[/b]  max_model_len {num(srv.max_model_len)}")
-        lines.append(f"vLLM     {escape(srv.version or 'N/A')}   reasoning "
-                     f"{escape(srv.reasoning_field or 'N/A')}")
+        out.append(markup("model    [b]$model[/b]  max_model_len $mml", model=srv.model_id or "N/A",
+                          mml=num(srv.max_model_len)))
+        out.append(markup("vLLM     $version   reasoning field $field", version=srv.version or "N/A",
+                          field=srv.reasoning_field or "N/A"))
     m = srv.metrics
     if srv.phase == "ready" and m is not None:
         kv = f"{m.kv_cache_usage_pct:.0f}%" if m.kv_cache_usage_pct is not None else "N/A"
         tps = f"{m.generation_tps:,.0f} tok/s" if m.generation_tps is not None else "N/A tok/s"
-        lines.append(f"load     {num(m.requests_running)} running, {num(m.requests_waiting)} waiting, "
-                     f"KV {kv}, {tps}")
+        out.append(markup("load     $running running, $waiting waiting, KV $kv, $tps",
+                          running=num(m.requests_running), waiting=num(m.requests_waiting), kv=kv, tps=tps))
         if m.spec_mean_acceptance_length is not None:
             rate = f"{m.spec_acceptance_rate:.0%}" if m.spec_acceptance_rate is not None else "N/A"
             pos = " ".join(f"{p:.2f}" for p in (m.spec_per_position or []))
-            lines.append(f"drafter  acceptance length {m.spec_mean_acceptance_length:.2f}, {rate} "
-                         f"[dim](per position {pos})[/]")
+            out.append(markup("drafter  acceptance length $length, $rate [dim](per position $pos)[/]",
+                              length=f"{m.spec_mean_acceptance_length:.2f}", rate=rate, pos=pos))
     if srv.deep_check:
-        lines.append(f"deep     {escape(srv.deep_check)}")
+        out.append(markup("deep     $deep", deep=srv.deep_check))
     if srv.error:
-        lines.append(f"[b red]✖ {escape(srv.error)}[/]")
-    return "\n".join(lines)
+        out.append(markup("[b red]✖ $error[/]", error=srv.error))
+    return lines(*out)
 
 
 class ReadinessPane(Pane):
@@ -75,7 +76,8 @@ class ReadinessPane(Pane):
             pct = int(round(srv.fraction * 100))
             if bar.total != 100 or bar.progress != pct:
                 bar.update(total=100, progress=pct)
-            label.show(f"weights  ~{pct}% [dim]({escape(_ETA_SOURCES.get(srv.eta_source or '', 'estimated'))})[/]")
+            label.show(markup("weights  ~$pct% [dim]($source)[/]", pct=pct,
+                              source=_ETA_SOURCES.get(srv.eta_source or "", "estimated")))
         else:
             label.show("")
         label.display = loading

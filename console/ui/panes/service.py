@@ -2,25 +2,27 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.markup import escape
+from textual.content import Content
 
 from console.telemetry.snapshot import ServiceInfo, Snapshot
-from console.ui.panes.base import Pane, Text
+from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import human_bytes, num
 
 _STATE_COLOUR = {"active": "green", "activating": "yellow", "deactivating": "yellow",
                  "failed": "red", "inactive": "dim"}
 
 
-def service_markup(svc: ServiceInfo) -> str:
+def service_markup(svc: ServiceInfo) -> Content:
     colour = _STATE_COLOUR.get(svc.active_state, "white")
-    result = f"  result {escape(svc.result)}" if svc.result and svc.result != "success" else ""
-    return "\n".join([
-        f"unit     [b]{escape(svc.unit)}[/b] [dim]({escape(svc.manager)})[/]",
-        f"state    [{colour}]{escape(svc.active_state)} ({escape(svc.sub_state)})[/]{result}",
-        f"since    {escape(svc.since or 'N/A')}",
-        f"restarts {num(svc.restarts)}   pid {num(svc.main_pid)}   memory {human_bytes(svc.memory_bytes)}",
-    ])
+    result = svc.result if svc.result and svc.result != "success" else ""
+    return lines(
+        markup("unit     [b]$unit[/b] [dim]($manager)[/]", unit=svc.unit, manager=svc.manager),
+        markup(f"state    [{colour}]$state ($sub)[/]" + ("  result $result" if result else ""),
+               state=svc.active_state, sub=svc.sub_state, result=result),
+        markup("since    $since", since=svc.since or "N/A"),
+        markup("restarts $r   pid $pid   memory $mem", r=num(svc.restarts), pid=num(svc.main_pid),
+               mem=human_bytes(svc.memory_bytes)),
+    )
 
 
 class ServicePane(Pane):

@@ -5,13 +5,13 @@ from dataclasses import dataclass
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.markup import escape
+from textual.content import Content
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from console.control.stages import STAGES
 from console.telemetry.snapshot import Snapshot
-from console.ui.panes.base import Pane
+from console.ui.panes.base import Pane, markup
 from console.ui.panes.generation import pick_run
 from console.ui.panes.messages import StageSelected
 
@@ -55,14 +55,15 @@ def stage_rows(snapshot: Snapshot) -> list[StageRow]:
 _FIXED = 36  # cells before the unit column
 
 
-def row_markup(row: StageRow, width: int = 80) -> str:
+def row_markup(row: StageRow, width: int = 80) -> Content:
     """One line per stage even in a narrow pane: the unit name is cut rather than the row wrapped."""
     icon, colour = _STATE_STYLE.get(row.state, ("?", "white"))
     room = max(1, width - _FIXED)
     unit = row.unit or "—"
-    unit = escape(unit if len(unit) <= room else unit[: room - 1] + "…")
-    return (f"[{colour}]{icon} {LABELS.get(row.stage, row.stage):<14}{escape(row.state):<8}[/]"
-            f"{escape(row.detail[:11]):<12}[dim]{unit}[/]")
+    unit = unit if len(unit) <= room else unit[: room - 1] + "…"
+    return markup(f"[{colour}]$icon $label$state[/]$detail[dim]$unit[/]", icon=icon,
+                  label=f"{LABELS.get(row.stage, row.stage):<14}", state=f"{row.state:<8}",
+                  detail=f"{row.detail[:11]:<12}", unit=unit)
 
 
 class StageList(OptionList):

@@ -7,7 +7,6 @@ every other append updates the scroll extent quietly and repaints this widget al
 """
 from __future__ import annotations
 
-import re
 from collections import deque
 from typing import Iterable
 
@@ -17,12 +16,10 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-# CSI/OSC escape sequences and other control characters: a log line must never drive the terminal.
-_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)?|\x1b.?|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+from console.parsers.text import clean
 
-
-def clean_line(text: str) -> str:
-    return _ESCAPES.sub("", text.replace("\t", "    ").rstrip("\r\n"))
+# A log line must never drive the terminal: one sanitizer for all remote text (console/parsers/text.py).
+clean_line = clean
 
 
 class TailView(ScrollView, can_focus=True):

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.markup import escape
+from textual.content import Content
 from textual_plotext import PlotextPlot
 
 from console.telemetry.snapshot import Snapshot
-from console.ui.panes.base import Pane, Text
+from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, num
 from console.ui.panes.generation import pick_run
 
@@ -89,19 +89,19 @@ class TrainHistory:
         return changed
 
 
-def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistory) -> str:
+def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistory) -> Content:
     p = h.last
     if p is None:
-        return f"run      [b]{escape(run_id)}[/b]  [dim]{escape(state)} (no progress yet)[/]"
+        return markup("run      [b]$run[/b]  [dim]$state (no progress yet)[/]", run=run_id, state=state)
     acc = "  ".join(f"{i}:{a:.2f}[green]{bar(a, 4)}[/]" for i, a in enumerate(p.acc)) or "N/A"
-    best = f"{escape(h.best[1])} (val {h.best[0]:.4f})" if h.best else "N/A"
-    return "\n".join([
-        f"run      [b]{escape(run_id)}[/b]  [dim]{escape(state)}[/]   epoch {num(p.epoch, '{:g}')}  "
-        f"step {p.step}   ETA {duration(eta_s)}",
+    best = f"{h.best[1]} (val {h.best[0]:.4f})" if h.best else "N/A"
+    return lines(
+        markup(f"run      [b]$run[/b]  [dim]$state[/]   epoch {num(p.epoch, '{:g}')}  "
+               f"step {p.step}   ETA {duration(eta_s)}", run=run_id, state=state),
         f"loss     {num(p.loss, '{:.4f}')}   val {num(p.val_loss, '{:.4f}')}   lr {num(p.lr, '{:.2e}')}",
         f"acc/pos  {acc}",
-        f"ckpt     last {escape(h.last_checkpoint or 'N/A')}   best {best}",
-    ])
+        markup("ckpt     last $last   best $best", last=h.last_checkpoint or "N/A", best=best),
+    )
 
 
 class TrainingPane(Pane):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.markup import escape
+from console.ui.panes.base import markup
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
@@ -28,9 +28,9 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(f"[b]{escape(self.question)}[/b]", id="confirm-question")
+            yield Static(markup("[b]$q[/b]", q=self.question), id="confirm-question")
             if self.detail:
-                yield Static(escape(self.detail), id="confirm-detail")
+                yield Static(markup("$d", d=self.detail), id="confirm-detail")
             with Horizontal():
                 yield Button("Yes", variant="error", id="yes")
                 yield Button("No", variant="primary", id="no")

@@ -4,22 +4,27 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.markup import escape
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from console.ui.keys import KeySpec, display_key, effective_keys
+from console.ui.panes.base import lines as join_lines
+from console.ui.panes.base import markup
+from console.version import DISTRIBUTION, package_version
 
 
-def help_markup(specs: tuple[KeySpec, ...], keymap: dict[str, str], readonly: bool) -> str:
-    lines = ["[b]Keys[/b]" + ("  [cyan](read-only: mutating actions removed)[/]" if readonly else ""), ""]
+def help_markup(specs: tuple[KeySpec, ...], keymap: dict[str, str], readonly: bool) -> Content:
+    out: list[Content | str] = [markup("[b]$name[/b] $version", name=DISTRIBUTION, version=package_version()), "",
+                                "[b]Keys[/b]" + ("  [cyan](read-only: mutating actions removed)[/]" if readonly else ""),
+                                ""]
     for spec in specs:
         keys = ", ".join(display_key(k) for k in effective_keys(spec, keymap))
-        lines.append(f"  [b]{escape(keys):<12}[/b] {escape(spec.description):<16} [dim]{spec.id}[/]")
-    lines += ["", "  [b]↑/↓ j/k[/b]      select a stage", "  [b]esc[/b]          close this help",
-              "", "[dim]" + escape('Remap in $XDG_CONFIG_HOME/eagle3-console/keys.toml, e.g.  [keys] stop_stage = "X"')
-              + "[/]"]
-    return "\n".join(lines)
+        out.append(markup("  [b]$keys[/b] $desc [dim]$id[/]", keys=f"{keys:<12}", desc=f"{spec.description:<16}",
+                          id=spec.id))
+    out += ["", "  [b]↑/↓ j/k[/b]      select a stage", "  [b]esc[/b]          close this help", "",
+            markup("[dim]$text[/]", text='Remap in $XDG_CONFIG_HOME/eagle3-console/keys.toml, e.g.  [keys] stop_stage = "X"')]
+    return join_lines(*out)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -32,8 +37,9 @@ class HelpScreen(ModalScreen[None]):
 
     def __init__(self, specs: tuple[KeySpec, ...], keymap: dict[str, str], readonly: bool) -> None:
         super().__init__()
-        self.text = help_markup(specs, keymap, readonly)
+        self.content = help_markup(specs, keymap, readonly)
+        self.text = self.content.plain
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(self.text, id="help-text")
+            yield Static(self.content, id="help-text")

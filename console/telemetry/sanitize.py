@@ -1,0 +1,39 @@
+"""Clean every string of a snapshot where it is made: the boundary where remote text enters the model.
+
+Log lines, root causes, model ids, error messages, GPU names and run ids all come from the host or its
+server; whatever they contain (escape sequences, control characters, megabytes), what leaves the
+collector is plain, bounded text (console/parsers/text.py). The walk is generic so that a field added
+later is covered without anyone remembering to.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+from console.parsers.text import clean
+
+T = TypeVar("T")
+MAX_DEPTH = 8  # events are nested a few levels at most; deeper is not worth showing
+
+
+def sanitized(value: T, _depth: int = 0) -> T:
+    if isinstance(value, str):
+        return clean(value)  # type: ignore[return-value]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if _depth >= MAX_DEPTH:
+        return None  # type: ignore[return-value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {}
+        for f in dataclasses.fields(value):
+            old = getattr(value, f.name)
+            new = sanitized(old, _depth + 1)
+            if new is not old:
+                changes[f.name] = new
+        return dataclasses.replace(value, **changes) if changes else value  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {clean(k, 200): sanitized(v, _depth + 1) for k, v in value.items()}  # type: ignore[return-value]
+    if isinstance(value, (list, tuple)):
+        items = [sanitized(v, _depth + 1) for v in value]
+        return type(value)(items) if isinstance(value, tuple) else items  # type: ignore[return-value]
+    return clean(repr(value))  # type: ignore[return-value]

@@ -1,0 +1,89 @@
+"""The tree's layers hold: telemetry and control never reach the UI, nothing imports in a cycle, and
+the bundle uploaded to a GPU host is host code only."""
+from __future__ import annotations
+
+import ast
+import io
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("console", "backend", "sim")
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Every project module and the project modules it imports (absolute imports, anywhere in it)."""
+    files = {}
+    for top in PACKAGES:
+        for path in (REPO / top).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            files[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                while name and name not in files:
+                    name = name.rpartition(".")[0]
+                if name and name != mod and not mod.startswith(name + "."):
+                    graph[mod].add(name)
+    return graph
+
+
+def test_no_import_cycles():
+    graph = module_imports()
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(" -> ".join(path[path.index(n):] + [n]))
+            elif n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+def test_telemetry_and_control_never_import_the_ui():
+    graph = module_imports()
+    for mod, deps in graph.items():
+        if mod.startswith(("console.telemetry", "console.control", "console.parsers", "console.host",
+                           "console.session", "backend")):
+            assert not {d for d in deps if d.startswith("console.ui")}, mod
+    # and not Textual either, even indirectly
+    code = ("import sys, console.session, console.telemetry.collector, console.control.launch, "
+            "console.commands.server_cmd, console.commands.run_cmd; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'textual'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_backend_imports_nothing_of_the_operator_side():
+    graph = module_imports()
+    for mod, deps in graph.items():
+        if mod.startswith("backend"):
+            assert all(d.startswith("backend") for d in deps), (mod, deps)
+
+
+def test_uploaded_bundle_is_host_code_only():
+    from console.control.launch import backend_bundle
+    version, data = backend_bundle()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = tar.getnames()
+    assert names and all(n.startswith("backend/") for n in names), names
+    assert any(n == "backend/generate/__main__.py" for n in names)
+    assert not [n for n in names if "/sim/" in n or n.startswith(("sim/", "console/"))]
+    assert not [n for n in names if n.endswith("profile.py")]
