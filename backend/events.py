@@ -4,9 +4,13 @@ A stage appends one JSON object per line to `<run dir>/events.jsonl`; the consol
 incrementally by byte offset over SSH. Both sides import this module so the format is defined once.
 
 Every event has: `ts` (unix seconds), `kind`, `stage`, `run_id`. Kinds and their extra keys:
-- start:    total, manifest (dict)
+- start:    total, manifest (dict); generation also the progress counters as found on disk
 - progress: done, total, failed, skipped, truncated, reasoning_captured, prompt_tokens,
             completion_tokens, rate (samples/s), bytes_written (generation).
+            Generation: `total` is the dataset rows in scope in every event; `skipped_by_reason` and
+            `failed_by_reason` count the rows left out and the samples that failed, `failed_permanent`
+            those a rerun cannot fix, `reduced` the records sent with a cut max_tokens. A progress event
+            follows every durable batch, so the last one says what is on disk.
             Train (backend/train/metrics.py, backend/train/worker.py) adds `phase`:
               plan:       total (steps, re-estimated each epoch), steps_per_epoch, epochs
               train:      step (0-based), done, total, epoch, loss, loss_k, acc_k, cond_acc_k (lists by draft

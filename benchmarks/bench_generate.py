@@ -104,7 +104,7 @@ def run_reaping_ourselves(argv: list[str], sample_rss: bool) -> dict[str, float]
 
 def canned_text_args() -> list[str]:
     """Zero-cost canned text from the stand-in, where it can also run a real tiny model instead."""
-    config = (ROOT / "backend" / "sim" / "config.py").read_text()
+    config = (ROOT / "sim" / "config.py").read_text()
     return ["--text-backend", "canned"] if "--text-backend" in config else []
 
 

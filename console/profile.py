@@ -297,6 +297,11 @@ class GenerateSection:
     samples: int = knob(10000, min=1, max=100_000_000)
     concurrency: int = knob(200, min=1, max=4096)
     max_tokens: int = knob(8192, min=1, max=10_000_000)
+    long_prompt: str = knob("reduce", choices=("reduce", "skip"),
+                            doc="a prompt that fits the served context only with a smaller max_tokens: "
+                                "reduce = send it with max_tokens cut to what fits (noted in its record), "
+                                "skip = count it and send nothing; one that cannot fit at all is always "
+                                "skipped")
     request_timeout_s: float = knob(1800.0, min=1, max=86400)
     temperature: float = knob(0.6, min=0, max=5)
     top_p: float = knob(0.95, min=0.001, max=1, doc="vLLM accepts (0, 1]")

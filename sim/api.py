@@ -141,21 +141,50 @@ class SimApi:
             raise ApiError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
         return model
 
-    def _max_tokens(self, body: dict[str, Any], prompt_len: int, default: int | None) -> int:
+    def _max_tokens(self, body: dict[str, Any], prompt_len: int, default: int | None, *, prompt: str) -> int:
+        """The request's completion budget, or the 400 vLLM gives a request that does not fit the context
+        (worded as the simulated version words it, see versions.py). `prompt`: "chat" (rendered messages),
+        "text" (a completion's string) or "ids" (given token ids, never cut)."""
         limit = self.context_limit
-        if prompt_len >= limit:
-            raise ApiError(400, "BadRequestError", f"This model's maximum context length is {limit} tokens. "
-                           f"However, your request has {prompt_len} input tokens. Please reduce the length of "
-                           "the input messages.", "messages")
-        raw = body.get("max_completion_tokens", body.get("max_tokens"))
+        param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        raw = body.get(param)
+        if raw is not None and (not isinstance(raw, int) or isinstance(raw, bool) or raw < 1):
+            raise ApiError(400, "BadRequestError", f"max_tokens must be an integer >= 1, got {raw!r}", "max_tokens")
+        style = self.traits.context_errors
+        if style == "0.11":
+            if prompt_len >= limit:
+                raise ApiError(400, "BadRequestError", f"This model's maximum context length is {limit} tokens. "
+                               f"However, your request has {prompt_len} input tokens. Please reduce the length of "
+                               "the input messages.")
+            if raw is not None and prompt_len + raw > limit:
+                raise ApiError(400, "BadRequestError", f"'max_tokens' or 'max_completion_tokens' is too large: {raw}. "
+                               f"This model's maximum context length is {limit} tokens and your request has "
+                               f"{prompt_len} input tokens ({raw} > {limit} - {prompt_len}).")
+        else:
+            if raw is not None and raw > limit:
+                raise ApiError(400, "BadRequestError", f"{param}={raw} cannot be greater than max_model_len="
+                               f"max_total_tokens={limit}. Please request fewer output tokens. "
+                               f"(parameter={param}, value={raw})", param)
+            wanted = raw if raw is not None else (default or 0)
+            room = limit - wanted  # the renderer's max_input_tokens
+            if prompt_len > room or prompt_len >= limit:
+                # the renderer tokenizes text only up to room + 1: past that it cannot say how long it is
+                cut = prompt != "ids" and (style == "renderer" or prompt == "text")
+                shown = min(prompt_len, room + 1) if cut else prompt_len
+                if style == "renderer":
+                    message = (f"You passed {shown} input tokens and requested {wanted} output tokens. However, "
+                               f"the model's context length is only {limit} tokens, resulting in a maximum input "
+                               f"length of {room} tokens. Please reduce the length of the input prompt.")
+                else:
+                    least = "at least " if shown < prompt_len else ""
+                    message = (f"This model's maximum context length is {limit} tokens. However, you requested "
+                               f"{wanted} output tokens and your prompt contains {least}{shown} input tokens, for "
+                               f"a total of {least}{shown + wanted} tokens. Please reduce the length of the input "
+                               f"prompt or the number of requested output tokens.")
+                raise ApiError(400, "BadRequestError", f"{message} (parameter=input_tokens, value={shown})",
+                               "input_tokens")
         if raw is None:
             return default if default is not None else limit - prompt_len
-        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
-            raise ApiError(400, "BadRequestError", f"max_tokens must be an integer >= 1, got {raw!r}", "max_tokens")
-        if prompt_len + raw > limit:
-            raise ApiError(400, "BadRequestError", f"'max_tokens' or 'max_completion_tokens' is too large: {raw}. "
-                           f"This model's maximum context length is {limit} tokens and your request has "
-                           f"{prompt_len} input tokens ({raw} > {limit} - {prompt_len}).", "max_tokens")
         return raw
 
     def _sampling(self, body: dict[str, Any]) -> Any:
@@ -251,6 +280,9 @@ class SimApi:
                                   "kv_transfer_params": None})
 
     async def tokenize(self, _: web.Request, body: dict[str, Any]) -> web.Response:
+        if self.faults.no_tokenize:
+            return web.json_response({"detail": "Not Found"}, status=404)  # FastAPI's answer for no route
+        self._check_model(body)
         if "messages" in body:
             ids = self._chat_prompt(body)[2]
         elif isinstance(body.get("prompt"), str):
@@ -265,7 +297,7 @@ class SimApi:
         if body.get("n", 1) != 1:
             raise ApiError(400, "BadRequestError", "the stand-in supports only n=1", "n")
         messages, thinking, prompt_ids = self._chat_prompt(body, generation_prompt=self._generation_prompt(body))
-        max_tokens = self._max_tokens(body, len(prompt_ids), None)
+        max_tokens = self._max_tokens(body, len(prompt_ids), None, prompt="chat")
         sampling = self._sampling(body)
         await self._before_generation()
         out = await self.text.chat(messages, prompt_ids, thinking=thinking, max_tokens=max_tokens, sampling=sampling)
@@ -305,7 +337,9 @@ class SimApi:
         else:
             raise ApiError(400, "BadRequestError", "prompt must be a string or a non-empty list of token ids "
                            "(batched prompts are not supported by the stand-in)", "prompt")
-        max_tokens = self._max_tokens(body, len(prompt_ids), 16)  # vLLM's default for /v1/completions
+        # vLLM's default for /v1/completions; a text prompt is cut at the room like a chat one, ids are not
+        max_tokens = self._max_tokens(body, len(prompt_ids), 16,
+                                      prompt="text" if isinstance(prompt, str) else "ids")
         sampling = self._sampling(body)
         await self._before_generation()
         out = await self.text.complete(prompt_ids, max_tokens=max_tokens, sampling=sampling)

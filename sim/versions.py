@@ -8,6 +8,15 @@ one and say so here, so the console's parsers are tested against a stated choice
 - one-line KV cache message and `Starting vLLM server on`: from 0.18.0 (notes: <= 0.17 is the old form).
 - `torch.compile took`: from 0.17.0 (notes: <= 0.16 says `takes`).
 - `(PROC pid=N) ` prefix: from 0.11.0.
+- a request longer than the context (`context_errors`): up to 0.11 `This model's maximum context length is
+  L tokens. However, your request has N input tokens...` and `'max_tokens' or 'max_completion_tokens' is
+  too large: M...`; from 0.14.0 (our pick) the renderer's `You passed N input tokens and requested M
+  output tokens...`, a chat prompt counted only up to the input room + 1, with a
+  `(parameter=input_tokens, value=N)` tail, and `max_tokens=M cannot be greater than
+  max_model_len=max_total_tokens=L` for a budget over the context; from 0.25.0 (0.25.1 has it) `This
+  model's maximum context length is L tokens. However, you requested M output tokens and your prompt
+  contains [at least] N input tokens, for a total of [at least] T tokens...` (a chat prompt counted in
+  full, a text prompt up to the room + 1). /tokenize counts any length in every version (our pick).
 """
 from __future__ import annotations
 
@@ -38,6 +47,7 @@ class Traits:
     nested_errors: bool
     reasoning_tokens_detail: bool
     old_cache_gauge: bool  # vllm:gpu_cache_usage_perc still exported
+    context_errors: str  # wording of a too-long request's 400: "0.11" | "renderer" | "total"
     reasoning_keys: tuple[str, ...]  # keys that carry the reasoning text in message/delta
 
 
@@ -65,5 +75,6 @@ def traits_for(version_text: str, reasoning_field: str | None = None) -> Traits:
         nested_errors=v >= (0, 12, 0),
         reasoning_tokens_detail=v >= (0, 16, 0),
         old_cache_gauge=v < (0, 12, 0),
+        context_errors="0.11" if v < (0, 14, 0) else ("renderer" if v < (0, 25, 0) else "total"),
         reasoning_keys=reasoning_keys_for(v, reasoning_field),
     )

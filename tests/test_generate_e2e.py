@@ -303,7 +303,7 @@ def test_preflight_only_reports_fixes(standin, tmp_path):
     report = json.loads(ok.stdout)
     assert report["ok"] and report["token_ids"] is True
     assert {c["name"] for c in report["checks"]} == {"python_modules", "server_ready", "served_model",
-                                                     "smoke_completion", "disk_space"}
+                                                     "smoke_completion", "prompt_fit", "disk_space"}
     assert not (tmp_path / "w" / "runs").exists()  # preflight alone creates nothing
     wrong = json.loads(run_gen([*base, "--model", "other"]).stdout)
     check = next(c for c in wrong["checks"] if c["name"] == "served_model")

@@ -292,3 +292,45 @@ def test_completions_with_token_id_prompt(tiny_server, tiny_text):
     assert too_long.status_code == 400 and "maximum context length is 4096" in too_long.json()["error"]["message"]
     hot = tiny_server.post("/v1/chat/completions", {"messages": ASK, "temperature": -1})
     assert hot.status_code == 400 and hot.json()["error"]["param"] == "temperature"
+
+
+def test_generate_fits_prompts_to_the_tiny_models_context(tiny_server, tiny_text, tmp_path):
+    """Issue 16 on the demo's own model: its 4,096-token context, its chat template and tokenizer behind
+    /tokenize. A borderline prompt gets the budget that fits, a too-long one is skipped unsent."""
+    import subprocess
+    import sys
+
+    def tokens(text: str) -> int:
+        return len(tiny_text.chat_prompt([{"role": "user", "content": text}], thinking=True))
+
+    def text_of(lo: int, hi: int) -> str:  # a question whose prompt has between lo and hi tokens
+        words = 10
+        while tokens("cat " * words) < lo:
+            words = max(words + 1, int(words * lo / tokens("cat " * words)))
+        while tokens("cat " * words) > hi:
+            words -= 1
+        assert lo <= tokens("cat " * words) <= hi
+        return "cat " * words
+
+    limit, budget = tiny_text.max_positions, 64
+    rows = ["Explain B-trees to a new engineer.", text_of(limit - budget + 8, limit - 16),
+            text_of(limit + 50, limit + 400)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"messages": [{"role": "user", "content": r}]}) + "\n"
+                                              for r in rows))
+    argv = [sys.executable, "-m", "backend.generate", "--dataset", str(tmp_path / "d.jsonl"), "--work-dir",
+            str(tmp_path / "w"), "--run-id", "r", "--endpoint", tiny_server.url, "--model", "kimi",
+            "--max-tokens", str(budget), "--concurrency", "2", "--no-expect-reasoning", "--min-free-bytes", "0",
+            "--temperature", "0"]
+    result = subprocess.run(argv, cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                            timeout=150)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "w" / "runs" / "r"
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["done"], summary["reduced"]) == ("completed", 2, 1)
+    assert summary["skipped_by_reason"] == {"prompt_too_long": 1}
+    recs = {r["index"]: r for r in map(json.loads, (run / "output.jsonl").read_text().splitlines())}
+    assert recs[0]["max_tokens"] == budget and not recs[0]["max_tokens_reduced"]
+    assert recs[1]["max_tokens_reduced"] and recs[1]["max_tokens"] == limit - recs[1]["prompt_tokens"] < budget
+    assert recs[1]["prompt_tokens"] == tokens(rows[1])  # /tokenize counted exactly what generation saw
+    skipped = json.loads((run / "skipped.jsonl").read_text())
+    assert skipped["index"] == 2 and skipped["prompt_tokens"] == tokens(rows[2])

@@ -4,7 +4,8 @@ Connection refused means the server is gone (crashed, restarting, still loading)
 waits on one `ServerGate` instead of burning its retries, one poller watches GET /health, and the
 gate reopens by itself when it answers 200. 5xx, disconnects and timeouts are retried with
 exponential backoff up to `max_retries`; 4xx other than 408/409/425/429 fail at once (a bad request
-does not get better).
+does not get better), except a 400 whose message speaks of the server's state (`fit.transient_400`).
+Every failure carries a reason (`REASONS`) so the run can count them and say whether a rerun can help.
 """
 from __future__ import annotations
 
@@ -17,16 +18,31 @@ from typing import Any, Awaitable, Callable
 
 import aiohttp
 
+from backend.generate.fit import error_message, transient_400
+
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
+# Why a request failed. `rejected` is permanent (the server refused this request: retrying cannot help);
+# the others are transient (retries ran out: a rerun may succeed).
+REJECTED = "rejected"
+SERVER_ERROR = "server_error"
+THROTTLED = "throttled"
+TIMEOUT = "timeout"
+CONNECTION_LOST = "connection_lost"
+UNREACHABLE = "unreachable"
+REASONS = (REJECTED, SERVER_ERROR, THROTTLED, TIMEOUT, CONNECTION_LOST, UNREACHABLE)
 
 
 class RequestFailed(Exception):
     """A request that will not succeed by retrying now; recorded in the failures file."""
 
-    def __init__(self, message: str, *, attempts: int, permanent: bool):
+    def __init__(self, message: str, *, attempts: int, permanent: bool, reason: str = "",
+                 status: int | None = None, server_message: str = ""):
         super().__init__(message)
         self.attempts = attempts
         self.permanent = permanent
+        self.reason = reason or (REJECTED if permanent else SERVER_ERROR)
+        self.status = status
+        self.server_message = server_message  # the error body's message, for a 4xx
 
 
 class ServerGone(Exception):
@@ -200,6 +216,28 @@ class ChatClient:
         async with self._session().post(self.chat_url, data=body, timeout=t) as resp:
             return resp.status, await resp.read()
 
+    async def post_path(self, path: str, payload: Any, timeout: float = 30.0) -> tuple[int, bytes]:
+        """POST a JSON payload to another endpoint of the server (/tokenize); one attempt."""
+        from backend.generate.records import dumps_line
+
+        async with self._session().post(self.settings.base_url.rstrip("/") + path, data=dumps_line(payload),
+                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            return resp.status, await resp.read()
+
+    async def tokenize(self, payload: Any, timeout: float = 60.0) -> tuple[int, bytes] | None:
+        """POST /tokenize, waiting like `chat` while the server is down; None when it gave no answer."""
+        while True:
+            if self.gate is not None:
+                await self.gate.wait_open()
+            try:
+                return await self.post_path("/tokenize", payload, timeout)
+            except aiohttp.ClientConnectorError as exc:
+                if self.gate is None:
+                    return None
+                self.gate.report_down(f"cannot connect to {self.settings.base_url}: {exc.os_error or exc}")
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                return None
+
     async def chat(self, body: bytes) -> tuple[bytes, int]:
         """POST one encoded chat request until it succeeds; return (response body, attempts)."""
         s = self.settings
@@ -214,25 +252,29 @@ class ChatClient:
                 if self.gate is not None:
                     self.gate.report_down(f"cannot connect to {s.base_url}: {exc.os_error or exc}")
                     continue
-                error = f"cannot connect to {s.base_url}: {exc}"
+                error, reason = f"cannot connect to {s.base_url}: {exc}", UNREACHABLE
             except asyncio.TimeoutError:
-                error = f"no complete answer within {s.request_timeout:g} s (request timeout)"
+                error, reason = f"no complete answer within {s.request_timeout:g} s (request timeout)", TIMEOUT
             except (aiohttp.ClientError, OSError) as exc:
-                error = f"connection lost mid-request: {type(exc).__name__}: {exc}"
+                error, reason = f"connection lost mid-request: {type(exc).__name__}: {exc}", CONNECTION_LOST
                 await self._check_alive()
             else:
                 if status == 200:
                     return data, attempts + 1
                 text = data[:300].decode(errors="replace")
                 if status < 500 and status not in RETRYABLE_STATUSES:
-                    raise RequestFailed(f"HTTP {status}: {text}", attempts=attempts + 1, permanent=True)
+                    message = error_message(data[:4096])
+                    if not (status == 400 and transient_400(message)):
+                        raise RequestFailed(f"HTTP {status}: {text}", attempts=attempts + 1, permanent=True,
+                                            reason=REJECTED, status=status, server_message=message)
                 error = f"HTTP {status}: {text}"
+                reason = SERVER_ERROR if status >= 500 or status == 400 else THROTTLED
                 if status >= 500:
                     await self._check_alive()
             attempts += 1
             if attempts > s.max_retries:
                 raise RequestFailed(f"{error} (gave up after {attempts} attempts)", attempts=attempts,
-                                    permanent=False)
+                                    permanent=False, reason=reason)
             await asyncio.sleep(backoff_delay(attempts, s.backoff_base, s.backoff_max))
 
     async def _check_alive(self) -> None:

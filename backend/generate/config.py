@@ -10,6 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from backend.generate.fit import POLICIES
+
 
 class ConfigError(ValueError):
     pass
@@ -23,6 +25,7 @@ class GenerateConfig:
     endpoint: str = "http://127.0.0.1:8000"
     model: str = ""  # the served model id the server must report
     max_tokens: int = 8192
+    long_prompt: str = "reduce"  # a prompt that fits only with a smaller max_tokens: reduce | skip
     concurrency: int = 200
     request_timeout: float = 1800.0
     temperature: float | None = None
@@ -58,6 +61,8 @@ class GenerateConfig:
             raise ConfigError("--model is required (the served model id the server must report)")
         if self.max_tokens < 1:
             raise ConfigError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.long_prompt not in POLICIES:
+            raise ConfigError(f"--long-prompt must be {' or '.join(POLICIES)}, got {self.long_prompt!r}")
         if self.concurrency < 1:
             raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
         if self.request_timeout <= 0:
@@ -99,6 +104,9 @@ _HELP = {
     "sampling": "JSON object of extra request keys, e.g. '{\"repetition_penalty\": 1.05}'",
     "chat_template_kwargs": "JSON object, e.g. '{\"thinking\": true}'",
     "return_token_ids": "auto: when the server returns them; on: require; off: never ask",
+    "long_prompt": "a prompt that fits the context only with a smaller --max-tokens: reduce (send it with "
+                   "max_tokens cut to what fits, noted in its record) or skip (count it, send nothing); a "
+                   "prompt that cannot fit at all is always skipped",
     "limit": "use only the first N dataset rows",
     "max_pause_s": "give up when the server stays down this long (0: wait forever)",
     "api_key_env": "name of the environment variable holding the API key",

@@ -37,7 +37,7 @@ _ROLES = {
 
 
 class DatasetError(Exception):
-    """The dataset cannot be read at all (missing path, no data files); a sentence to act on."""
+    """The dataset cannot be read at all (missing path, no data files, a corrupt file); one line to act on."""
 
 
 @dataclass(frozen=True)
@@ -89,19 +89,81 @@ def describe(path: str) -> DatasetInfo:
 
 
 def count_rows(name: str) -> int:
-    if name.endswith(".jsonl"):
-        with open(name, "rb") as f:
-            return sum(1 for line in f if line.strip())
-    if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
+    try:
+        if name.endswith(".jsonl"):
+            with open(name, "rb") as f:
+                return sum(1 for line in f if line.strip())
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
 
-        return pq.ParquetFile(name).metadata.num_rows
-    return sum(1 for _ in _datasets_rows(name))
+            return pq.ParquetFile(name).metadata.num_rows
+        return sum(1 for _ in _datasets_rows(name))
+    except DatasetError:
+        raise
+    except Exception as exc:  # pyarrow and datasets raise many types, with pages of traceback
+        raise DatasetError(unreadable(name, exc)) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def unreadable(name: str, exc: BaseException) -> str:
+    """One line saying which file cannot be read and why (for JSON, where: the first bad line)."""
+    if isinstance(exc, OSError) and not type(exc).__module__.startswith("pyarrow"):
+        return f"{name}: cannot read it ({exc.strerror or _first_line(exc)})"
+    if name.endswith(".parquet"):
+        return f"{name}: not a readable parquet file ({_first_line(exc)})"
+    where = json_syntax_error(name)
+    if where:
+        return f"{name}: {where}"
+    return f"{name}: cannot be read as JSON rows ({_first_line(exc)})"
+
+
+def json_syntax_error(name: str, max_document: int = 1 << 30) -> str | None:
+    """Where a .json file stops being JSON: `line L column C: <what>`, or None when its syntax is fine.
+
+    A file that opens with `[` is one document (an array of rows); anything else is read as one row
+    per line, as `datasets` reads it.
+    """
+    try:
+        with open(name, "rb") as f:
+            head = f.read(4096).lstrip()
+            f.seek(0)
+            if head.startswith(b"["):
+                if os.fstat(f.fileno()).st_size > max_document:
+                    return None
+                try:
+                    json.loads(f.read())
+                except ValueError as exc:
+                    return _json_where(exc, 0)
+                return None
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    json.loads(line)
+                except ValueError as exc:
+                    return _json_where(exc, number)
+    except OSError:
+        return None
+    return None
+
+
+def _json_where(exc: ValueError, line: int) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"line {line or exc.lineno} column {exc.colno}: not valid JSON ({exc.msg})"
+    return f"line {line}: not valid JSON ({_first_line(exc)})" if line else f"not valid JSON ({_first_line(exc)})"
 
 
 def _datasets_rows(name: str) -> Iterator[Any]:
     import datasets
 
+    # the stage reports a bad file in one line itself (unreadable): keep datasets' own log and bars quiet
+    datasets.utils.logging.set_verbosity(datasets.utils.logging.CRITICAL)
+    datasets.disable_progress_bars()
     kind = "parquet" if name.endswith(".parquet") else "json"
     yield from datasets.load_dataset(kind, data_files=name, split="train", streaming=True)
 
@@ -127,7 +189,13 @@ class _Unparsable:
 
 def raw_rows(path: str) -> Iterator[Any]:
     for name in data_files(path):
-        yield from (_jsonl_rows(name) if name.endswith(".jsonl") else _datasets_rows(name))
+        rows = _jsonl_rows(name) if name.endswith(".jsonl") else _datasets_rows(name)
+        try:
+            yield from rows
+        except DatasetError:
+            raise
+        except Exception as exc:  # a file that breaks mid-way: one line, not a traceback
+            raise DatasetError(unreadable(name, exc)) from None
 
 
 # What json.dumps(row, sort_keys=True, ensure_ascii=False, default=str) builds on every call; one

@@ -19,6 +19,7 @@ import aiohttp
 from backend.generate.client import ChatClient
 from backend.generate.config import GenerateConfig
 from backend.generate.dataset import DatasetError, data_files
+from backend.generate.fit import ContextLimits, discover
 from backend.generate.records import ResponseError, dumps_line, loads, parse_completion
 
 REQUIRED_MODULES = ("aiohttp", "datasets", "pyarrow")
@@ -46,6 +47,8 @@ class Check:
 class PreflightReport:
     checks: list[Check] = field(default_factory=list)
     token_ids: bool | None = None  # whether the server returned token ids in the smoke completion
+    context: ContextLimits | None = None  # the served context and whether /tokenize answers
+    max_model_len: int | None = None  # from the served model's card in /v1/models
 
     @property
     def ok(self) -> bool:
@@ -57,7 +60,9 @@ class PreflightReport:
         return check
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "token_ids": self.token_ids, "checks": [asdict(c) for c in self.checks]}
+        return {"ok": self.ok, "token_ids": self.token_ids,
+                "context": self.context.to_dict() if self.context is not None else None,
+                "checks": [asdict(c) for c in self.checks]}
 
     def failures(self) -> str:
         return "; ".join(f"{c.name}: {c.detail} -> {c.fix}" for c in self.checks if not c.ok)
@@ -96,13 +101,44 @@ def free_bytes(path: str) -> int:
     return shutil.disk_usage(probe).free
 
 
+def human_bytes(n: float) -> str:
+    """1536 -> "1.5 KiB": whole bytes below 1 KiB, else one decimal in the largest unit that is >= 1."""
+    if n < 1024:
+        return f"{max(0, int(n))} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} PiB"
+
+
 def check_disk(report: PreflightReport, run_dir: str, need: int) -> None:
     free = free_bytes(run_dir)
     report.add("disk_space", free >= need,
-               f"{free / 1e9:.2f} GB free on the volume of {run_dir}; the output may need up to "
-               f"{need / 1e9:.2f} GB (every answer at max_tokens)",
-               f"free {max(0, need - free) / 1e9:.2f} GB there, point --work-dir at a larger volume, "
+               f"{human_bytes(free)} free on the volume of {run_dir}; the output may need up to "
+               f"{human_bytes(need)} (answers averaging half of max_tokens)",
+               f"free {human_bytes(max(0, need - free))} there, point --work-dir at a larger volume, "
                f"or lower --limit/--max-tokens")
+
+
+def check_context(report: PreflightReport, limits: ContextLimits, config: GenerateConfig) -> None:
+    """How prompts will be fitted; fails only when no prompt at all could be sent."""
+    limit = limits.max_model_len
+    how = (f"prompt lengths measured with /tokenize (a one-turn prompt takes {limits.probe_tokens} tokens)"
+           if limits.tokenize else f"{limits.note}; too-long prompts are found from the server's 400 answers")
+    if limit is None:
+        report.add("prompt_fit", True, f"the server does not say its max_model_len; {how}")
+        return
+    if config.max_tokens >= limit and config.long_prompt == "skip":
+        report.add("prompt_fit", False, f"--max-tokens {config.max_tokens} leaves no room for a prompt in the "
+                   f"served context of {limit} tokens, and --long-prompt skip would skip every sample",
+                   f"lower --max-tokens well below {limit}, or pass --long-prompt reduce")
+        return
+    note = (f"; --max-tokens {config.max_tokens} >= max_model_len: every prompt gets a reduced budget"
+            if config.max_tokens >= limit else "")
+    report.add("prompt_fit", True, f"max_model_len {limit}; {how}; a prompt that fits only with a smaller "
+               f"max_tokens is {'sent with a reduced max_tokens' if config.long_prompt == 'reduce' else 'skipped'}"
+               f"{note}")
 
 
 async def check_server(report: PreflightReport, client: ChatClient, config: GenerateConfig) -> None:
@@ -132,6 +168,9 @@ async def check_server(report: PreflightReport, client: ChatClient, config: Gene
                    "pass --model with the served id, or restart the server with --served-model-name")
         return
     report.add("served_model", True, f"serves {config.model!r}")
+    card = next(m for m in body["data"] if isinstance(m, dict) and m.get("id") == config.model)
+    limit = card.get("max_model_len")
+    report.max_model_len = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
     await _smoke(report, client, config)
 
 
@@ -180,6 +219,10 @@ async def run_preflight(config: GenerateConfig, client: ChatClient, *, run_dir: 
     report = PreflightReport()
     check_modules(report, modules_for(config.dataset))
     await check_server(report, client, config)
+    if any(c.name == "served_model" and c.ok for c in report.checks):  # the server is up and serves it
+        report.context = await discover(client, config.model, config.chat_template_kwargs,
+                                        max_model_len=report.max_model_len)
+        check_context(report, report.context, config)
     token_ids = bool(report.token_ids) if config.return_token_ids == "auto" else config.return_token_ids == "on"
     check_disk(report, run_dir, estimate_bytes(samples, config.max_tokens, token_ids, avg_row_bytes))
     return report

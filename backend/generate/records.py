@@ -121,7 +121,10 @@ def assistant_text(reasoning: str | None, content: str | None) -> str:
 
 
 def build_record(*, sample_id: str, index: int, model: str, prompt: list[dict[str, str]],
-                 completion: Completion, source: Any) -> dict[str, Any]:
+                 completion: Completion, source: Any, max_tokens: int | None = None,
+                 max_tokens_reduced: bool = False) -> dict[str, Any]:
+    """`max_tokens` is the completion budget the request had; `max_tokens_reduced` says it was cut below
+    the run's --max-tokens so that a long prompt fits the context (fit.py)."""
     reasoning, content = completion.reasoning, completion.content
     # reasoning_content is always present (null without reasoning) so every row has one schema
     assistant = {"role": "assistant", "content": content or "", "reasoning_content": reasoning}
@@ -136,6 +139,8 @@ def build_record(*, sample_id: str, index: int, model: str, prompt: list[dict[st
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens,
         "reasoning_tokens": completion.reasoning_tokens,
+        "max_tokens": max_tokens,
+        "max_tokens_reduced": max_tokens_reduced,
         "conversations": [*prompt, assistant],
         "prompt_token_ids": completion.prompt_token_ids,
         "token_ids": completion.token_ids,

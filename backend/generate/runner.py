@@ -2,7 +2,12 @@
 
 Memory stays flat whatever the sample count: the producer feeds a queue of 2 x concurrency items
 and a fixed pool of workers drains it (no task per sample). Counters that reach the summary are
-booked only once a record is fsynced, so a crash never reports work that is not on disk.
+booked only once a record is fsynced, and every durable batch is reported in a progress event, so a
+crash never reports work that is not on disk and a killed run's last event says what is.
+
+Every event counts `total` the same way: the dataset rows in scope (`--limit`). Of those, `done` have a
+record, `skipped` were left out for a counted reason (a bad row, a prompt that does not fit the context)
+and `failed` were tried and failed, by reason; `failed_permanent` of them can never succeed as they are.
 """
 from __future__ import annotations
 
@@ -17,10 +22,12 @@ from typing import Any
 
 from backend.events import EventLog
 from backend.generate import dataset as ds
-from backend.generate.client import ChatClient, ClientSettings, RequestFailed, ServerGone
+from backend.generate.client import REJECTED, ChatClient, ClientSettings, RequestFailed, ServerGone
 from backend.generate.config import GenerateConfig
-from backend.generate.preflight import free_bytes, run_preflight
-from backend.generate.records import ResponseError, build_record, dumps_line, loads, parse_completion
+from backend.generate.fit import PROMPT_REASONS, ContextLimits, discover
+from backend.generate.preflight import free_bytes, human_bytes, run_preflight
+from backend.generate.records import ResponseError, build_record, dumps_line
+from backend.generate.request import Generated, PromptFitter, Skipped
 from backend.generate.tokens import export_token_rows
 from backend.generate.writer import DurableWriter, ResumeIndex, WriteFailed, drop_torn_tail, scan_output
 from backend.runs import Manifest, RunDir, open_run_dir, run_path
@@ -28,16 +35,21 @@ from backend.runs import Manifest, RunDir, open_run_dir, run_path
 STAGE = "generate"
 OUTPUT_FILE = "output.jsonl"
 FAILURES_FILE = "failures.jsonl"
+SKIPPED_FILE = "skipped.jsonl"  # prompts skipped for their length, found by this process (rewritten per start)
+BAD_RESPONSE = "bad_response"  # HTTP 200 whose body is not a usable completion (transient)
+INTERNAL_ERROR = "internal_error"
+PERMANENT_FAILURES = frozenset({REJECTED})
 
 
 @dataclass
 class Stats:
     done: int = 0  # durable records, this run and earlier ones
     new_done: int = 0
-    failed: int = 0
-    skipped: Counter = field(default_factory=Counter)
+    failed: Counter = field(default_factory=Counter)  # by reason (client.REASONS, BAD_RESPONSE, ...)
+    skipped: Counter = field(default_factory=Counter)  # by reason (dataset.BAD_*, fit.PROMPT_REASONS)
     truncated: int = 0
     reasoning_captured: int = 0
+    reduced: int = 0  # records whose max_tokens was cut to fit the context
     prompt_tokens: int = 0
     completion_tokens: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -45,16 +57,26 @@ class Stats:
     @classmethod
     def from_index(cls, index: ResumeIndex) -> "Stats":
         return cls(done=index.records, truncated=index.truncated, reasoning_captured=index.reasoning_captured,
-                   prompt_tokens=index.prompt_tokens, completion_tokens=index.completion_tokens)
+                   reduced=index.reduced, prompt_tokens=index.prompt_tokens,
+                   completion_tokens=index.completion_tokens)
 
-    def book(self, meta: tuple[bool, bool, int, int]) -> None:
-        truncated, reasoning, prompt_tokens, completion_tokens = meta
+    def book(self, meta: tuple[bool, bool, int, int, bool]) -> None:
+        truncated, reasoning, prompt_tokens, completion_tokens, reduced = meta
         self.done += 1
         self.new_done += 1
         self.truncated += truncated
         self.reasoning_captured += reasoning
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
+        self.reduced += reduced
+
+    @property
+    def failed_total(self) -> int:
+        return sum(self.failed.values())
+
+    @property
+    def failed_permanent(self) -> int:
+        return sum(n for reason, n in self.failed.items() if reason in PERMANENT_FAILURES)
 
     def rate(self) -> float:
         elapsed = time.monotonic() - self.started
@@ -79,6 +101,9 @@ class Runner:
         self.events: EventLog | None = None
         self.stats = Stats()
         self.rows = 0
+        self.limits = ContextLimits()
+        self.fitter: PromptFitter | None = None
+        self.first_rejection = ""  # the server's message for the first permanently failed sample
 
     # -- events that must never take the run down (the disk may be full) --
     def emit(self, kind: str, **data: Any) -> None:
@@ -97,14 +122,16 @@ class Runner:
             self.emit("error", message=message, fatal=True)
         self.stop.set()
 
-    def progress(self, writer: DurableWriter) -> dict[str, Any]:
+    def progress(self, writer: DurableWriter | None) -> dict[str, Any]:
+        """The counters every start, progress and finish event carries, counted the same way in each."""
         s = self.stats
-        skipped = sum(s.skipped.values())
-        return {"done": s.done, "total": max(0, self.rows - skipped), "failed": s.failed, "skipped": skipped,
-                "skipped_by_reason": dict(s.skipped), "truncated": s.truncated,
+        return {"done": s.done, "total": self.rows, "failed": s.failed_total, "failed_by_reason": dict(s.failed),
+                "failed_permanent": s.failed_permanent, "skipped": sum(s.skipped.values()),
+                "skipped_by_reason": dict(s.skipped), "reduced": s.reduced, "truncated": s.truncated,
                 "reasoning_captured": s.reasoning_captured, "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens, "rate": s.rate(),
-                "bytes_written": writer.durable_size, "free_disk": self._free(writer.path)}
+                "bytes_written": writer.durable_size if writer is not None else None,
+                "free_disk": self._free(writer.path) if writer is not None else None}
 
     @staticmethod
     def _free(path: str) -> int | None:
@@ -116,6 +143,8 @@ class Runner:
     async def run(self) -> int:
         c = self.config
         info = ds.describe(c.dataset)
+        if info.rows == 0 and c.limit != 0:
+            raise ds.DatasetError(f"{c.dataset}: the dataset has no rows (its files are empty)")
         self.rows = min(info.rows, c.limit) if c.limit is not None else info.rows
         avg_row = (sum(f["size"] for f in info.files) // info.rows) if info.rows else 0
         settings = ClientSettings(base_url=c.endpoint, concurrency=c.concurrency,
@@ -125,7 +154,8 @@ class Runner:
                                   api_key=self.api_key)
         manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, info, self.rows),
                             settings={"endpoint": c.endpoint, "concurrency": c.concurrency,
-                                      "request_timeout": c.request_timeout, "max_retries": c.max_retries})
+                                      "request_timeout": c.request_timeout, "max_retries": c.max_retries,
+                                      "long_prompt": c.long_prompt})
         async with ChatClient(settings) as client:
             if c.preflight_only:
                 report = await run_preflight(c, client, run_dir=run_path(c.work_dir, c.run_id),
@@ -160,10 +190,14 @@ class Runner:
                 return self._finish(run_dir, None, extra={"preflight": report.to_dict()})
             if c.return_token_ids == "auto":
                 token_ids = bool(report.token_ids)
-        self.emit("start", total=self.rows, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
-                  already_done=index.records, token_ids=token_ids)
+            self.limits = report.context or ContextLimits()
+        else:
+            self.limits = await discover(client, c.model, c.chat_template_kwargs)
+        self.emit("start", **self.progress(None), manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
+                  already_done=index.records, token_ids=token_ids, context=self.limits.to_dict())
         writer = DurableWriter(out_path, flush_every=c.flush_every)
         failures = DurableWriter(run_dir.file(FAILURES_FILE), flush_every=1)
+        skipped = self._open_skipped(run_dir)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -171,17 +205,30 @@ class Runner:
                            on_resume=lambda waited: self.emit("resume", waited_s=round(waited, 1)))
         self.stats.started = time.monotonic()  # the rate counts generation, not the preflight
         try:
-            await self._pipeline(client, writer, failures, index.done_ids, token_ids)
+            await self._pipeline(client, writer, failures, skipped, index.done_ids, token_ids)
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
-            await self._final_flush(writer, failures)
+            await self._final_flush(writer, failures, skipped)
             writer.close()
             failures.close()
+            skipped.close()
         extra: dict[str, Any] = {}
-        if token_ids and c.token_rows and self.fatal is None and self.stats.failed == 0 and not self.stop.is_set():
+        if self.fitter is not None:
+            extra["context"] = {**self.limits.to_dict(), "tokenize": self.fitter.tokenize_ok,
+                                "measured": self.fitter.measured, "probed": self.fitter.probed}
+        if (token_ids and c.token_rows and self.fatal is None and self.stats.failed_total == 0
+                and not self.stop.is_set()):
             extra["token_rows"] = export_token_rows(out_path, run_dir.file("prepare"))
         return self._finish(run_dir, writer, extra=extra)
+
+    @staticmethod
+    def _open_skipped(run_dir: RunDir) -> DurableWriter:
+        # which prompts this pass left out: a resumed run meets them again, so the file starts afresh
+        path = run_dir.file(SKIPPED_FILE)
+        with open(path, "wb"):
+            pass
+        return DurableWriter(path, flush_every=256)
 
     def _on_signal(self, sig: int) -> None:
         self.emit("error", fatal=False, message=f"received {signal.Signals(sig).name}: finishing in-flight "
@@ -189,7 +236,7 @@ class Runner:
         self.stop.set()
 
     async def _pipeline(self, client: ChatClient, writer: DurableWriter, failures: DurableWriter,
-                        done_ids: set[str], token_ids: bool) -> None:
+                        skipped: DurableWriter, done_ids: set[str], token_ids: bool) -> None:
         c = self.config
         queue: asyncio.Queue[ds.Sample | None] = asyncio.Queue(maxsize=2 * c.concurrency)
         base: dict[str, Any] = {**c.sampling_params(), "model": c.model, "max_tokens": c.max_tokens}
@@ -197,6 +244,10 @@ class Runner:
             base["chat_template_kwargs"] = c.chat_template_kwargs
         if token_ids:
             base["return_token_ids"] = True
+        fitter = self.fitter = PromptFitter(
+            client, model=c.model, base=base, max_tokens=c.max_tokens, policy=c.long_prompt,
+            chat_template_kwargs=c.chat_template_kwargs, limits=self.limits,
+            on_note=lambda message: self.emit("error", fatal=False, message=message))
 
         async def produce() -> None:
             try:
@@ -211,7 +262,10 @@ class Runner:
                     if item.sample_id in done_ids:
                         continue
                     await queue.put(item)
-            except Exception as exc:  # a dataset that breaks mid-way must still end the run cleanly
+            except ds.DatasetError as exc:  # a file that breaks mid-way: its one-line reason
+                self.fail(f"reading the dataset failed: {exc}")
+                return
+            except Exception as exc:  # anything else must still end the run cleanly
                 self.fail(f"reading the dataset failed: {type(exc).__name__}: {exc}")
                 return
             done_ids.clear()  # the resume index is no longer needed: free it
@@ -224,13 +278,14 @@ class Runner:
                 if item is None:
                     return
                 try:
-                    await self._one(client, writer, failures, base, item)
+                    await self._one(fitter, writer, failures, skipped, item)
                 except Exception as exc:  # one bad sample must not take a worker (or the run) down
-                    await self._failure(failures, item, f"internal error: {type(exc).__name__}: {exc}", 1)
+                    await self._failure(failures, item, f"internal error: {type(exc).__name__}: {exc}", 1,
+                                        INTERNAL_ERROR)
 
         producer = asyncio.create_task(produce())
         workers = [asyncio.create_task(work()) for _ in range(c.concurrency)]
-        ticker = asyncio.create_task(self._tick(writer))
+        ticker = asyncio.create_task(self._tick(writer, skipped))
         stopper = asyncio.create_task(self.stop.wait())
         all_workers = asyncio.gather(*workers, return_exceptions=True)
         try:
@@ -252,43 +307,62 @@ class Runner:
                 t.cancel()
             await asyncio.gather(ticker, stopper, producer, all_workers, return_exceptions=True)
 
-    async def _one(self, client: ChatClient, writer: DurableWriter, failures: DurableWriter,
-                   base: dict[str, Any], item: ds.Sample) -> None:
-        body = dumps_line({**base, "messages": item.prompt})
+    async def _one(self, fitter: PromptFitter, writer: DurableWriter, failures: DurableWriter,
+                   skipped: DurableWriter, item: ds.Sample) -> None:
         try:
-            raw, _attempts = await client.chat(body)
-            completion = parse_completion(loads(raw))
+            outcome = await fitter.generate(item.prompt)
         except RequestFailed as exc:
-            await self._failure(failures, item, str(exc), exc.attempts)
+            if exc.permanent and not self.first_rejection:
+                self.first_rejection = f"HTTP {exc.status}: {exc.server_message[:200]}"
+            await self._failure(failures, item, str(exc), exc.attempts, exc.reason)
             return
         except (ResponseError, ValueError) as exc:
-            await self._failure(failures, item, f"unusable response: {exc}", 1)
+            await self._failure(failures, item, f"unusable response: {exc}", 1, BAD_RESPONSE)
             return
         except ServerGone as exc:
             self.fail(str(exc))
             return
         if self.fatal:
             return
+        if isinstance(outcome, Skipped):
+            self._skip(skipped, item, outcome)
+            return
+        assert isinstance(outcome, Generated)
+        completion = outcome.completion
         record = build_record(sample_id=item.sample_id, index=item.index, model=self.config.model,
-                              prompt=item.prompt, completion=completion, source=item.source)
+                              prompt=item.prompt, completion=completion, source=item.source,
+                              max_tokens=outcome.max_tokens, max_tokens_reduced=outcome.reduced)
         meta = (record["truncated"], record["reasoning_captured"], completion.prompt_tokens or 0,
-                completion.completion_tokens or 0)
+                completion.completion_tokens or 0, outcome.reduced)
         if writer.append(dumps_line(record), meta):
             await self._flush(writer)
 
+    def _skip(self, skipped: DurableWriter, item: ds.Sample, outcome: Skipped) -> None:
+        self.stats.skipped[outcome.reason] += 1
+        skipped.append(dumps_line({"id": item.sample_id, "index": item.index, "reason": outcome.reason,
+                                   "prompt_tokens": outcome.prompt_tokens, "max_model_len": outcome.max_model_len,
+                                   "max_tokens": self.config.max_tokens, "detail": outcome.detail,
+                                   "ts": round(time.time(), 3)}))
+
     async def _flush(self, writer: DurableWriter) -> None:
         try:
-            for meta in await writer.flush():
+            durable = await writer.flush()
+            for meta in durable:
                 self.stats.book(meta)
+            if durable and not self.fatal:
+                # what is on disk, the moment it is: a run killed now still shows its true count
+                self.emit("progress", **self.progress(writer))
         except WriteFailed as exc:
             writer.discard()
             self.disk_full = self.disk_full or exc.disk_full
             self.fail(f"{exc}. Free space on that volume (or move --work-dir), then rerun the same "
                       f"command: the run resumes where the file ends" if exc.disk_full else str(exc))
 
-    async def _failure(self, failures: DurableWriter, item: ds.Sample, error: str, attempts: int) -> None:
-        self.stats.failed += 1
-        line = dumps_line({"id": item.sample_id, "index": item.index, "error": error, "attempts": attempts,
+    async def _failure(self, failures: DurableWriter, item: ds.Sample, error: str, attempts: int,
+                       reason: str) -> None:
+        self.stats.failed[reason] += 1
+        line = dumps_line({"id": item.sample_id, "index": item.index, "reason": reason,
+                           "permanent": reason in PERMANENT_FAILURES, "error": error, "attempts": attempts,
                            "ts": round(time.time(), 3)})
         failures.append(line)
         try:
@@ -297,55 +371,107 @@ class Runner:
             failures.discard()
             self.fail(str(exc))
 
-    async def _tick(self, writer: DurableWriter) -> None:
+    async def _tick(self, writer: DurableWriter, skipped: DurableWriter) -> None:
         c = self.config
         while True:
             await asyncio.sleep(c.progress_interval)
             if self.fatal:
                 return
             await self._flush(writer)
+            await self._flush_side(skipped)
             free = self._free(writer.path)
             if free is not None and free < c.min_free_bytes:
-                self.fail(f"only {free / 1e6:.1f} MB free on the volume of {writer.path} (under "
-                          f"--min-free-bytes {c.min_free_bytes}); stopping before the disk fills. Free "
-                          f"space or move --work-dir, then rerun the same command to resume")
+                self.fail(f"only {human_bytes(free)} free on the volume of {writer.path} (under "
+                          f"--min-free-bytes {human_bytes(c.min_free_bytes)}); stopping before the disk fills. "
+                          f"Free space or move --work-dir, then rerun the same command to resume")
                 return
             self.emit("progress", **self.progress(writer))
 
-    async def _final_flush(self, writer: DurableWriter, failures: DurableWriter) -> None:
+    async def _flush_side(self, side: DurableWriter) -> None:
+        try:
+            await side.flush()
+        except WriteFailed:
+            side.discard()  # a side file must not stop the run; its counts are in the events
+
+    async def _final_flush(self, writer: DurableWriter, failures: DurableWriter, skipped: DurableWriter) -> None:
         if writer.pending and not self.disk_full:
             await self._flush(writer)
-        try:
-            failures.flush_sync()
-        except WriteFailed:
-            failures.discard()
+        for side in (failures, skipped):
+            try:
+                side.flush_sync()
+            except WriteFailed:
+                side.discard()
 
     def _finish(self, run_dir: RunDir, writer: DurableWriter | None, extra: dict[str, Any]) -> int:
-        if self.fatal:
-            status = "failed"
-        elif self.stop.is_set():
-            status = "stopped"
-        elif self.stats.failed:
-            status = "failed"
-        else:
-            status = "completed"
+        s = self.stats
+        status, error, note = settle(fatal=self.fatal, stopped=self.stop.is_set(), rows=self.rows, done=s.done,
+                                     failed=s.failed, skipped=s.skipped, reduced=s.reduced,
+                                     first_rejection=self.first_rejection)
         summary: dict[str, Any] = {"stage": STAGE, "run_id": self.config.run_id, "status": status}
-        if writer is not None:
-            summary.update(self.progress(writer))
+        summary.update(self.progress(writer))
         summary.update({"output": run_dir.file(OUTPUT_FILE), "failures": run_dir.file(FAILURES_FILE),
-                        "elapsed_s": round(time.monotonic() - self.stats.started, 3)})
-        if self.fatal:
-            summary["error"] = self.fatal
-        elif self.stats.failed:
-            summary["error"] = (f"{self.stats.failed} samples failed after retries (see {FAILURES_FILE}); "
-                                f"rerun the same command to retry them")
+                        "elapsed_s": round(time.monotonic() - s.started, 3)})
+        if writer is not None:
+            summary["skipped_prompts"] = run_dir.file(SKIPPED_FILE)
+        if error:
+            summary["error"] = error
+        if note:
+            summary["note"] = note
         summary.update(extra)
         try:
             run_dir.write_summary(summary)
         except OSError as exc:
             print(f"generate: could not write {run_dir.summary_path}: {exc}", file=sys.stderr)
         self.emit("finish", status=status, summary=summary)
-        print(f"generate: {status}: {summary.get('done', 0)} done, {summary.get('failed', 0)} failed, "
-              f"{summary.get('skipped', 0)} skipped" + (f" ({summary['error']})" if "error" in summary else ""),
-              file=sys.stderr)
+        line = f"generate: {status}: {summary.get('done', 0)} done"
+        line += f", {summary.get('failed', 0)} failed{_by_reason(s.failed)}"
+        line += f", {summary.get('skipped', 0)} skipped{_by_reason(s.skipped)}"
+        if s.reduced:
+            line += f", {s.reduced} with a reduced max_tokens"
+        print(line + (f" ({error})" if error else ""), file=sys.stderr)
         return 0 if status in ("completed", "stopped") else 1
+
+
+def _by_reason(counts: Counter | dict[str, int]) -> str:
+    items = [f"{reason}: {n}" for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if n]
+    return f" ({', '.join(items)})" if items else ""
+
+
+def settle(*, fatal: str | None, stopped: bool, rows: int, done: int, failed: Counter | dict[str, int],
+           skipped: Counter | dict[str, int], reduced: int, first_rejection: str = "") -> tuple[str, str, str]:
+    """(status, error, note) of a finished run. Pure.
+
+    Rerunning is suggested only when something failed that a rerun can fix (a transient failure); a
+    sample the server rejected fails the run without that advice; prompts skipped for their length (or
+    bad rows) are counted and do not fail a run, unless nothing at all could be generated.
+    """
+    permanent = sum(n for reason, n in failed.items() if reason in PERMANENT_FAILURES)
+    transient = sum(failed.values()) - permanent
+    skips = sum(skipped.values())
+    note_parts = []
+    if skips:
+        prompts = any(reason in PROMPT_REASONS for reason in skipped)
+        listed = f" (the prompts are listed in {SKIPPED_FILE})" if prompts else ""
+        note_parts.append(f"{skips} skipped{_by_reason(skipped)}{listed}")
+    if reduced:
+        note_parts.append(f"{reduced} sent with max_tokens reduced to fit the context (max_tokens_reduced "
+                          f"in their records)")
+    note = "; ".join(note_parts)
+    if fatal:
+        return "failed", fatal, note
+    if stopped:
+        return "stopped", "", note
+    if transient or permanent:
+        parts = []
+        if transient:
+            retryable = {r: n for r, n in failed.items() if r not in PERMANENT_FAILURES}
+            parts.append(f"{transient} samples failed{_by_reason(retryable)} (see {FAILURES_FILE}); rerun the "
+                         f"same command to retry them")
+        if permanent:
+            parts.append(f"{permanent} samples were rejected by the server ({first_rejection or 'HTTP 4xx'}); "
+                         f"retrying cannot help them: see {FAILURES_FILE} for what the server said")
+        return "failed", "; ".join(parts), note
+    if rows and not done:
+        return "failed", (f"no usable rows: none of the {rows} rows produced a record; "
+                          f"{skips} skipped{_by_reason(skipped)}"), note
+    return "completed", "", note

@@ -32,6 +32,7 @@ class ResumeIndex:
     records: int = 0
     truncated: int = 0
     reasoning_captured: int = 0
+    reduced: int = 0  # records sent with a max_tokens cut to fit the context
     prompt_tokens: int = 0
     completion_tokens: int = 0
     valid_bytes: int = 0  # length of the prefix made of complete lines
@@ -69,6 +70,7 @@ def scan_output(path: str) -> ResumeIndex:
             index.records += 1
             index.truncated += bool(record.get("truncated"))
             index.reasoning_captured += bool(record.get("reasoning_captured"))
+            index.reduced += bool(record.get("max_tokens_reduced"))
             index.prompt_tokens += record.get("prompt_tokens") or 0
             index.completion_tokens += record.get("completion_tokens") or 0
     return index

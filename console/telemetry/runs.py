@@ -4,6 +4,8 @@ A run's state comes from its own events first (a finish event says done, failed 
 unit second: no finish and no live unit means the program died without a word (kill -9, reboot): stale.
 A train run also keeps its curves (console/telemetry/train_view.py); a `resume` event carrying a `step`
 supersedes the progress of the steps a restart trains again (backend/events.py).
+A stale run shows what its last events said is on disk: the generate stage reports every durable batch
+and starts with what it found on disk, so that is the record count a resume would start from.
 
 Reads are bounded: one probe asks for at most PROBE_EVENTS_BUDGET bytes of events in all (unfinished and
 newest runs first, the rest on later probes), an old run found at start-up is read from its tail only
@@ -63,6 +65,8 @@ class RunTrack:
             self.total = int(ev.data.get("total") or 0)
             self.started = ev.ts
             self.finish = None  # a resumed run starts again
+            if "done" in ev.data:  # the counters as the run found them on disk (a resume starts from there)
+                self.progress = {k: v for k, v in d.items() if k != "manifest"}
         elif ev.kind == "progress":
             self.progress = d
             self.total = int(ev.data.get("total") or self.total)
@@ -78,6 +82,10 @@ class RunTrack:
         self.history = [h for h in self.history if not isinstance(h.get("step"), int) or h["step"] < step]
         if self.progress is not None and isinstance(self.progress.get("step"), int) and self.progress["step"] >= step:
             self.progress = self.history[-1] if self.history else None
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class RunBook:
@@ -175,9 +183,11 @@ class RunBook:
             else:
                 state = "stale"
             done, total, rate = int(p.get("done") or 0), int(p.get("total") or t.total), p.get("rate")
+            # rows skipped (bad rows, prompts too long) or failed will not be generated: not in the ETA
+            left = total - done - _count(p.get("skipped")) - _count(p.get("failed"))
             eta = p.get("eta_s")
-            if eta is None and state == "running" and isinstance(rate, (int, float)) and rate > 0 and total > done:
-                eta = round((total - done) / rate, 1)  # the stage reports its rate; the ETA follows
+            if eta is None and state == "running" and isinstance(rate, (int, float)) and rate > 0 and left > 0:
+                eta = round(left / rate, 1)  # the stage reports its rate; the ETA follows
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
                                failed=int(p.get("failed") or 0), rate=rate, eta_s=eta, last_event=p or None,
                                series=t.series.to_dict() if t.series is not None else None))

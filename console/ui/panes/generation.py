@@ -52,6 +52,38 @@ class TokenRate:
         return self.value
 
 
+def by_reason(counts: Any, limit: int = 4) -> str:
+    """`prompt_too_long 2 · invalid_json 1` from an event's `*_by_reason` map, biggest first. Plain text:
+    the reasons come from the host, so they are cut and stripped of control characters here and go into
+    the pane only as `markup()` values."""
+    if not isinstance(counts, dict):
+        return ""
+    items = [(str(k), v) for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    items.sort(key=lambda kv: (-kv[1], kv[0]))
+    shown = [f"{''.join(ch for ch in k if ch.isprintable())[:40]} {v}" for k, v in items[:limit]]
+    if len(items) > limit:
+        shown.append(f"+{len(items) - limit} more")
+    return " · ".join(shown)
+
+
+def outcome_lines(event: dict[str, Any]) -> list[Content]:
+    """Samples left out (skipped), failed and sent with a cut budget, by reason; nothing when none."""
+    out = []
+    skipped, reduced = int(_number(event, "skipped") or 0), int(_number(event, "reduced") or 0)
+    if skipped or reduced:
+        reasons = by_reason(event.get("skipped_by_reason"))
+        out.append(markup("skipped  $n$reasons$reduced", n=skipped, reasons=f": {reasons}" if reasons else "",
+                          reduced=f"   reduced max_tokens {reduced}" if reduced else ""))
+    failed = int(_number(event, "failed") or 0)
+    reasons = by_reason(event.get("failed_by_reason"))
+    if failed and reasons:
+        permanent = int(_number(event, "failed_permanent") or 0)
+        tail = ("   [dim]a rerun retries them[/]" if failed > permanent else "") + \
+               (f"   [dim]{permanent} rejected: a rerun cannot help[/]" if permanent else "")
+        out.append(markup("failed   [red]$n[/]: $reasons", n=failed, reasons=reasons) + Content.from_markup(tail))
+    return out
+
+
 def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60) -> Content:
     event = run.last_event or {}
     done = int(_number(event, "done") or run.done)
@@ -69,6 +101,7 @@ def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60)
         f"truncated (length) {pct(_number(event, 'truncated'), done)}",
         f"tokens/s {num(tokens_per_s, '{:.0f}')}   written {human_bytes(_number(event, 'bytes_written'))}"
         f"   free disk {human_bytes(free) if isinstance(free, (int, float)) else 'N/A'}",
+        *outcome_lines(event),
     )
 
 
