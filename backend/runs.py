@@ -19,7 +19,7 @@ from backend.events import EVENTS_FILE
 
 MANIFEST_FILE = "manifest.json"
 SUMMARY_FILE = "summary.json"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: `$` accepts a trailing newline
 
 
 class RunDirError(Exception):
@@ -131,7 +131,7 @@ class RunDir:
 
 
 def run_path(work_dir: str, run_id: str) -> str:
-    if not _RUN_ID.match(run_id):
+    if not _RUN_ID.fullmatch(run_id):
         raise RunDirError(f"run id {run_id!r} is not usable as a directory name: use letters, digits, "
                           f". _ - (at most 128 characters, not starting with a dot)")
     return os.path.join(os.path.abspath(work_dir), "runs", run_id)

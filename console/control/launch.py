@@ -22,7 +22,7 @@ from console.control.units import stage_start_argv, stage_stop_argv
 from console.telemetry.probe import stage_unit_name
 
 BACKEND_DIR = Path(__file__).resolve().parents[2] / "backend"
-RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # also part of a unit / tmux session name
 STAGE_MODULES = {"generate": "backend.generate"}
 
 
@@ -39,7 +39,7 @@ class Launch:
 
 
 def check_run_id(run_id: str) -> str:
-    if not RUN_ID.match(run_id):
+    if not RUN_ID.fullmatch(run_id):
         raise StageError(f"run id {run_id!r}: expected letters, digits, '_' and '-' (at most 64), "
                          "starting with a letter or digit")
     return run_id
