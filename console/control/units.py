@@ -2,8 +2,7 @@
 
 systemd: the server is the operator's unit (`systemctl start|stop|restart`); stages run as transient
 units (`systemd-run --unit=... --collect`), logging to the journal. tmux (hosts without systemd, and the
-demo): one session per program, the pane's process IS the program (so its pid takes SIGTERM and its exit
-status is kept by remain-on-exit), its output tee'd to a log file the console reads by offset.
+demo): one session per program whose pane runs a small bash wrapper (see `tmux_start_argv`).
 Every function returns argv lists; callers run them with Host.run and show them to the operator.
 """
 from __future__ import annotations
@@ -11,9 +10,28 @@ from __future__ import annotations
 import shlex
 from typing import Mapping, Sequence
 
-from console.profile import Profile
+from console.parsers.tmux import EXIT_STATUS_PREFIX
+from console.profile import Profile, check_session, check_unit
 
-PANE_FORMAT = "#{pane_pid} #{pane_dead} #{pane_dead_status}"
+
+class UnitNameError(ValueError):
+    """A unit or tmux session name that must not reach systemd or tmux (the message says why)."""
+
+
+def checked_session(session: str) -> str:
+    """tmux reads '.' and ':' in a target as window/pane separators and '#' as a format: refuse them
+    (and a trailing newline) before any name reaches tmux."""
+    problem = check_session(session)
+    if problem:
+        raise UnitNameError(f"tmux session {session!r}: expected {problem}")
+    return session
+
+
+def checked_unit(unit: str) -> str:
+    problem = check_unit(unit)
+    if problem:
+        raise UnitNameError(f"unit {unit!r}: expected {problem}")
+    return unit
 
 
 def _sudo(profile: Profile, argv: list[str]) -> list[str]:
@@ -32,15 +50,58 @@ def server_command(profile: Profile) -> list[str]:
     return argv + list(s.vllm_args)
 
 
+def server_log_path(profile: Profile) -> str:
+    """Where the tmux manager's server writes its output."""
+    return f"{profile.paths.work_dir}/logs/{profile.server.unit}.log"
+
+
+def exit_status_path(log_path: str) -> str:
+    """Where the tmux wrapper records the program's exit status (tmux's own is not always there)."""
+    return f"{log_path}.exit"
+
+
+# The pane's process. The program appends its output to the log file itself, so every line it wrote is
+# there the moment it exits (a `tee` in the pane died with the pane's hang-up before draining, and the
+# last lines, the root cause, were lost). The pane only shows the log (`tail -F`, for an attached
+# operator). The wrapper forwards TERM/INT/HUP to the program, waits for it, and writes its exit status
+# to a file before exiting with it: tmux's pane_dead_status can be empty when the pane's hang-up is
+# seen before the exit. $1 log, $2 status file, $3 working directory ('' for none), then the program.
+_WRAPPER = r"""log=$1; st_file=$2; dir=$3; shift 3
+rm -f -- "$st_file"
+if [ -n "$dir" ] && ! cd -- "$dir"; then
+  echo "cannot cd to $dir" >> "$log"; echo 1 > "$st_file"; exit 1
+fi
+start=$(stat -c %s -- "$log" 2>/dev/null || echo 0)
+tail -c "+$((start + 1))" -F -- "$log" 2>/dev/null &
+viewer=$!
+"$@" >> "$log" 2>&1 < /dev/null &
+child=$!
+got=0
+trap 'got=1; kill -TERM "$child" 2>/dev/null' TERM
+trap 'got=1; kill -INT "$child" 2>/dev/null' INT
+trap 'got=1; kill -HUP "$child" 2>/dev/null' HUP
+while :; do
+  got=0; wait "$child"; st=$?
+  [ "$got" = 1 ] || break
+  kill -0 "$child" 2>/dev/null && continue
+  wait "$child"; r=$?; [ "$r" = 127 ] || st=$r
+  break
+done
+kill "$viewer" 2>/dev/null
+printf '%s
+' "$st" > "$st_file.tmp" && mv -f -- "$st_file.tmp" "$st_file"
+exit "$st"
+"""
+
+
 def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: str | None = None,
                     env: Mapping[str, str] | None = None) -> list[str]:
     """One `sh -c` that refuses a live session, clears a dead one, and starts `argv` in a fresh one."""
+    checked_session(session)
     log_dir = log_path.rsplit("/", 1)[0] or "/"
-    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
-    cd = f"cd {shlex.quote(cwd)} && " if cwd else ""
-    # exec twice: output goes through tee into the log, and the program replaces the shell as the pane's
-    # process, so SIGTERM reaches it and tmux records its own exit status
-    inner = f"{exports}{cd}exec > >(tee -a {shlex.quote(log_path)}) 2>&1; exec {shlex.join(list(argv))}"
+    status = exit_status_path(log_path)
+    env_argv = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
+    pane = ["bash", "-c", _WRAPPER, "e3-wrapper", log_path, status, cwd or "", *env_argv, *argv]
     t = f"={session}"
     script = "\n".join([
         f"mkdir -p {shlex.quote(log_dir)} || exit 1",
@@ -50,16 +111,18 @@ def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: st
         "  fi",
         f"  tmux kill-session -t {shlex.quote(t)}",
         "fi",
+        f"rm -f {shlex.quote(status)}",
         f"tmux new-session -d -s {shlex.quote(session)} -x 200 -y 50 || exit 1",
         f"tmux set-window-option -t {shlex.quote(t + ':')} remain-on-exit on >/dev/null || exit 1",
-        f"tmux respawn-pane -k -t {shlex.quote(t + ':')} {shlex.quote(shlex.join(['bash', '-c', inner]))}",
+        f"tmux respawn-pane -k -t {shlex.quote(t + ':')} {shlex.quote(shlex.join(pane))}",
     ])
     return ["sh", "-c", script]
 
 
 def tmux_stop_argv(session: str, timeout_s: float) -> list[str]:
-    """SIGTERM the pane's program, wait for it to exit (then SIGKILL), then remove the session."""
-    t = shlex.quote(f"={session}")
+    """SIGTERM the pane's program (through its wrapper), wait for it to exit, else SIGKILL the pane's
+    whole process group (wrapper and program); then remove the session."""
+    t = shlex.quote(f"={checked_session(session)}")
     # "exited" is tmux's pane_dead, not `kill -0`: the exited program can linger as a zombie
     dead = f"[ \"$(tmux list-panes -t {t} -F '#{{pane_dead}}' 2>/dev/null | head -n 1)\" != 0 ]"
     script = "\n".join([
@@ -70,7 +133,8 @@ def tmux_stop_argv(session: str, timeout_s: float) -> list[str]:
         f"    {dead} && break",
         "    sleep 0.2; i=$((i+1))",
         "  done",
-        f'  {dead} || {{ echo "did not exit in {timeout_s:g} s: SIGKILL" >&2; kill -KILL "$pid"; }}',
+        # the pane's process leads its own process group: the program dies with its wrapper
+        f'  {dead} || {{ echo "did not exit in {timeout_s:g} s: SIGKILL" >&2; kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; }}',
         "fi",
         f"tmux kill-session -t {t} 2>/dev/null",
         "exit 0",

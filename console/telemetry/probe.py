@@ -12,13 +12,14 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from console.control.units import exit_status_path, server_log_path
+from console.parsers.tmux import EXIT_STATUS_PREFIX, PANE_FORMAT
 from console.profile import Profile
 
 SYSTEMCTL_PROPS = (
     "LoadState,ActiveState,SubState,Result,NRestarts,ExecMainPID,ActiveEnterTimestamp,"
     "MemoryCurrent,InvocationID"
 )
-TMUX_PANE_FORMAT = "#{pane_pid} #{pane_dead} #{pane_dead_status}"
 EVENTS_READ_MAX = 512 * 1024  # per run per tick: a long backlog arrives over a few ticks
 SERVER_LOG_READ_MAX = 256 * 1024
 
@@ -50,8 +51,12 @@ def service_argv(profile: Profile) -> list[list[str]]:
     unit = profile.server.unit
     if profile.server.manager == "systemd":
         return [["systemctl", "show", unit, "-p", SYSTEMCTL_PROPS]]
-    # `=NAME` makes tmux match the session name exactly rather than by prefix
-    return [["tmux", "list-panes", "-t", f"={unit}", "-F", TMUX_PANE_FORMAT]]
+    # `=NAME` makes tmux match the session name exactly rather than by prefix; then the exit status
+    # the pane's wrapper recorded (tmux's own can be empty), keeping list-panes' status as the section's
+    script = ('tmux list-panes -t "$1" -F "$2"; rc=$?; '
+              'if [ -r "$3" ]; then printf "%s %s\\n" "$4" "$(head -c 16 -- "$3")"; fi; exit $rc')
+    return [["sh", "-c", script, "sh", f"={unit}", PANE_FORMAT,
+             exit_status_path(server_log_path(profile)), EXIT_STATUS_PREFIX]]
 
 
 def _read_bytes(path: str, offset: int, limit: int) -> str:
