@@ -66,3 +66,81 @@ def test_run_ids_and_jump_hosts_with_a_trailing_newline():
 def test_keymap_key_names_are_whole_strings():
     with pytest.raises(KeymapError):
         parse_keymap('quit = "q\\nx"')
+
+
+# -- dataset paths ---------------------------------------------------------------------------------------
+
+def dataset_profile(tmp_path, transport: str, **paths):
+    from console.profile import profile_from_dict
+    return profile_from_dict({"host": {"name": "gpu-host.example", "transport": transport},
+                              "server": {"manager": "tmux", "unit": "e3t-ds", "model_path": "/m", "port": 1},
+                              "paths": {"work_dir": str(tmp_path / "w"), **paths}})
+
+
+async def test_relative_dataset_on_a_local_host_is_the_callers_directory(tmp_path, monkeypatch):
+    from console.control.launch import resolve_dataset
+    from console.host.local import LocalHost
+    monkeypatch.chdir(tmp_path)
+    p = dataset_profile(tmp_path, "local")
+    assert await resolve_dataset(LocalHost(), p, "data/prompts.jsonl") == str(tmp_path / "data/prompts.jsonl")
+    assert await resolve_dataset(LocalHost(), p, "./a/../b.jsonl") == str(tmp_path / "b.jsonl")
+    assert await resolve_dataset(LocalHost(), p, "/abs/x.jsonl") == "/abs/x.jsonl"
+
+
+async def test_relative_dataset_on_an_ssh_host_is_the_data_dir(tmp_path, monkeypatch):
+    from console.control.launch import resolve_dataset
+    from console.host.local import LocalHost
+    p = dataset_profile(tmp_path, "ssh", data_dir="/data/sets")
+    host = LocalHost()  # stands in for the remote shell: only `printf %s "$HOME"` is asked of it
+    assert await resolve_dataset(host, p, "prompts.jsonl") == "/data/sets/prompts.jsonl"
+    assert await resolve_dataset(host, p, "../other/x.jsonl") == "/data/other/x.jsonl"
+    monkeypatch.setenv("HOME", "/home/op")
+    assert await resolve_dataset(host, p, "~/sets/x.jsonl") == "/home/op/sets/x.jsonl"
+    with pytest.raises(StageError, match="~user"):
+        await resolve_dataset(host, p, "~bob/x.jsonl")
+
+
+@pytest.mark.parametrize("value, why", [
+    ("/data/x.jsonl\n", "control characters"),
+    ("/data/x\x00.jsonl", "control characters"),
+    ("/data/x\t.jsonl", "control characters"),
+    (" /data/x.jsonl", "spaces"),
+    ("", "no dataset"),
+])
+async def test_bad_dataset_paths_are_refused_before_anything_runs(tmp_path, value, why):
+    from console.control.launch import resolve_dataset
+    from console.host.local import LocalHost
+    with pytest.raises(StageError, match=why):
+        await resolve_dataset(LocalHost(), dataset_profile(tmp_path, "ssh"), value)
+
+
+@pytest.mark.timeout(60)
+async def test_wait_reports_a_stage_that_died_before_its_first_event(tmp_path, capsys):
+    """It used to say nothing for two minutes, then 'no events'."""
+    import time
+
+    from console.commands.run_cmd import follow_run
+    from console.control.launch import stage_log_path
+    from console.control.units import tmux_start_argv
+    from console.host.factory import host_for_profile
+    from console.profile import profile_from_dict
+    from console.telemetry.collector import Collector
+
+    work = tmp_path / "w"
+    (work / "tmux").mkdir(parents=True, mode=0o700)
+    p = profile_from_dict({"host": {"name": "gpu-host.example", "transport": "local", "simulated": True},
+                           "server": {"manager": "tmux", "unit": "e3t-srv", "model_path": "/m", "port": 1},
+                           "paths": {"work_dir": str(work)}, "gpus": {"command": ["true"]}})
+    host = host_for_profile(p)
+    unit = "e3-generate-r1"
+    start = tmux_start_argv(unit, ["sh", "-c", "echo 'error: /d/x.jsonl: no such file' >&2; exit 2"],
+                            stage_log_path(p, unit))
+    assert (await host.run(start)).ok
+    try:
+        t0 = time.monotonic()
+        assert await follow_run(Collector(p, host), "r1", 0.2) == 1
+        assert time.monotonic() - t0 < 20
+        err = capsys.readouterr().err
+        assert "exit status 2" in err and "no such file" in err
+    finally:
+        await host.run(["tmux", "kill-server"])

@@ -160,17 +160,30 @@ def server_restart_argvs(profile: Profile, log_path: str) -> list[list[str]]:
     return [server_stop_argv(profile), server_start_argv(profile, log_path)]
 
 
+def systemd_literal_argv(argv: Sequence[str]) -> list[str]:
+    """`argv` for a systemd that expands `$VAR`/`${VAR}` in a command line and has no
+    --expand-environment=no (before v254): `$$` is its escape for a literal `$`."""
+    return [a.replace("$", "$$") for a in argv]
+
+
 def stage_start_argv(profile: Profile, unit: str, argv: Sequence[str], *, log_path: str, cwd: str,
-                     env: Mapping[str, str]) -> list[str]:
+                     env: Mapping[str, str], no_expand_option: bool = False) -> list[str]:
+    """Start a stage detached. systemd expands environment variables in a transient unit's command
+    line (systemd-run's default from v254, the service manager's own before): a dataset path or a
+    chat_template_kwargs value holding `$` would be rewritten silently. With `no_expand_option`
+    (systemd-run knows --expand-environment, see launch.systemd_run_expands) it is switched off,
+    otherwise every `$` is escaped."""
     if profile.server.manager == "systemd":
-        cmd = ["systemd-run", f"--unit={unit}", "--collect", "--quiet", f"--working-directory={cwd}",
-               "--property=KillSignal=SIGTERM", "--property=TimeoutStopSec=120"]
+        cmd = ["systemd-run", f"--unit={checked_unit(unit)}", "--collect", "--quiet",
+               f"--working-directory={cwd}", "--property=KillSignal=SIGTERM", "--property=TimeoutStopSec=120"]
         cmd += [f"--setenv={k}={v}" for k, v in env.items()]
-        return _sudo(profile, cmd + list(argv))
+        if no_expand_option:
+            return _sudo(profile, [*cmd, "--expand-environment=no", *argv])
+        return _sudo(profile, [*cmd, *systemd_literal_argv(argv)])
     return tmux_start_argv(unit, argv, log_path, cwd=cwd, env=env)
 
 
 def stage_stop_argv(profile: Profile, unit: str) -> list[str]:
     if profile.server.manager == "systemd":
-        return _sudo(profile, ["systemctl", "stop", unit])
+        return _sudo(profile, ["systemctl", "stop", checked_unit(unit)])
     return tmux_stop_argv(unit, 120)
