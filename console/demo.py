@@ -15,7 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
-from console.profile import DEFAULT_GPU_QUERY, Profile, load_profile, write_profile
+from console.profile import DEFAULT_GPU_QUERY, Profile, ProfileError, load_profile, write_profile
 from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
 from console.host.base import CommandResult
 from console.host.factory import env_prefix
@@ -98,8 +98,27 @@ async def _run(argv: list[str], timeout: float = 60) -> CommandResult:
     return await LocalHost().run(argv, timeout=timeout)
 
 
+async def running(work_dir: Path) -> Profile | None:
+    """The profile of the demo already running in `work_dir` (its server's pane is alive), else None."""
+    path = effective_profile(work_dir)
+    if not path.exists():
+        return None
+    try:
+        profile = load_profile(path)
+    except ProfileError:
+        return None
+    panes = await _run(env_prefix(profile.paths.work_dir)
+                       + ["tmux", "list-panes", "-t", f"={profile.server.unit}", "-F", "#{pane_dead}"])
+    return profile if panes.ok and "0" in panes.stdout.split() else None
+
+
 async def start(work_dir: Path, *, speed: float = 1.0) -> Profile:
+    """Start the demo host, or return the running one's profile untouched: rewriting it (a new port)
+    would cut every console and stage using the running server off from it."""
     from console.telemetry.collector import server_log_path
+    existing = await running(work_dir)
+    if existing is not None:
+        return existing
     profile = prepare(work_dir, speed=speed)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)
