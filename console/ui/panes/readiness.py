@@ -22,8 +22,9 @@ def readiness_markup(srv: ServerInfo) -> str:
         lines.append(f"ETA      {duration(srv.eta_s)} [dim]({escape(source)})[/]")
     if srv.phase == "ready" or srv.model_id:
         lines.append(f"model    [b]{escape(srv.model_id or 'N/A')}[/b]  max_model_len {num(srv.max_model_len)}")
-        lines.append(f"vLLM     {escape(srv.version or 'N/A')}   reasoning "
-                     f"{escape(srv.reasoning_field or 'N/A')}")
+        # the field's own name may be "reasoning": say where it lives, not "reasoning reasoning"
+        where = f"in message.{srv.reasoning_field}" if srv.reasoning_field else "N/A"
+        lines.append(f"vLLM     {escape(srv.version or 'N/A')}   reasoning {escape(where)}")
     m = srv.metrics
     if srv.phase == "ready" and m is not None:
         kv = f"{m.kv_cache_usage_pct:.0f}%" if m.kv_cache_usage_pct is not None else "N/A"
