@@ -226,3 +226,13 @@ def test_trust_host_through_a_jump_host_offers_its_key_first(tmp_path, sshd_serv
     assert f"[{systemd_rig.host}]:{systemd_rig.port} " in text and f"[{name}]:{sshd_server.port} " in text
     st = cli("status", "--profile", str(profile), "--json")
     assert st.returncode == 0, st.stdout + st.stderr
+
+    # a jump host that refuses the login cannot vouch for the target's key: said so, not "trusted"
+    stranger = keys.generate_key(tmp_path / "stranger_key")
+    (tmp_path / "other").mkdir()
+    refused = write_profile(tmp_path / "other", name=name, port=sshd_server.port, user=sshd_server.username,
+                            identity=stranger, known=tmp_path / "other" / "known_hosts", jump_host=jump)
+    (tmp_path / "other" / "known_hosts").write_text(keys.known_hosts_line(systemd_rig.host, systemd_rig.port,
+                                                                          systemd_rig.workdir / "rig_host_key"))
+    res = cli("trust-host", "--profile", str(refused))
+    assert res.returncode == 3 and "jump host refused" in res.stderr, res.stdout + res.stderr

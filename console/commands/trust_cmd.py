@@ -72,7 +72,11 @@ async def trust(profile, fingerprints: list[str], replace: bool) -> int:
                 return 0  # the target's key is in: its login is the console's business, not ours
             continue
         except AuthenticationFailed as e:
-            # keys were verified before the login was refused, so they are trusted
+            if getattr(e, "jump", False):
+                print(f"error: the jump host refused the login, so the target's key cannot be read through "
+                      f"it: {e}", file=sys.stderr)
+                return 3
+            # the target's key was verified before its login was refused: the keys are trusted
             print(f"host keys are trusted; note that the login failed: {e}", file=sys.stderr)
             return 0
         except HostError as e:

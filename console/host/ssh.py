@@ -131,8 +131,8 @@ class SshHost:
             j = self.jump_host
             try:
                 tunnel = await self._open_ssh(j.host, j.port, j.username or self.username, None)
-            except HostKeyError as exc:
-                exc.jump = True  # type: ignore[attr-defined]  # trust-host says whose key it is
+            except HostError as exc:
+                exc.jump = True  # type: ignore[attr-defined]  # it was the jump host (trust-host says so)
                 raise
             self._tunnel = tunnel
         try:
