@@ -141,9 +141,12 @@ async def stop(work_dir: Path) -> list[str]:
     done = []
     sessions = await _run(prefix + ["tmux", "list-sessions", "-F", "#{session_name}"])
     names = sessions.stdout.split() if sessions.ok else []
+    from console.control.units import UnitNameError, tmux_stop_argv
     for name in names:
-        from console.control.units import tmux_stop_argv
-        argv = server_stop_argv(profile) if name == profile.server.unit else tmux_stop_argv(name, 20)
+        try:
+            argv = server_stop_argv(profile) if name == profile.server.unit else tmux_stop_argv(name, 20)
+        except UnitNameError:
+            continue  # not one of ours: kill-server below ends it
         await _run(prefix + argv, timeout=90)
         done.append(name)
     await _run(prefix + ["tmux", "kill-server"])
