@@ -66,68 +66,76 @@ def exit_status_path(log_path: str) -> str:
 # operator). The wrapper forwards TERM/INT/HUP to the program, waits for it, and writes its exit status
 # to a file before exiting with it: tmux's pane_dead_status can be empty when the pane's hang-up is
 # seen before the exit. $1 log, $2 status file, $3 working directory ('' for none), then the program.
-_WRAPPER = r"""log=$1; st_file=$2; dir=$3; shift 3
-rm -f -- "$st_file"
-if [ -n "$dir" ] && ! cd -- "$dir"; then
-  echo "cannot cd to $dir" >> "$log"; echo 1 > "$st_file"; exit 1
-fi
-start=$(stat -c %s -- "$log" 2>/dev/null || echo 0)
-tail -c "+$((start + 1))" -F -- "$log" 2>/dev/null &
-viewer=$!
-"$@" >> "$log" 2>&1 < /dev/null &
-child=$!
-got=0
-trap 'got=1; kill -TERM "$child" 2>/dev/null' TERM
-trap 'got=1; kill -INT "$child" 2>/dev/null' INT
-trap 'got=1; kill -HUP "$child" 2>/dev/null' HUP
+# No single quotes inside: it is quoted twice on its way (sh -c, then tmux), and each would grow.
+_WRAPPER = """unset E3_WRAPPER; l=$1; s=$2; d=$3; shift 3
+rm -f -- "$s"
+if [ -n "$d" ] && ! cd -- "$d"; then echo "cannot cd to $d" >> "$l"; echo 1 > "$s"; exit 1; fi
+o=$(stat -c %s -- "$l" 2>/dev/null || echo 0)
+tail -c "+$((o + 1))" -F -- "$l" 2>/dev/null & v=$!
+"$@" >> "$l" 2>&1 < /dev/null & c=$!
+for g in TERM INT HUP; do trap "t=1; kill -$g $c 2>/dev/null" $g; done
 while :; do
-  got=0; wait "$child"; st=$?
-  [ "$got" = 1 ] || break
-  kill -0 "$child" 2>/dev/null && continue
-  wait "$child"; r=$?; [ "$r" = 127 ] || st=$r
-  break
+  t=0; wait $c; r=$?
+  [ $t = 1 ] || break
+  kill -0 $c 2>/dev/null && continue
+  wait $c; q=$?; [ $q = 127 ] || r=$q; break
 done
-kill "$viewer" 2>/dev/null
-printf '%s
-' "$st" > "$st_file.tmp" && mv -f -- "$st_file.tmp" "$st_file"
-exit "$st"
-"""
+kill $v 2>/dev/null
+echo $r > "$s.tmp" && mv -f -- "$s.tmp" "$s"
+exit $r"""
 
 
 def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: str | None = None,
                     env: Mapping[str, str] | None = None) -> list[str]:
-    """One `sh -c` that refuses a live session, clears a dead one, and starts `argv` in a fresh one."""
+    """One `sh -c` that refuses a live session, clears a dead one, and starts `argv` in a fresh one.
+
+    The wrapper travels in the session's environment (set-environment), so the pane's command, the
+    end of what the command log shows, stays the program's own argv."""
     checked_session(session)
     log_dir = log_path.rsplit("/", 1)[0] or "/"
     status = exit_status_path(log_path)
     env_argv = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
-    pane = ["bash", "-c", _WRAPPER, "e3-wrapper", log_path, status, cwd or "", *env_argv, *argv]
+    # tmux runs this with sh -c, in the session's environment: "$E3_WRAPPER" is the script above
+    pane = 'bash -c "$E3_WRAPPER" ' + shlex.join(["e3-wrapper", log_path, status, cwd or "", *env_argv, *argv])
     t = f"={session}"
+    # Sessions are addressed by their unique id ($N) once found, never again by name: a stop still
+    # running must not remove the session this start creates under the same name, nor this start a
+    # session another start just created.
     script = "\n".join([
         f"mkdir -p {shlex.quote(log_dir)} || exit 1",
-        f"if tmux has-session -t {shlex.quote(t)} 2>/dev/null; then",
-        f"  if tmux list-panes -t {shlex.quote(t)} -F '#{{pane_dead}}' | grep -q 0; then",
+        f"old=$(tmux list-panes -t {shlex.quote(t)} -F '#{{session_id}} #{{pane_dead}}' 2>/dev/null)",
+        'if [ -n "$old" ]; then',
+        '  if printf "%s\\n" "$old" | grep -q " 0$"; then',
         f"    echo {shlex.quote(f'tmux session {session} is already running')} >&2; exit 3",
         "  fi",
-        f"  tmux kill-session -t {shlex.quote(t)}",
+        '  tmux kill-session -t "${old%% *}"',
         "fi",
         f"rm -f {shlex.quote(status)}",
-        f"tmux new-session -d -s {shlex.quote(session)} -x 200 -y 50 || exit 1",
-        f"tmux set-window-option -t {shlex.quote(t + ':')} remain-on-exit on >/dev/null || exit 1",
-        f"tmux respawn-pane -k -t {shlex.quote(t + ':')} {shlex.quote(shlex.join(pane))}",
+        f"sid=$(tmux new-session -d -P -F '#{{session_id}}' -s {shlex.quote(session)} -x 200 -y 50) || exit 1",
+        'tmux set-window-option -t "$sid:" remain-on-exit on >/dev/null || exit 1',
+        f'tmux set-environment -t "$sid" E3_WRAPPER {shlex.quote(_WRAPPER)} || exit 1',
+        f'tmux respawn-pane -k -t "$sid:" {shlex.quote(pane)}',
     ])
     return ["sh", "-c", script]
 
 
 def tmux_stop_argv(session: str, timeout_s: float) -> list[str]:
     """SIGTERM the pane's program (through its wrapper), wait for it to exit, else SIGKILL the pane's
-    whole process group (wrapper and program); then remove the session."""
+    whole process group (wrapper and program); then remove that session, and only that one.
+
+    "That one" is the session id together with the pane's pid: the operator may start the program
+    again the moment its pane is dead, while this stop still runs, and a new tmux server (the old one
+    exits with its last session) hands out the same session ids again."""
     t = shlex.quote(f"={checked_session(session)}")
-    # "exited" is tmux's pane_dead, not `kill -0`: the exited program can linger as a zombie
-    dead = f"[ \"$(tmux list-panes -t {t} -F '#{{pane_dead}}' 2>/dev/null | head -n 1)\" != 0 ]"
+    # "exited" is tmux's pane_dead, not `kill -0`: the exited program can linger as a zombie; a pane
+    # that is gone, or holds another process, counts as exited too
+    ours = "\"$(tmux list-panes -t \"$sid\" -F '#{pane_pid} #{pane_dead}' 2>/dev/null | head -n 1)\""
+    dead = f'[ {ours} != "$pid 0" ]'
     script = "\n".join([
-        f"pid=$(tmux list-panes -t {t} -F '#{{pane_pid}} #{{pane_dead}}' 2>/dev/null | awk '$2==0{{print $1; exit}}')",
-        'if [ -n "$pid" ]; then',
+        f"info=$(tmux list-panes -t {t} -F '#{{session_id}} #{{pane_pid}} #{{pane_dead}}' 2>/dev/null | head -n 1)",
+        '[ -n "$info" ] || exit 0',
+        "set -- $info; sid=$1; pid=$2",
+        'if [ "$3" = 0 ]; then',
         '  kill -TERM "$pid" 2>/dev/null',
         f"  i=0; while [ $i -lt {int(timeout_s * 5)} ]; do",
         f"    {dead} && break",
@@ -136,7 +144,7 @@ def tmux_stop_argv(session: str, timeout_s: float) -> list[str]:
         # the pane's process leads its own process group: the program dies with its wrapper
         f'  {dead} || {{ echo "did not exit in {timeout_s:g} s: SIGKILL" >&2; kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; }}',
         "fi",
-        f"tmux kill-session -t {t} 2>/dev/null",
+        f'case {ours} in "$pid "*) tmux kill-session -t "$sid" 2>/dev/null;; esac',
         "exit 0",
     ])
     return ["sh", "-c", script]
