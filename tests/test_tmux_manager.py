@@ -108,7 +108,8 @@ def test_stop_is_graceful_then_kills_the_whole_pane(tmp_path, tmux_env):
     pid = int(pid_file.read_text())
     res = sh(tmux_stop_argv("e3t-stubborn", 1), tmux_env)
     assert "SIGKILL" in res.stderr
-    wait_until(lambda: not os.path.exists(f"/proc/{pid}") or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}")
+               or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
                "the program itself to be killed, not only its wrapper", timeout=10)
 
 
@@ -161,3 +162,12 @@ def test_a_stop_never_removes_a_session_started_after_its_program_exited(tmp_pat
     _, stop_err = stop.communicate(timeout=30)
     panes = sh(["tmux", "list-panes", "-t", "=e3t-race", "-F", "#{pane_dead}"], tmux_env)
     assert panes.stdout.split() == ["0"], (panes.stdout, panes.stderr, stop_err)
+
+
+def test_a_missing_session_on_a_busy_tmux_server_is_inactive(tmp_path, tmux_env):
+    """With other sessions on the server, tmux answers `list-panes -t =NAME` with "can't find window"."""
+    assert sh(["tmux", "new-session", "-d", "-s", "e3t-other"], tmux_env).returncode == 0
+    p = tmux_profile(tmp_path / "w", "e3t-missing")
+    res = sh(["sh", "-c", "; ".join(shlex.join(c) for c in service_argv(p))], tmux_env)
+    st = tmux_status("e3t-missing", res.returncode, res.stdout + res.stderr, None)
+    assert st.service.active_state == "inactive", (res.stderr, st)

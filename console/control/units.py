@@ -142,7 +142,8 @@ def tmux_stop_argv(session: str, timeout_s: float) -> list[str]:
         "    sleep 0.2; i=$((i+1))",
         "  done",
         # the pane's process leads its own process group: the program dies with its wrapper
-        f'  {dead} || {{ echo "did not exit in {timeout_s:g} s: SIGKILL" >&2; kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; }}',
+        f'  {dead} || {{ echo "did not exit in {timeout_s:g} s: SIGKILL" >&2;',
+        '    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; }',
         "fi",
         f'case {ours} in "$pid "*) tmux kill-session -t "$sid" 2>/dev/null;; esac',
         "exit 0",

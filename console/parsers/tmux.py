@@ -77,8 +77,9 @@ def parse_list_panes(text: str) -> list[PaneState]:
 
 def _missing(stderr: str) -> bool:
     s = (stderr or "").lower()
-    return any(m in s for m in ("can't find session", "no server running", "error connecting to",
-                                "session not found", "no such file or directory"))
+    # tmux 3.x says "can't find window" for `list-panes -t =NAME` when other sessions exist
+    return any(m in s for m in ("can't find session", "can't find window", "no server running",
+                                "error connecting to", "session not found", "no such file or directory"))
 
 
 def tmux_status(session: str, has_session_rc: int | None, has_session_stderr: str = "",
