@@ -31,6 +31,7 @@ Every event has: `ts` (unix seconds), `kind`, `stage`, `run_id`. Kinds and their
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -61,26 +62,107 @@ class Event:
                    run_id=str(record.get("run_id", "")), ts=float(record.get("ts", 0.0)), data=data)
 
 
+class EventWriteFailed(OSError):
+    """An event could not be written whole; the file was cut back to where it was (no torn line)."""
+
+
+# The keys of a finish summary that say how the run ended; when the whole finish event no longer fits
+# on a full disk, a finish with only these is tried, so the run still reads "failed: <why>", not stale.
+FINISH_ESSENTIALS = ("status", "error", "done", "total", "failed", "skipped")
+TAIL_SCAN = 1 << 16
+
+
 class EventLog:
-    """Appends events; each line is written with one os.write so a crash leaves at most one torn line."""
+    """Appends events, each line whole or not at all.
+
+    A line is written with os.write calls until complete; if that fails (a full disk writes part of it
+    and then refuses the rest) the file is cut back to its size before the line, so a reader never sees
+    half an event and the next line is never glued to one. Opening drops a torn last line left by a
+    crash (its bytes are kept in a side file), for the same reason."""
 
     def __init__(self, path: str, stage: str, run_id: str):
         self.path = path
         self.stage = stage
         self.run_id = run_id
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            self.dropped_tail = drop_torn_tail(self._fd, path)
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def emit(self, kind: str, *, fsync: bool = False, **data: Any) -> Event:
         event = Event(kind=kind, stage=self.stage, run_id=self.run_id, data=data)
-        os.write(self._fd, event.to_line())
-        if fsync or kind in ("start", "finish", "error"):
-            os.fsync(self._fd)
+        sync = fsync or kind in ("start", "finish", "error")
+        try:
+            self._append(event.to_line(), sync)
+        except EventWriteFailed:
+            compact = _compact_finish(event)
+            if compact is None:
+                raise
+            self._append(compact.to_line(), True)
+            return compact
         return event
+
+    def _append(self, line: bytes, sync: bool) -> None:
+        before = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(line)
+            while view:
+                written = os.write(self._fd, view)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, "no progress writing (disk full?)")
+                view = view[written:]
+            if sync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(self._fd, before)
+            except OSError:
+                pass
+            raise EventWriteFailed(exc.errno or errno.EIO,
+                                   f"{self.path}: event not written ({exc.strerror or exc}); "
+                                   f"the file was cut back to {before} bytes") from exc
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _compact_finish(event: Event) -> Event | None:
+    if event.kind != "finish":
+        return None
+    summary = event.data.get("summary")
+    small = {k: summary[k] for k in FINISH_ESSENTIALS if isinstance(summary, dict) and k in summary}
+    data = {"status": event.data.get("status"), "summary": small, "compact": True}
+    return Event(kind=event.kind, stage=event.stage, run_id=event.run_id, ts=event.ts, data=data)
+
+
+def drop_torn_tail(fd: int, path: str) -> str | None:
+    """Cut an unterminated last line (a crash mid-write) off the events file open at `fd`; return the
+    side file keeping its bytes, or None when the file ends cleanly."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return None
+    end = size
+    keep = 0
+    while end > 0:  # find the last newline, reading backwards in blocks
+        start = max(0, end - TAIL_SCAN)
+        block = os.pread(fd, end - start, start)
+        at = block.rfind(b"\n")
+        if at >= 0:
+            keep = start + at + 1
+            break
+        end = start
+    side = f"{path}.torn-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    with open(side, "wb") as f:
+        f.write(os.pread(fd, size - keep, keep))
+        f.flush()
+        os.fsync(f.fileno())
+    os.ftruncate(fd, keep)
+    os.fsync(fd)
+    return side
 
 
 def parse_events(chunk: bytes) -> tuple[list[Event], int]:

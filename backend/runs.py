@@ -89,12 +89,21 @@ def _short(value: Any) -> str:
 def write_json_atomic(path: str, data: Any) -> None:
     """Write via a temp file + fsync + rename so a reader never sees half a JSON document."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # a full disk fails the write or the fsync: the half-written temp file must not stay behind,
+        # holding the very space the run's last events need
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     _fsync_dir(os.path.dirname(path) or ".")
 
 

@@ -17,7 +17,7 @@ from importlib.resources import as_file, files
 from pathlib import Path
 
 import sim
-from console.profile import DEFAULT_GPU_QUERY, Profile, check_path, load_profile, write_profile
+from console.profile import DEFAULT_GPU_QUERY, Profile, ProfileError, check_path, load_profile, write_profile
 from sim import tinylm
 from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
 from console.host.base import CommandResult
@@ -108,7 +108,26 @@ async def _run(argv: list[str], timeout: float = 60) -> CommandResult:
     return await LocalHost().run(argv, timeout=timeout)
 
 
+async def running(work_dir: Path) -> Profile | None:
+    """The profile of the demo already running in `work_dir` (its server's pane is alive), else None."""
+    path = effective_profile(work_dir)
+    if not path.exists():
+        return None
+    try:
+        profile = load_profile(path)
+    except ProfileError:
+        return None
+    panes = await _run(env_prefix(profile.paths.work_dir)
+                       + ["tmux", "list-panes", "-t", f"={profile.server.unit}", "-F", "#{pane_dead}"])
+    return profile if panes.ok and "0" in panes.stdout.split() else None
+
+
 async def start(work_dir: Path, *, speed: float = 1.0) -> Profile:
+    """Start the demo host, or return the running one's profile untouched: rewriting it (a new port)
+    would cut every console and stage using the running server off from it."""
+    existing = await running(work_dir)
+    if existing is not None:
+        return existing
     profile = prepare(work_dir, speed=speed)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)
@@ -131,9 +150,12 @@ async def stop(work_dir: Path) -> list[str]:
     done = []
     sessions = await _run(prefix + ["tmux", "list-sessions", "-F", "#{session_name}"])
     names = sessions.stdout.split() if sessions.ok else []
+    from console.control.units import UnitNameError, tmux_stop_argv
     for name in names:
-        from console.control.units import tmux_stop_argv
-        argv = server_stop_argv(profile) if name == profile.server.unit else tmux_stop_argv(name, 20)
+        try:
+            argv = server_stop_argv(profile) if name == profile.server.unit else tmux_stop_argv(name, 20)
+        except UnitNameError:
+            continue  # not one of ours: kill-server below ends it
         await _run(prefix + argv, timeout=90)
         done.append(name)
     await _run(prefix + ["tmux", "kill-server"])

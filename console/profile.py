@@ -21,42 +21,44 @@ import tomli_w
 
 # --- value checks -----------------------------------------------------------------------------------
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-_IPV6 = re.compile(r"^[0-9A-Fa-f:]+$")
-_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
-_UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}$")
-_SESSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_PATH_CHARS = re.compile(r"^[A-Za-z0-9_./@+:~-]+$")
-_MODEL_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./@+:-]{0,255}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_JUMP = re.compile(r"^(?:(?P<user>[a-z_][a-z0-9_.-]{0,31})@)?(?P<host>[A-Za-z0-9.-]+)(?::(?P<port>\d{1,5}))?$")
+# Whole-string patterns, always used with fullmatch: `$` would also accept a trailing newline.
+_HOSTNAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+_IPV6 = re.compile(r"[0-9A-Fa-f:]+")
+_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}")
+_UNIT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}")
+# tmux reads '.' and ':' in a target as window and pane separators, and '#' starts a format
+_SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_PATH_CHARS = re.compile(r"[A-Za-z0-9_./@+:~-]+")
+_MODEL_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./@+:-]{0,255}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_JUMP = re.compile(r"(?:(?P<user>[a-z_][a-z0-9_.-]{0,31})@)?(?P<host>[A-Za-z0-9.-]+)(?::(?P<port>\d{1,5}))?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_hostname(v: str) -> str | None:
     if v.startswith("-"):
         return "a host name or address (it must not start with '-')"
-    if _HOSTNAME.match(v) or (":" in v and _IPV6.match(v)):
+    if _HOSTNAME.fullmatch(v) or (":" in v and _IPV6.fullmatch(v)):
         return None
     return "a host name such as gpu-host.example (letters, digits, '-' and '.')"
 
 
 def check_user(v: str) -> str | None:
-    return None if _USER.match(v) else "a user name such as ubuntu (lower-case letters, digits, '_', '-', '.')"
+    return None if _USER.fullmatch(v) else "a user name such as ubuntu (lower-case letters, digits, '_', '-', '.')"
 
 
 def check_unit(v: str) -> str | None:
-    if not _UNIT.match(v):
+    if not _UNIT.fullmatch(v):
         return "a systemd unit name such as vllm-kimi (letters, digits, '_', '.', '@', ':', '-'; no spaces)"
     return None
 
 
 def check_session(v: str) -> str | None:
-    return None if _SESSION.match(v) else "a tmux session name (letters, digits, '_' and '-' only)"
+    return None if _SESSION.fullmatch(v) else "a tmux session name (letters, digits, '_' and '-' only)"
 
 
 def check_path(v: str, *, absolute: bool = True) -> str | None:
-    if not _PATH_CHARS.match(v) or v.startswith("-"):
+    if not _PATH_CHARS.fullmatch(v) or v.startswith("-"):
         return "a path of letters, digits and _ . / @ + : ~ - (no spaces or shell characters)"
     if ".." in v.split("/"):
         return "a path without '..' components"
@@ -74,15 +76,15 @@ def check_local_path(v: str) -> str | None:
 def check_model(v: str) -> str | None:
     if v.startswith("/"):
         return check_path(v)
-    return None if _MODEL_ID.match(v) else "a model path or id (letters, digits and _ . / @ + : -)"
+    return None if _MODEL_ID.fullmatch(v) else "a model path or id (letters, digits and _ . / @ + : -)"
 
 
 def check_env_name(v: str) -> str | None:
-    return None if _ENV_NAME.match(v) else "an environment variable name such as VLLM_API_KEY"
+    return None if _ENV_NAME.fullmatch(v) else "an environment variable name such as VLLM_API_KEY"
 
 
 def check_jump(v: str) -> str | None:
-    m = _JUMP.match(v)
+    m = _JUMP.fullmatch(v)
     if not m or check_hostname(m["host"]) or (m["port"] and not 0 < int(m["port"]) < 65536):
         return "a jump host as [user@]host[:port]"
     return None

@@ -180,3 +180,27 @@ def test_demo_host_headless_start_status_stop(tmp_path):
         assert not pid_alive(pid)
     finally:
         cli("demo-host", "stop", "--dir", str(demo_dir))
+
+
+def test_a_second_demo_host_start_reuses_the_running_profile(tmp_path):
+    """It rewrote the running demo's profile with a new port: every console using it lost the server."""
+    demo_dir = tmp_path / "demo"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TMUX", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
+                              env=env, timeout=120, cwd=ROOT)
+
+    try:
+        first = cli("demo-host", "start", "--dir", str(demo_dir), "--speed", "10")
+        assert first.returncode == 0, first.stderr
+        profile = Path(first.stdout.strip())
+        before = profile.read_bytes()
+        second = cli("demo-host", "start", "--dir", str(demo_dir), "--speed", "10")
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.strip() == str(profile) and "already running" in second.stderr
+        assert profile.read_bytes() == before
+        assert cli("wait-ready", "--profile", str(profile), "--timeout", "60").returncode == 0
+    finally:
+        cli("demo-host", "stop", "--dir", str(demo_dir))

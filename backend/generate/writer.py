@@ -160,10 +160,13 @@ class DurableWriter:
             chunk = bufs[start:start + IOV_MAX]
             n = os.writev(self._fd, chunk)
             total = sum(map(len, chunk))
-            if n < total:  # short write (rare on a regular file): finish it byte by byte
+            if n < total:  # short write (a filling disk): finish it, or fail (the caller restores)
                 view = memoryview(b"".join(chunk))[n:]
                 while view:
-                    view = view[os.write(self._fd, view):]
+                    written = os.write(self._fd, view)
+                    if written <= 0:  # no progress and no error: never loop on it
+                        raise OSError(errno.ENOSPC, "No space left on device (short write)")
+                    view = view[written:]
 
     def _restore(self) -> None:
         try:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from console.commands.server_cmd import human, snapshot_once
-from console.demo import default_dir, effective_profile, start, stop
+from console.demo import default_dir, effective_profile, running, start, stop
 from console.profile import load_profile
 
 
@@ -22,6 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_demo_host(a: argparse.Namespace) -> int:
     work_dir = a.dir or default_dir()
     if a.action == "start":
+        existing = asyncio.run(running(work_dir))
+        if existing is not None:
+            print(f"a demo host is already running in {work_dir}: reusing its profile (start options ignored)",
+                  file=sys.stderr)
+            print(existing.source)
+            return 0
         try:
             profile = asyncio.run(start(work_dir, speed=a.speed))
         except RuntimeError as e:

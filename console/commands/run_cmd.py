@@ -10,6 +10,9 @@ import asyncio
 import sys
 
 from console.commands.server_cmd import load_or_exit
+from backend.events import EVENTS_FILE
+from console.control.launch import run_dir_path, stage_ended
+from console.control.units import stage_unit_name
 from console.session import Session
 
 NO_EVENTS_S = 120.0  # a started run that writes no event in this long is dead on arrival
@@ -19,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="start a pipeline stage on the host (detached: it survives the console)")
     p.add_argument("stage", choices=("generate",))
     p.add_argument("--profile", required=True)
-    p.add_argument("--dataset", help="override [generate].dataset (a path on the host)")
+    p.add_argument("--dataset", help="override [generate].dataset: a path on the host; a relative one is taken from "
+                                     "this directory on a local host, from [paths].data_dir on an SSH host")
     p.add_argument("--limit", type=int, help="override [generate].samples")
     p.add_argument("--run-id", help="default: generate-YYYYmmdd-HHMMSS; reuse one to resume it")
     p.add_argument("--fresh", action="store_true", help="archive an existing run dir of that id and start over")
@@ -45,16 +49,22 @@ async def run_stage(a: argparse.Namespace) -> int:
         print(f"started {launch.unit}: run {launch.run_id} in {launch.run_dir}")
         if not a.wait:
             return 0
-        return await follow_run(session, launch.run_id)
+        return await follow_run(session, a.stage, launch.run_id)
 
 
-async def follow_run(session: Session, run_id: str) -> int:
+async def follow_run(session: Session, stage: str, run_id: str) -> int:
     """Print a line per progress change until the run finishes (or turns out dead: exit 1)."""
     last = None
     quiet_since = asyncio.get_running_loop().time()
     async for snap in session.snapshots(connecting=False):
         run = next((r for r in snap.runs if r.run_id == run_id), None)
         if run is None:
+            # a stage that dies before its first event (a missing module, a bad argument) leaves no run
+            # to follow: ask its unit rather than wait out the silence
+            ended = await stage_ended(session.host, session.profile, stage_unit_name(stage, run_id))
+            if ended is not None and not await _has_events(session, run_id):
+                print(f"error: the run wrote no events: {ended}", file=sys.stderr)
+                return 1
             if asyncio.get_running_loop().time() - quiet_since > NO_EVENTS_S:
                 print(f"error: the run wrote no events in {NO_EVENTS_S:g} s: check its log", file=sys.stderr)
                 return 1
@@ -71,6 +81,12 @@ async def follow_run(session: Session, run_id: str) -> int:
                 print(f"error: {ev['error']}", file=sys.stderr)
             return 0 if run.state == "done" else 1
     return 1  # the session ended: the host refused us (said in the last snapshot)
+
+
+async def _has_events(session: Session, run_id: str) -> bool:
+    """The run wrote its events (the probe just has not listed them yet)."""
+    path = f"{run_dir_path(session.profile, run_id)}/{EVENTS_FILE}"
+    return (await session.host.run(["test", "-s", path], timeout=30)).ok
 
 
 def cmd_run(a: argparse.Namespace) -> int:

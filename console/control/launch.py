@@ -6,13 +6,18 @@ its content: a host whose copy is older gets the new one, a host that has it alr
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import json
+import os
+import posixpath
+import re
 import shlex
 import tarfile
 import time
+import weakref
 from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
@@ -21,12 +26,14 @@ from console.profile import Profile, api_key
 from console.host.base import Host
 from backend.runs import RunDirError
 from backend.runs import check_run_id as _check_run_id
-from console.control.units import stage_log_path, stage_start_command, stage_stop_command, stage_unit_name
+from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
+                                   stage_stop_command, stage_unit_name)
 
 # The upload is the installed `backend` package and nothing else: host code only, never the console or the
 # demo's stand-in, and the same files whether the console runs from a wheel or a checkout.
 BACKEND_PACKAGE = "backend"
 STAGE_MODULES = {"generate": "backend.generate"}
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 class StageError(Exception):
@@ -105,6 +112,54 @@ async def ensure_backend(host: Host, profile: Profile, shown: list[str]) -> str:
     return code_dir
 
 
+# per Host object: does its systemd-run know --expand-environment (v254+)? Asked once.
+_NO_EXPAND_OPTION: "weakref.WeakKeyDictionary[object, bool]" = weakref.WeakKeyDictionary()
+
+
+async def systemd_run_expands(host: Host) -> bool:
+    """Whether the host's systemd-run has --expand-environment=no (v254+); otherwise `$` is escaped
+    (units.systemd_literal_argv), which the older service manager unescapes."""
+    with contextlib.suppress(KeyError, TypeError):
+        return _NO_EXPAND_OPTION[host]
+    res = await host.run(["systemd-run", "--help"], timeout=30)
+    found = "--expand-environment" in res.stdout
+    with contextlib.suppress(TypeError):
+        _NO_EXPAND_OPTION[host] = found
+    return found
+
+
+async def resolve_dataset(host: Host, profile: Profile, dataset: str | None) -> str:
+    """The absolute dataset path the detached stage will open, decided before the preflight.
+
+    The stage runs elsewhere (its working directory is the work dir), so a relative path must be made
+    absolute here, where it means something: on a local host against the caller's directory (where it
+    was typed); on an SSH host against the profile's `[paths].data_dir` (the caller's directory is on
+    another machine), and `~/...` against the remote user's home."""
+    value = dataset or profile.generate.dataset
+    if not value:
+        raise StageError("no dataset: set [generate].dataset in the profile or pass --dataset PATH")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise StageError(f"dataset {value!r}: a path may not hold control characters (newline, NUL, tab)")
+    if value != value.strip():
+        raise StageError(f"dataset {value!r}: leading or trailing spaces (quote the path as a whole)")
+    if profile.host.transport == "local":
+        path = os.path.abspath(os.path.expanduser(value))
+    elif value == "~" or value.startswith("~/"):
+        res = await host.run(["sh", "-c", 'printf %s "$HOME"'], timeout=30)
+        home = res.stdout.strip()
+        if not res.ok or not home.startswith("/") or "\n" in home:
+            raise StageError(f"dataset {value!r}: cannot tell the remote home directory ($HOME is "
+                             f"{home!r}); give an absolute path")
+        path = posixpath.normpath(home + value[1:])
+    elif value.startswith("~"):
+        raise StageError(f"dataset {value!r}: ~user paths are not resolved; give an absolute path")
+    else:
+        path = posixpath.normpath(posixpath.join(profile.paths.data_dir, value))
+    if not path.startswith("/"):
+        raise StageError(f"dataset {value!r}: resolves to {path!r}, which is not an absolute path")
+    return path
+
+
 def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, limit: int | None = None,
                   fresh: bool = False, preflight_only: bool = False, api_key_path: str | None = None) -> list[str]:
     g = profile.generate
@@ -144,9 +199,14 @@ async def upload_api_key(host: Host, profile: Profile) -> str | None:
     return path
 
 
+def run_dir_path(profile: Profile, run_id: str) -> str:
+    return f"{profile.paths.work_dir}/runs/{run_id}"
+
+
 async def launch_generate(host: Host, profile: Profile, *, run_id: str | None = None, dataset: str | None = None,
                           limit: int | None = None, fresh: bool = False) -> Launch:
     run_id = check_run_id(run_id or new_run_id("generate"))
+    dataset = await resolve_dataset(host, profile, dataset)
     shown: list[str] = []
     code_dir = await ensure_backend(host, profile, shown)
     env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1"}
@@ -159,10 +219,14 @@ async def launch_generate(host: Host, profile: Profile, *, run_id: str | None = 
     if not res.ok:
         raise StageError("preflight failed:\n" + _preflight_text(res.stdout, res.stderr))
     unit = stage_unit_name("generate", run_id)
-    run_dir = f"{profile.paths.work_dir}/runs/{run_id}"
+    run_dir = run_dir_path(profile, run_id)
     argv = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh, api_key_path=key_path)
-    start = stage_start_command(profile, unit, argv, log_path=stage_log_path(profile, unit),
-                                cwd=profile.paths.work_dir, env=env)
+    no_expand = profile.server.manager == "systemd" and await systemd_run_expands(host)
+    try:
+        start = stage_start_command(profile, unit, argv, log_path=stage_log_path(profile, unit),
+                                    cwd=profile.paths.work_dir, env=env, no_expand_option=no_expand)
+    except UnitNameError as exc:
+        raise StageError(str(exc)) from None
     shown.append(start.shown)
     res = await host.run(start.argv, timeout=60)
     if not res.ok:
@@ -186,8 +250,38 @@ def _preflight_text(stdout: str, stderr: str) -> str:
     return "\n".join(lines) or json.dumps(report)[:2000]
 
 
+async def stage_ended(host: Host, profile: Profile, unit: str) -> str | None:
+    """None while the stage's unit (or tmux session) still runs; else how it ended, with its last log
+    lines: what `run --wait` shows when a stage dies before it wrote a single event."""
+    if profile.server.manager == "systemd":
+        res = await host.run(["systemctl", "show", unit, "-p", "LoadState,ActiveState,Result,ExecMainStatus"],
+                             timeout=30)
+        props = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+        if props.get("ActiveState") in ("active", "activating", "deactivating", "reloading"):
+            return None
+        if props.get("LoadState") == "not-found":  # --collect removed it: its journal says how it ended
+            how = "the unit is gone"
+        else:
+            how = f"result {props.get('Result') or 'unknown'}, exit status {props.get('ExecMainStatus') or '?'}"
+        log = await host.run(["journalctl", "-u", unit, "-n", "20", "-o", "cat", "--no-pager"], timeout=30)
+    else:
+        res = await host.run(["tmux", "list-panes", "-t", f"={unit}", "-F", "#{pane_dead}"], timeout=30)
+        if res.ok and "0" in res.stdout.split():
+            return None
+        path = stage_log_path(profile, unit)
+        status = await host.run(["cat", exit_status_path(path)], timeout=30)
+        how = f"exit status {status.stdout.strip() or '?'}"
+        log = await host.run(["tail", "-n", "20", path], timeout=30)
+    # host text on the operator's terminal: no escape sequences (OSC 52 writes the clipboard)
+    tail = "\n".join(_CONTROL.sub("?", line) for line in log.stdout.strip().splitlines()[-20:])
+    return f"{unit} ended ({how})" + (f"; its last lines:\n{tail}" if tail else "")
+
+
 async def stop_stage_unit(host: Host, profile: Profile, unit: str) -> list[str]:
-    stop = stage_stop_command(profile, unit)
+    try:
+        stop = stage_stop_command(profile, unit)
+    except UnitNameError as exc:
+        raise StageError(str(exc)) from None
     res = await host.run(stop.argv, timeout=180)
     if not res.ok:
         raise StageError(f"stopping {unit} failed: {(res.stderr or res.stdout).strip()}")

@@ -2,8 +2,7 @@
 
 systemd: the server is the operator's unit (`systemctl start|stop|restart`); stages run as transient
 units (`systemd-run --unit=... --collect`), logging to the journal. tmux (hosts without systemd, and the
-demo): one session per program, the pane's process IS the program (so its pid takes SIGTERM and its exit
-status is kept by remain-on-exit), its output tee'd to a log file the console reads by offset.
+demo): one session per program whose pane runs a small bash wrapper (see `tmux_start_argv`).
 Every function returns argv lists; callers run them with Host.run and show them to the operator.
 """
 from __future__ import annotations
@@ -12,22 +11,28 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from console.profile import Profile
+from console.parsers.tmux import EXIT_STATUS_PREFIX
+from console.profile import Profile, check_session, check_unit
 
 
-def stage_unit_name(stage: str, run_id: str) -> str:
-    """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
-    return f"e3-{stage}-{run_id}"
+class UnitNameError(ValueError):
+    """A unit or tmux session name that must not reach systemd or tmux (the message says why)."""
 
 
-def server_log_path(profile: Profile) -> str:
-    """Where the tmux manager's server writes its output (tee'd from the pane)."""
-    return f"{profile.paths.work_dir}/logs/{profile.server.unit}.log"
+def checked_session(session: str) -> str:
+    """tmux reads '.' and ':' in a target as window/pane separators and '#' as a format: refuse them
+    (and a trailing newline) before any name reaches tmux."""
+    problem = check_session(session)
+    if problem:
+        raise UnitNameError(f"tmux session {session!r}: expected {problem}")
+    return session
 
 
-def stage_log_path(profile: Profile, unit: str) -> str:
-    """tmux manager: a stage's output (kept out of the run dir, which the stage alone owns)."""
-    return f"{profile.paths.work_dir}/logs/{unit}.log"
+def checked_unit(unit: str) -> str:
+    problem = check_unit(unit)
+    if problem:
+        raise UnitNameError(f"unit {unit!r}: expected {problem}")
+    return unit
 
 
 def _sudo(profile: Profile, argv: list[str]) -> list[str]:
@@ -46,51 +51,115 @@ def server_command(profile: Profile) -> list[str]:
     return argv + list(s.vllm_args)
 
 
+def stage_unit_name(stage: str, run_id: str) -> str:
+    """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
+    return f"e3-{stage}-{run_id}"
+
+
+def server_log_path(profile: Profile) -> str:
+    """Where the tmux manager's server writes its output."""
+    return f"{profile.paths.work_dir}/logs/{profile.server.unit}.log"
+
+
+def stage_log_path(profile: Profile, unit: str) -> str:
+    """tmux manager: a stage's output (kept out of the run dir, which the stage alone owns)."""
+    return f"{profile.paths.work_dir}/logs/{unit}.log"
+
+
+def exit_status_path(log_path: str) -> str:
+    """Where the tmux wrapper records the program's exit status (tmux's own is not always there)."""
+    return f"{log_path}.exit"
+
+
+# The pane's process. The program appends its output to the log file itself, so every line it wrote is
+# there the moment it exits (a `tee` in the pane died with the pane's hang-up before draining, and the
+# last lines, the root cause, were lost). The pane only shows the log (`tail -F`, for an attached
+# operator). The wrapper forwards TERM/INT/HUP to the program, waits for it, and writes its exit status
+# to a file before exiting with it: tmux's pane_dead_status can be empty when the pane's hang-up is
+# seen before the exit. $1 log, $2 status file, $3 working directory ('' for none), then the program.
+# No single quotes inside: it is quoted twice on its way (sh -c, then tmux), and each would grow.
+_WRAPPER = """unset E3_WRAPPER; l=$1; s=$2; d=$3; shift 3
+rm -f -- "$s"
+if [ -n "$d" ] && ! cd -- "$d"; then echo "cannot cd to $d" >> "$l"; echo 1 > "$s"; exit 1; fi
+o=$(stat -c %s -- "$l" 2>/dev/null || echo 0)
+tail -c "+$((o + 1))" -F -- "$l" 2>/dev/null & v=$!
+"$@" >> "$l" 2>&1 < /dev/null & c=$!
+for g in TERM INT HUP; do trap "t=1; kill -$g $c 2>/dev/null" $g; done
+while :; do
+  t=0; wait $c; r=$?
+  [ $t = 1 ] || break
+  kill -0 $c 2>/dev/null && continue
+  wait $c; q=$?; [ $q = 127 ] || r=$q; break
+done
+kill $v 2>/dev/null
+echo $r > "$s.tmp" && mv -f -- "$s.tmp" "$s"
+exit $r"""
+
+
 def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: str | None = None,
                     env: Mapping[str, str] | None = None) -> list[str]:
-    """One `sh -c` that refuses a live session, clears a dead one, and starts `argv` in a fresh one."""
+    """One `sh -c` that refuses a live session, clears a dead one, and starts `argv` in a fresh one.
+
+    The wrapper travels in the session's environment (set-environment), so the pane's command, the
+    end of what the command log shows, stays the program's own argv."""
+    checked_session(session)
     log_dir = log_path.rsplit("/", 1)[0] or "/"
-    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
-    cd = f"cd {shlex.quote(cwd)} && " if cwd else ""
-    # exec twice: output goes through tee into the log, and the program replaces the shell as the pane's
-    # process, so SIGTERM reaches it and tmux records its own exit status
-    inner = f"{exports}{cd}exec > >(tee -a {shlex.quote(log_path)}) 2>&1; exec {shlex.join(list(argv))}"
+    status = exit_status_path(log_path)
+    env_argv = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
+    # tmux runs this with sh -c, in the session's environment: "$E3_WRAPPER" is the script above
+    pane = 'bash -c "$E3_WRAPPER" ' + shlex.join(["e3-wrapper", log_path, status, cwd or "", *env_argv, *argv])
     t = f"={session}"
-    log = shlex.quote(log_path)
+    # Sessions are addressed by their unique id ($N) once found, never again by name: a stop still
+    # running must not remove the session this start creates under the same name, nor this start a
+    # session another start just created.
     script = "\n".join([
         f"mkdir -p {shlex.quote(log_dir)} || exit 1",
-        f"if tmux has-session -t {shlex.quote(t)} 2>/dev/null; then",
-        f"  if tmux list-panes -t {shlex.quote(t)} -F '#{{pane_dead}}' | grep -q 0; then",
+        f"old=$(tmux list-panes -t {shlex.quote(t)} -F '#{{session_id}} #{{pane_dead}}' 2>/dev/null)",
+        'if [ -n "$old" ]; then',
+        '  if printf "%s\\n" "$old" | grep -q " 0$"; then',
         f"    echo {shlex.quote(f'tmux session {session} is already running')} >&2; exit 3",
         "  fi",
-        f"  tmux kill-session -t {shlex.quote(t)}",
+        '  tmux kill-session -t "${old%% *}"',
         "fi",
         # each start gets a fresh log, so a reader never takes the previous program's last lines
         # (an old failure) for this one's; the previous log is kept beside it
-        f"if [ -e {log} ]; then mv -f {log} {log}.1; fi",
-        f"tmux new-session -d -s {shlex.quote(session)} -x 200 -y 50 || exit 1",
-        f"tmux set-window-option -t {shlex.quote(t + ':')} remain-on-exit on >/dev/null || exit 1",
-        f"tmux respawn-pane -k -t {shlex.quote(t + ':')} {shlex.quote(shlex.join(['bash', '-c', inner]))}",
+        f"if [ -e {shlex.quote(log_path)} ]; then mv -f {shlex.quote(log_path)} {shlex.quote(log_path + '.1')}; fi",
+        f"rm -f {shlex.quote(status)}",
+        f"sid=$(tmux new-session -d -P -F '#{{session_id}}' -s {shlex.quote(session)} -x 200 -y 50) || exit 1",
+        'tmux set-window-option -t "$sid:" remain-on-exit on >/dev/null || exit 1',
+        f'tmux set-environment -t "$sid" E3_WRAPPER {shlex.quote(_WRAPPER)} || exit 1',
+        f'tmux respawn-pane -k -t "$sid:" {shlex.quote(pane)}',
     ])
     return ["sh", "-c", script]
 
 
 def tmux_stop_argv(session: str, timeout_s: float) -> list[str]:
-    """SIGTERM the pane's program, wait for it to exit (then SIGKILL), then remove the session."""
-    t = shlex.quote(f"={session}")
-    # "exited" is tmux's pane_dead, not `kill -0`: the exited program can linger as a zombie
-    dead = f"[ \"$(tmux list-panes -t {t} -F '#{{pane_dead}}' 2>/dev/null | head -n 1)\" != 0 ]"
+    """SIGTERM the pane's program (through its wrapper), wait for it to exit, else SIGKILL the pane's
+    whole process group (wrapper and program); then remove that session, and only that one.
+
+    "That one" is the session id together with the pane's pid: the operator may start the program
+    again the moment its pane is dead, while this stop still runs, and a new tmux server (the old one
+    exits with its last session) hands out the same session ids again."""
+    t = shlex.quote(f"={checked_session(session)}")
+    # "exited" is tmux's pane_dead, not `kill -0`: the exited program can linger as a zombie; a pane
+    # that is gone, or holds another process, counts as exited too
+    ours = "\"$(tmux list-panes -t \"$sid\" -F '#{pane_pid} #{pane_dead}' 2>/dev/null | head -n 1)\""
+    dead = f'[ {ours} != "$pid 0" ]'
     script = "\n".join([
-        f"pid=$(tmux list-panes -t {t} -F '#{{pane_pid}} #{{pane_dead}}' 2>/dev/null | awk '$2==0{{print $1; exit}}')",
-        'if [ -n "$pid" ]; then',
+        f"info=$(tmux list-panes -t {t} -F '#{{session_id}} #{{pane_pid}} #{{pane_dead}}' 2>/dev/null | head -n 1)",
+        '[ -n "$info" ] || exit 0',
+        "set -- $info; sid=$1; pid=$2",
+        'if [ "$3" = 0 ]; then',
         '  kill -TERM "$pid" 2>/dev/null',
         f"  i=0; while [ $i -lt {int(timeout_s * 5)} ]; do",
         f"    {dead} && break",
         "    sleep 0.2; i=$((i+1))",
         "  done",
-        f'  {dead} || {{ echo "did not exit in {timeout_s:g} s: SIGKILL" >&2; kill -KILL "$pid"; }}',
+        # the pane's process leads its own process group: the program dies with its wrapper
+        f'  {dead} || {{ echo "did not exit in {timeout_s:g} s: SIGKILL" >&2;',
+        '    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; }',
         "fi",
-        f"tmux kill-session -t {t} 2>/dev/null",
+        f'case {ours} in "$pid "*) tmux kill-session -t "$sid" 2>/dev/null;; esac',
         "exit 0",
     ])
     return ["sh", "-c", script]
@@ -114,19 +183,32 @@ def server_restart_argvs(profile: Profile, log_path: str) -> list[list[str]]:
     return [server_stop_argv(profile), server_start_argv(profile, log_path)]
 
 
+def systemd_literal_argv(argv: Sequence[str]) -> list[str]:
+    """`argv` for a systemd that expands `$VAR`/`${VAR}` in a command line and has no
+    --expand-environment=no (before v254): `$$` is its escape for a literal `$`."""
+    return [a.replace("$", "$$") for a in argv]
+
+
 def stage_start_argv(profile: Profile, unit: str, argv: Sequence[str], *, log_path: str, cwd: str,
-                     env: Mapping[str, str]) -> list[str]:
+                     env: Mapping[str, str], no_expand_option: bool = False) -> list[str]:
+    """Start a stage detached. systemd expands environment variables in a transient unit's command
+    line (systemd-run's default from v254, the service manager's own before): a dataset path or a
+    chat_template_kwargs value holding `$` would be rewritten silently. With `no_expand_option`
+    (systemd-run knows --expand-environment, see launch.systemd_run_expands) it is switched off,
+    otherwise every `$` is escaped."""
     if profile.server.manager == "systemd":
-        cmd = ["systemd-run", f"--unit={unit}", "--collect", "--quiet", f"--working-directory={cwd}",
-               "--property=KillSignal=SIGTERM", "--property=TimeoutStopSec=120"]
+        cmd = ["systemd-run", f"--unit={checked_unit(unit)}", "--collect", "--quiet",
+               f"--working-directory={cwd}", "--property=KillSignal=SIGTERM", "--property=TimeoutStopSec=120"]
         cmd += [f"--setenv={k}={v}" for k, v in env.items()]
-        return _sudo(profile, cmd + list(argv))
+        if no_expand_option:
+            return _sudo(profile, [*cmd, "--expand-environment=no", *argv])
+        return _sudo(profile, [*cmd, *systemd_literal_argv(argv)])
     return tmux_start_argv(unit, argv, log_path, cwd=cwd, env=env)
 
 
 def stage_stop_argv(profile: Profile, unit: str) -> list[str]:
     if profile.server.manager == "systemd":
-        return _sudo(profile, ["systemctl", "stop", unit])
+        return _sudo(profile, ["systemctl", "stop", checked_unit(unit)])
     return tmux_stop_argv(unit, 120)
 
 
@@ -162,8 +244,9 @@ def server_restart_commands(profile: Profile) -> list[HostCommand]:
 
 
 def stage_start_command(profile: Profile, unit: str, argv: Sequence[str], *, log_path: str, cwd: str,
-                        env: Mapping[str, str]) -> HostCommand:
-    full = stage_start_argv(profile, unit, argv, log_path=log_path, cwd=cwd, env=env)
+                        env: Mapping[str, str], no_expand_option: bool = False) -> HostCommand:
+    full = stage_start_argv(profile, unit, argv, log_path=log_path, cwd=cwd, env=env,
+                            no_expand_option=no_expand_option)
     return HostCommand(full, _shown(profile, "start", unit, full, argv))
 
 

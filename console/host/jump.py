@@ -1,6 +1,7 @@
 """ProxyJump specs: `[user@]host[:port]`, IPv6 as `[addr]:port`."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -16,6 +17,8 @@ def parse_jump_host(spec: str) -> JumpHost:
     text = spec.strip()
     if not text:
         raise ValueError("jump host is empty")
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise ValueError(f"jump host {spec!r}: spaces or control characters inside")
     user: str | None = None
     if "@" in text:
         user, text = text.rsplit("@", 1)
@@ -41,6 +44,6 @@ def parse_jump_host(spec: str) -> JumpHost:
 
 
 def _parse_port(text: str, spec: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    if not re.fullmatch(r"[0-9]{1,5}", text) or not 0 < int(text) < 65536:
         raise ValueError(f"jump host {spec!r}: port {text!r} is not a number in 1..65535")
     return int(text)

@@ -25,7 +25,8 @@ import asyncssh
 from .base import (AuthenticationFailed, CommandResult, CommandTimeout, HostDisconnected, HostError,
                    HostKeyError, HostUnreachable, ReadChunk)
 from .jump import JumpHost, parse_jump_host
-from .known_hosts import _known_keys, fetch_host_key, fingerprint, known_hosts_pattern, trust_host_key
+from .known_hosts import (fetch_host_key, fingerprint, known_hosts_pattern, known_keys, trust_host_key,
+                          trusted_keys_matcher)
 from .known_hosts import why as _why
 
 __all__ = ["SshHost", "JumpHost", "parse_jump_host", "fetch_host_key", "fingerprint", "known_hosts_pattern",
@@ -118,7 +119,9 @@ class SshHost:
         return f"{self.username + '@' if self.username else ''}{host}:{port}"
 
     def _options(self) -> dict:
-        opts: dict = dict(known_hosts=self.known_hosts, keepalive_interval=self.keepalive_interval,
+        # our matcher, not the path: asyncssh would accept a port-22 entry for any other port
+        opts: dict = dict(known_hosts=trusted_keys_matcher(self.known_hosts),
+                          keepalive_interval=self.keepalive_interval,
                           keepalive_count_max=3, connect_timeout=self.connect_timeout)
         if self.identity_file:
             # Like IdentitiesOnly: an agent's keys must not stand in for the configured one.
@@ -129,7 +132,11 @@ class SshHost:
         tunnel = None
         if self.jump_host is not None:
             j = self.jump_host
-            tunnel = await self._open_ssh(j.host, j.port, j.username or self.username, None)
+            try:
+                tunnel = await self._open_ssh(j.host, j.port, j.username or self.username, None)
+            except HostError as exc:
+                exc.jump = True  # type: ignore[attr-defined]  # it was the jump host (trust-host says so)
+                raise
             self._tunnel = tunnel
         try:
             return await self._open_ssh(self.hostname, self.port, self.username, tunnel)
@@ -142,9 +149,6 @@ class SshHost:
     async def _open_ssh(self, host: str, port: int, username: str | None,
                         tunnel: asyncssh.SSHClientConnection | None) -> asyncssh.SSHClientConnection:
         where = f"{username + '@' if username else ''}{host}:{port}"
-        if not os.path.exists(self.known_hosts):
-            # asyncssh would fail reading the file; to us a missing file just means "unknown host".
-            raise await self._host_key_error(host, port, tunnel)
         try:
             opts = self._options()
             if username:
@@ -164,22 +168,27 @@ class SshHost:
 
     async def _host_key_error(self, host: str, port: int,
                               tunnel: asyncssh.SSHClientConnection | None) -> HostKeyError:
+        """The server's key was not verifiable: read it again (through the same tunnel) to show its
+        fingerprint, and say whether it is unknown or CHANGED."""
+        unread = ""
         try:
             key: asyncssh.SSHKey | None = await fetch_host_key(host, port, timeout=self.connect_timeout,
                                                                tunnel=tunnel)
-        except HostError:
-            key = None
+        except HostError as exc:
+            key, unread = None, str(exc)
         fp = fingerprint(key) if key is not None else None
-        known = _known_keys(self.known_hosts, host, port)
+        shown = fp or f"unreadable ({unread})"
+        known = known_keys(self.known_hosts, host, port)
         target = known_hosts_pattern(host, port)
         if known and (key is None or all(k.public_data != key.public_data for k in known)):
             return _with_key(HostKeyError(
-                f"WARNING: THE HOST KEY OF {target} HAS CHANGED (now {fp or 'unreadable'}). Someone "
+                f"WARNING: THE HOST KEY OF {target} HAS CHANGED (now {shown}). Someone "
                 f"may be intercepting the connection, or the host was reinstalled. Not connecting; "
-                f"check with the host's owner, then fix {self.known_hosts}.",
+                f"check the new key with the host's owner, then replace the old one with "
+                f"`eagle3-console trust-host --replace` (or edit {self.known_hosts}).",
                 host=host, fingerprint=fp, changed=True), port, key)
         return _with_key(HostKeyError(
-            f"{target} is not in {self.known_hosts}; its key fingerprint is {fp}. "
+            f"{target} is not in {self.known_hosts}; its key fingerprint is {shown}. "
             f"Add it only after checking that fingerprint with the host's owner.",
             host=host, fingerprint=fp, changed=False), port, key)
 
@@ -390,6 +399,7 @@ def _with_key(exc: HostKeyError, port: int, key: asyncssh.SSHKey | None) -> Host
     # operator is shown, so accepting it trusts that key and not whatever a second fetch returns.
     exc.port = port  # type: ignore[attr-defined]
     exc.key = key  # type: ignore[attr-defined]
+    exc.jump = False  # type: ignore[attr-defined]  # True when it is the jump host's key
     return exc
 
 

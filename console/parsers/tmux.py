@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from console.telemetry.snapshot import ServiceInfo
 
 PANE_FORMAT = "#{pane_pid} #{pane_dead} #{pane_dead_status}"
+# The pane's wrapper (console/control/units.py) records the program's exit status in a file; the probe
+# prints it after the panes as `e3-exit-status N`, for when tmux's pane_dead_status is empty.
+EXIT_STATUS_PREFIX = "e3-exit-status"
 
 
 def has_session_argv(session: str) -> list[str]:
@@ -55,6 +58,17 @@ def parse_pane_line(line: str) -> PaneState | None:
     return PaneState(pid=pid if pid > 0 else None, dead=dead, exit_status=status if dead else None)
 
 
+def parse_recorded_status(text: str) -> int | None:
+    """The wrapper's recorded exit status among the probe's lines (None when absent or garbled)."""
+    if not isinstance(text, str):
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == EXIT_STATUS_PREFIX and parts[1].isascii() and parts[1].isdigit():
+            return int(parts[1])
+    return None
+
+
 def parse_list_panes(text: str) -> list[PaneState]:
     if not isinstance(text, str):
         return []
@@ -63,8 +77,9 @@ def parse_list_panes(text: str) -> list[PaneState]:
 
 def _missing(stderr: str) -> bool:
     s = (stderr or "").lower()
-    return any(m in s for m in ("can't find session", "can't find window", "no server running", "error connecting to",
-                                "session not found", "no such file or directory"))
+    # tmux 3.x says "can't find window" for `list-panes -t =NAME` when other sessions exist
+    return any(m in s for m in ("can't find session", "can't find window", "no server running",
+                                "error connecting to", "session not found", "no such file or directory"))
 
 
 def tmux_status(session: str, has_session_rc: int | None, has_session_stderr: str = "",
@@ -90,7 +105,8 @@ def tmux_status(session: str, has_session_rc: int | None, has_session_stderr: st
     alive = [p for p in panes if not p.dead]
     if alive:
         return TmuxStatus(info("active", "running", pid=alive[0].pid))
-    statuses = [p.exit_status for p in panes]
+    recorded = parse_recorded_status(panes_text or "")
+    statuses = [recorded if p.exit_status is None and recorded is not None else p.exit_status for p in panes]
     worst = next((s for s in statuses if s != 0), 0)  # any non-zero (or unknown) pane wins
     if worst == 0:
         return TmuxStatus(info("inactive", "exited", result="success"), exit_status=0)

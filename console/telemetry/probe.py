@@ -12,9 +12,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from console.control.units import stage_unit_name
+from console.control.units import exit_status_path, server_log_path
 from console.parsers.systemd import SYSTEMCTL_SHOW_PROPS
-from console.parsers.tmux import PANE_FORMAT
+from console.parsers.tmux import EXIT_STATUS_PREFIX, PANE_FORMAT
 from console.profile import Profile
 
 SERVER_LOG_READ_MAX = 256 * 1024
@@ -48,8 +48,12 @@ def service_argv(profile: Profile) -> list[list[str]]:
     unit = profile.server.unit
     if profile.server.manager == "systemd":
         return [["systemctl", "show", unit, "-p", ",".join(SYSTEMCTL_SHOW_PROPS)]]
-    # `=NAME` makes tmux match the session name exactly rather than by prefix
-    return [["tmux", "list-panes", "-t", f"={unit}", "-F", PANE_FORMAT]]
+    # `=NAME` makes tmux match the session name exactly rather than by prefix; then the exit status
+    # the pane's wrapper recorded (tmux's own can be empty), keeping list-panes' status as the section's
+    script = ('tmux list-panes -t "$1" -F "$2"; rc=$?; '
+              'if [ -r "$3" ]; then printf "%s %s\\n" "$4" "$(head -c 16 -- "$3")"; fi; exit $rc')
+    return [["sh", "-c", script, "sh", f"={unit}", PANE_FORMAT,
+             exit_status_path(server_log_path(profile)), EXIT_STATUS_PREFIX]]
 
 
 def _read_bytes(path: str, offset: int, limit: int, *, identity: bool = False) -> str:

@@ -48,7 +48,7 @@ KEY_IDS = frozenset(spec.id for spec in KEYS)
 MUTATING_ACTIONS = frozenset(spec.action for spec in KEYS if spec.mutating)
 
 # A key name as Textual spells it: optional modifiers, then a name or one printable character.
-_KEY_RE = re.compile(r"^((ctrl|shift|alt|meta|super|hyper)\+)*([A-Za-z0-9_]+|[!-~])$")
+_KEY_RE = re.compile(r"((ctrl|shift|alt|meta|super|hyper)\+)*([A-Za-z0-9_]+|[!-~])")
 
 
 def spec_for(binding_id: str) -> KeySpec:
@@ -91,7 +91,7 @@ def parse_keymap(text: str, source: str = "<keymap>") -> dict[str, str]:
             raise KeymapError(f"{source}: key {binding_id!r}: expected a key name string, got {value!r}")
         keys = [k.strip() for k in value.split(",")]
         for key in keys:
-            if not _KEY_RE.match(key):
+            if not _KEY_RE.fullmatch(key):
                 raise KeymapError(f"{source}: key {binding_id!r}: {key!r} is not a valid key name")
         # Textual's own spelling ("?" -> "question_mark"), so clashes are found whatever the user wrote.
         keys = [_character_to_key(k) if len(k) == 1 else k for k in keys]

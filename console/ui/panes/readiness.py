@@ -23,8 +23,9 @@ def readiness_markup(srv: ServerInfo) -> Content:
     if srv.phase == "ready" or srv.model_id:
         out.append(markup("model    [b]$model[/b]  max_model_len $mml", model=srv.model_id or "N/A",
                           mml=num(srv.max_model_len)))
-        out.append(markup("vLLM     $version   reasoning field $field", version=srv.version or "N/A",
-                          field=srv.reasoning_field or "N/A"))
+        # the field's own name may be "reasoning": say where it lives, not "reasoning reasoning"
+        where = f"in message.{srv.reasoning_field}" if srv.reasoning_field else "N/A"
+        out.append(markup("vLLM     $version   reasoning $where", version=srv.version or "N/A", where=where))
     m = srv.metrics
     if srv.phase == "ready" and m is not None:
         kv = f"{m.kv_cache_usage_pct:.0f}%" if m.kv_cache_usage_pct is not None else "N/A"

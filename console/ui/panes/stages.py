@@ -17,8 +17,9 @@ from console.ui.panes.messages import StageSelected
 
 LABELS = {"serve": "serve", "generate": "generate", "extract": "extract", "train": "train",
           "verify": "verify", "serve_drafter": "serve+drafter", "bench": "bench"}
+# "?" is kept for what the console cannot tell (stale: no finish and no unit); a stop is a known end
 _STATE_STYLE = {"running": ("▶", "yellow"), "done": ("✔", "green"), "failed": ("✖", "red"),
-                "stale": ("?", "magenta"), "idle": ("·", "dim")}
+                "stopped": ("■", "blue"), "stale": ("?", "magenta"), "idle": ("·", "dim")}
 
 
 @dataclass(frozen=True)

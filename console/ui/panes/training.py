@@ -23,7 +23,7 @@ from console.ui.panes.generation import pick_run
 
 PLOT_INTERVAL_S = 5.0  # redrawing the curve is the costliest repaint here; a loss curve needs no 1 Hz
 MAX_POINTS = 2000  # bounded history; at one step a second that is over half an hour of curve
-_ACC_KEY = re.compile(r"^acc_(\d+)$")
+_ACC_KEY = re.compile(r"acc_(\d+)")
 
 
 @dataclass
@@ -55,7 +55,7 @@ def train_point(event: dict[str, Any]) -> TrainPoint | None:
     if isinstance(acc_list, list):
         acc = [float(a) for a in acc_list]
     else:  # acc_0, acc_1, ... as separate keys
-        found = sorted((int(m.group(1)), k) for k in event if (m := _ACC_KEY.match(k)))
+        found = sorted((int(m.group(1)), k) for k in event if (m := _ACC_KEY.fullmatch(k)))
         acc = [float(_opt_float(event, k) or 0.0) for _, k in found]
     ckpt = event.get("checkpoint")
     return TrainPoint(step=int(step or 0), epoch=_opt_float(event, "epoch"), loss=_opt_float(event, "loss"),

@@ -1,4 +1,6 @@
-"""Yes/No confirmation for destructive actions; "No" has focus so Enter (or Escape) is the safe answer."""
+"""Yes/No confirmation for destructive actions; "No" has focus so Enter (or Escape) is the safe answer.
+
+`y` answers Yes and `n` No, and the dialog says so: a Yes needs a deliberate key (or Tab to it, then Enter)."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
@@ -15,11 +17,13 @@ class ConfirmScreen(ModalScreen[bool]):
     ConfirmScreen > Vertical { width: 64; height: auto; border: thick $error; background: $surface;
                                padding: 1 2; }
     ConfirmScreen #confirm-detail { color: $text-muted; margin-top: 1; }
+    ConfirmScreen #confirm-keys { color: $text-muted; margin-top: 1; }
     ConfirmScreen Horizontal { height: auto; align-horizontal: right; margin-top: 1; }
     ConfirmScreen Button { margin-left: 2; }
     """
     BINDINGS = [Binding("escape", "answer(False)", "No", show=False),
-                Binding("n", "answer(False)", "No", show=False)]
+                Binding("n", "answer(False)", "No", show=False),
+                Binding("y", "answer(True)", "Yes", show=False)]
 
     def __init__(self, question: str, detail: str = "") -> None:
         super().__init__()
@@ -31,6 +35,8 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Static(markup("[b]$q[/b]", q=self.question), id="confirm-question")
             if self.detail:
                 yield Static(markup("$d", d=self.detail), id="confirm-detail")
+            yield Static("[b]y[/b] yes    [b]n[/b], [b]Esc[/b] or [b]Enter[/b] no    [b]Tab[/b] moves between "
+                         "the buttons", id="confirm-keys")
             with Horizontal():
                 yield Button("Yes", variant="error", id="yes")
                 yield Button("No", variant="primary", id="no")
