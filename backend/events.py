@@ -4,7 +4,8 @@ A stage appends one JSON object per line to `<run dir>/events.jsonl`; the consol
 incrementally by byte offset over SSH. Both sides import this module so the format is defined once.
 
 Every event has: `ts` (unix seconds), `kind`, `stage`, `run_id`. Kinds and their extra keys:
-- start:    total, manifest (dict); generation also the progress counters as found on disk
+- start:    total, manifest (dict), unit (the systemd unit or tmux session it runs in, from E3_UNIT);
+            generation also the progress counters as found on disk
 - progress: done, total, failed, skipped, truncated, reasoning_captured, prompt_tokens,
             completion_tokens, rate (samples/s), bytes_written (generation).
             Generation: `total` is the dataset rows in scope in every event; `skipped_by_reason` and
@@ -39,6 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EVENTS_FILE = "events.jsonl"
+# The systemd unit or tmux session the stage runs in, set by whoever started it (a pipeline's stages run
+# inside the chain's unit); the start event carries it.
+UNIT_ENV = "E3_UNIT"
 KINDS = ("start", "progress", "pause", "resume", "error", "finish")
 
 
@@ -92,6 +96,8 @@ class EventLog:
             raise
 
     def emit(self, kind: str, *, fsync: bool = False, **data: Any) -> Event:
+        if kind == "start" and "unit" not in data and os.environ.get(UNIT_ENV):
+            data["unit"] = os.environ[UNIT_ENV]  # where the console asks whether this run is alive
         event = Event(kind=kind, stage=self.stage, run_id=self.run_id, data=data)
         sync = fsync or kind in ("start", "finish", "error")
         try:

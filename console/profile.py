@@ -390,7 +390,6 @@ class TrainSection:
     learning_rate: float = knob(1e-3, min=0.0, max=10, doc="speculators' --lr")
     draft_vocab_size: int | None = knob(None, min=16, max=10_000_000,
                                         doc="the draft's vocabulary: the N most frequent tokens; unset: all")
-    speculative_tokens: int = knob(3, min=1, max=32, doc="draft tokens trained for (speculators' --ttt-steps)")
     draft_layers: int = knob(1, min=1, max=64, doc="decoder layers of the draft")
     seq_length: int = knob(8192, min=16, max=10_000_000, doc="tokens per packed training batch")
     optimizer: str = knob("muon", choices=("muon", "adamw"))
@@ -402,10 +401,11 @@ class TrainSection:
     extra_args: list[str] = knob([], check=check_train_args)
 
     def stage_args(self) -> list[str]:
-        """These settings as `python -m backend.train` flags (backend/train/config.py). Remote code needs no
-        key: the stage's `--trust-remote-code auto` trusts a verifier whose config.json names classes."""
-        args = ["--epochs", str(self.epochs), "--lr", repr(self.learning_rate), "--speculative-tokens",
-                str(self.speculative_tokens), "--draft-layers", str(self.draft_layers), "--seq-length",
+        """These settings as `python -m backend.train` flags (backend/train/config.py); the draft tokens come
+        from [drafter]. Remote code needs no key: the stage's `--trust-remote-code auto` trusts a verifier
+        whose config.json names classes."""
+        args = ["--epochs", str(self.epochs), "--lr", repr(self.learning_rate), "--draft-layers",
+                str(self.draft_layers), "--seq-length",
                 str(self.seq_length), "--optimizer", self.optimizer, "--checkpoint-freq", repr(self.checkpoint_freq),
                 "--seed", str(self.seed)]
         if self.draft_vocab_size is not None:
@@ -419,7 +419,6 @@ class TrainSection:
 
 @dataclass
 class VerifySection:
-    speculative_tokens: int = knob(3, min=1, max=32)
     samples: int = knob(64, min=1, max=1_000_000)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from console.control import launch
-from console.control.launch import Launch, StageError
+from console.control.launch import Launch, StageError, StageRequest, pipeline_range
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
                                    server_log_path, server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
@@ -63,10 +63,6 @@ class Controller(Protocol):
     def journal(self, unit: str) -> AsyncIterator[JournalLine]: ...
 
     async def start_stage(self, stage: str) -> ActionResult: ...
-
-    async def _live_units(self, stage: str) -> list[str]:
-        res = await self.host.run(live_stage_units_argv(self.profile, stage), timeout=30)
-        return parse_live_stage_units(self.profile, stage, res.stdout)
 
     async def stop_stage(self, stage: str) -> ActionResult: ...
 
@@ -292,29 +288,35 @@ class Session:
         return [r for r in self.collector.run_infos() if r.stage == stage and r.state == "running"]
 
     async def start_stage(self, stage: str, **options) -> ActionResult:
-        result, _ = await self.launch_stage(stage, **options)
+        result, _ = await self.launch_stage(StageRequest(stage, **options))
         return result
 
-    async def launch_stage(self, stage: str, **options) -> tuple[ActionResult, Launch | None]:
-        """Start a stage; the Launch (run id, unit, run dir) comes back for headless callers."""
+    async def launch_stage(self, req: StageRequest) -> tuple[ActionResult, Launch | None]:
+        """Start a stage or a pipeline run; the Launch (run id, unit, run dir) comes back for headless
+        callers. Refused while a run of that stage (or a pipeline) is going: two runs would fight over the
+        same GPUs and files."""
+        stage = req.stage
         if refused := self._refused():
             return refused, None
         if stage == "serve":
             return await self._run_all([server_start_command(self.profile)], "start server"), None
-        if stage not in launch.LAUNCHERS:
-            return ActionResult(False, f"stage {stage!r} cannot be started from this version of the console yet"), None
-        if running := self.running(stage):
-            return ActionResult(False, f"{stage} run {running[0].run_id} is already running "
-                                       f"(stop it first, or wait for it)"), None
         try:
-            live = await self._live_units(stage)
-        except HostError as e:
-            return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
-        if live:
-            return ActionResult(False, f"{stage} is already running in {', '.join(live)} "
-                                       f"(stop it first, or wait for it)"), None
+            busy = ["pipeline", *pipeline_range(req)] if stage == "pipeline" else [stage, "pipeline"]
+        except StageError as e:
+            return ActionResult(False, f"start {stage} failed: {e}"), None
+        for name in busy:
+            if running := self.running(name):
+                return ActionResult(False, f"{name} run {running[0].run_id} is already running "
+                                           f"(stop it first, or wait for it)"), None
+            try:
+                live = await self._live_units(name)
+            except HostError as e:
+                return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
+            if live:
+                return ActionResult(False, f"{name} is already running in {', '.join(live)} "
+                                           f"(stop it first, or wait for it)"), None
         try:
-            started = await launch.LAUNCHERS[stage](self.host, self.profile, **options)
+            started = await launch.launch_stage(self.host, self.profile, req)
         except (StageError, HostError) as e:
             return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
         return ActionResult(True, f"{stage} run {started.run_id} started in {started.unit}",

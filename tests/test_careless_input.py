@@ -124,7 +124,7 @@ async def test_wait_reports_a_stage_that_died_before_its_first_event(tmp_path, c
     from console.control.units import tmux_start_argv
     from console.host.factory import host_for_profile
     from console.profile import profile_from_dict
-    from console.telemetry.collector import Collector
+    from console.session import Session
 
     work = tmp_path / "w"
     (work / "tmux").mkdir(parents=True, mode=0o700)
@@ -138,7 +138,8 @@ async def test_wait_reports_a_stage_that_died_before_its_first_event(tmp_path, c
     assert (await host.run(start)).ok
     try:
         t0 = time.monotonic()
-        assert await follow_run(Collector(p, host), "r1", 0.2) == 1
+        async with Session(p, interval=0.2) as session:
+            assert await follow_run(session, "generate", "r1") == 1
         assert time.monotonic() - t0 < 20
         err = capsys.readouterr().err
         assert "exit status 2" in err and "no such file" in err

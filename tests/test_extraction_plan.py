@@ -10,7 +10,7 @@ import pytest
 
 from backend.extract import disk
 from backend.extract.plan import PlanError, plan_from_dict
-from console.control.data_stages import extract_argv, prepare_argv, verifier_path
+from console.control.stage_argv import extract_argv, prepare_argv, verifier_path
 from console.control.extraction import (ExtractionPlanError, build_plan, describe_plan, extraction_flags,
                                         extractor_unit, staging_dir)
 from console.profile import ProfileError, profile_from_dict
@@ -77,7 +77,8 @@ def test_the_extraction_server_gets_the_profiles_environment():
     assert start[9:12] == BASELINE[:3]
     tmux = profile("tmux", command=["python3", "-m", "sim.vllm_server"])
     tmux.extract.server_env = {"HF_HOME": "/data/hf"}
-    assert "export HF_HOME=/data/hf; " in build_plan(tmux, "r1", AUX)["start_extractor"][2]
+    pane = shlex.split(shlex.split(build_plan(tmux, "r1", AUX)["start_extractor"][2].splitlines()[-1])[-1])
+    assert pane[7:9] == ["env", "HF_HOME=/data/hf"]  # the wrapper runs `env K=V program ...`
 
 
 def test_sudo_reaches_every_systemctl_and_journalctl():
@@ -95,12 +96,12 @@ def test_tmux_plan_runs_the_extractor_in_its_own_session_with_the_servers_stop_t
     assert plan["extractor_command"] == cmd + flags(storage)
     start = plan["start_extractor"]
     assert start[:2] == ["sh", "-c"]
-    assert "tmux new-session -d -s vllm-kimi-extract" in start[2]
+    assert "-s vllm-kimi-extract " in start[2]
     inner = shlex.split(shlex.split(start[2].splitlines()[-1])[-1])  # tmux respawn-pane ... 'bash -c ...'
-    assert inner[:2] == ["bash", "-c"] and inner[2].endswith("; exec " + shlex.join(cmd + flags(storage)))
+    assert inner[:2] == ["bash", "-c"] and inner[-len(cmd + flags(storage)):] == cmd + flags(storage)
     assert "/data/eagle3/logs/vllm-kimi-extract.log" in start[2]
     assert "did not exit in 25 s" in plan["stop_extractor"][2] and "=vllm-kimi-extract" in plan["stop_extractor"][2]
-    assert "=vllm-kimi" in plan["stop_baseline"][2] and "tmux new-session -d -s vllm-kimi " in plan["start_baseline"][2]
+    assert "=vllm-kimi" in plan["stop_baseline"][2] and "-s vllm-kimi -x" in plan["start_baseline"][2]
     assert plan["extractor_alive"][:2] == ["sh", "-c"] and plan["extractor_alive"][-1] == "=vllm-kimi-extract"
     assert plan["extractor_log_tail"] == ["tail", "-n", "40", "/data/eagle3/logs/vllm-kimi-extract.log"]
 

@@ -53,9 +53,8 @@ async def test_confirmation_says_how_to_answer_and_takes_y_and_n():
 
 
 async def test_a_stopped_stage_has_its_own_icon_not_a_question_mark():
-    snap = base_snapshot()
     run = generation_run(done=300, total=1000)
-    snap.runs = [dataclasses.replace(run, state="stopped")]
+    snap = dataclasses.replace(base_snapshot(), runs=(dataclasses.replace(run, state="stopped"),))
     app, _ = make_app(snap)
     async with app.run_test(size=SIZE) as pilot:
         await settled(app, pilot)
@@ -65,7 +64,7 @@ async def test_a_stopped_stage_has_its_own_icon_not_a_question_mark():
 
 async def test_readiness_does_not_read_reasoning_reasoning():
     snap = base_snapshot()
-    snap.server = dataclasses.replace(snap.server, reasoning_field="reasoning")
+    snap = dataclasses.replace(snap, server=dataclasses.replace(snap.server, reasoning_field="reasoning"))
     app, _ = make_app(snap)
     async with app.run_test(size=SIZE) as pilot:
         await settled(app, pilot)

@@ -27,6 +27,7 @@ from backend.runs import Manifest, RunDirError, open_run_dir, write_json_atomic
 from backend.train import checkpoints as ck
 from backend.train.verifier import VerifierError, inspect_verifier
 from backend.verify import checks
+from backend.verify.report import table
 
 STAGE = "verify"
 REPORT_FILE = "verify.json"
@@ -95,28 +96,6 @@ def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | No
         if isinstance(item, dict):
             yield {k: (v.float() if k in ("hidden_states", "verifier_last_hidden_states") else v)
                    for k, v in item.items()}
-
-
-def table(report: dict[str, Any]) -> str:
-    lines = [f"verify: {report['checkpoint']}", ""]
-    width = max(len(c["name"]) for c in report["checks"]) if report["checks"] else 5
-    for c in report["checks"]:
-        lines.append(f"  {c['name']:<{width}}  {'ok  ' if c['ok'] else 'FAIL'}  {c['detail']}"
-                     + (f"\n  {'':<{width}}        -> {c['fix']}" if c.get("fix") else ""))
-    acc = report.get("acceptance")
-    if acc:
-        k = acc["k"]
-        trained, base = acc["trained"], acc["untrained"]
-        lines += ["", f"offline acceptance, k={k}: {trained['samples']} held-out samples, {trained['anchors']} "
-                      f"anchor positions (greedy chain)", ""]
-        head = "".join(f"  pos{j + 1:<4}" for j in range(k))
-        lines.append(f"  {'draft':<16}{head}  mean accepted  acceptance length")
-        for name, a in (("trained", trained), ("untrained", base)):
-            cells = "".join(f"  {p:<7.3f}" for p in a["per_position"])
-            lines.append(f"  {name:<16}{cells}  {a['mean_accepted']:<13.3f}  {a['mean_acceptance_length']:.3f}")
-    if report.get("error"):
-        lines += ["", f"error: {report['error']}"]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,34 +13,61 @@ from console.commands.server_cmd import load_or_exit
 from backend.events import EVENTS_FILE
 from console.control.launch import run_dir_path, stage_ended
 from console.control.units import stage_unit_name
+from backend.pipeline import STAGES as PIPELINE_STAGES
+from console.control.launch import StageRequest, stops_baseline
+from backend.verify.report import table
+from console.parsers.text import clean, clean_block
 from console.session import Session
+from console.telemetry.snapshot import RunInfo
 
 NO_EVENTS_S = 120.0  # a started run that writes no event in this long is dead on arrival
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="start a pipeline stage on the host (detached: it survives the console)")
-    p.add_argument("stage", choices=("generate",))
+    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline"))
     p.add_argument("--profile", required=True)
+    p.add_argument("--input", dest="input_run", metavar="RUN",
+                   help="the run whose output the stage consumes (default: the latest completed run of the "
+                        "stage before it; pipeline: of the stage before --from)")
+    p.add_argument("--from", dest="from_stage", choices=PIPELINE_STAGES, help="pipeline: the first stage")
+    p.add_argument("--to", dest="to_stage", choices=PIPELINE_STAGES, help="pipeline: the last stage")
     p.add_argument("--dataset", help="override [generate].dataset: a path on the host; a relative one is taken from "
                                      "this directory on a local host, from [paths].data_dir on an SSH host")
     p.add_argument("--limit", type=int, help="override [generate].samples")
-    p.add_argument("--run-id", help="default: generate-YYYYmmdd-HHMMSS; reuse one to resume it")
+    p.add_argument("--run-id", help="default: STAGE-YYYYmmdd-HHMMSS; reuse one to resume it")
     p.add_argument("--fresh", action="store_true", help="archive an existing run dir of that id and start over")
+    p.add_argument("--yes", action="store_true",
+                   help="do not ask before a stage that stops the baseline server (extract)")
     p.add_argument("--wait", action="store_true", help="follow the run; exit 0 only when it completed")
     p.add_argument("--interval", type=float, default=2.0)
     p.set_defaults(func=cmd_run)
 
 
+def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
+    """Extraction stops the baseline server: say so, and go on only when the operator agrees."""
+    if not stops_baseline(req) or a.yes:
+        return True
+    question = (f"{req.stage} stops {profile.server.unit} on {profile.host.name} while the hidden states are "
+                f"extracted, and starts it again afterwards. Go on? [y/N] ")
+    if not sys.stdin.isatty():
+        print(f"error: {req.stage} stops the baseline server; pass --yes to confirm", file=sys.stderr)
+        return False
+    return input(question).strip().lower() in ("y", "yes")
+
+
 async def run_stage(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
+    req = StageRequest(a.stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
+                       limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage)
+    if not confirmed(a, req, profile):
+        return 2
     async with Session(profile, interval=a.interval) as session:
         snap = await session.settle()
         if not snap.host.reachable:
             print(f"error: {snap.host.error}", file=sys.stderr)
             return 1
-        result, launch = await session.launch_stage(a.stage, run_id=a.run_id, dataset=a.dataset,
-                                                    limit=a.limit, fresh=a.fresh)
+        result, launch = await session.launch_stage(req)
         for cmd in result.commands:
             print(f"$ {cmd}", file=sys.stderr)
         if not result.ok or launch is None:
@@ -69,18 +96,46 @@ async def follow_run(session: Session, stage: str, run_id: str) -> int:
                 print(f"error: the run wrote no events in {NO_EVENTS_S:g} s: check its log", file=sys.stderr)
                 return 1
             continue
-        line = f"{run.state}: {run.done}/{run.total} done, {run.failed} failed"
-        if run.rate:
-            line += f", {run.rate:.1f}/s"
+        line = progress_line(run, snap.runs)
         if line != last:
             print(line, flush=True)
             last = line
         if run.state in ("done", "failed", "stopped", "stale"):
             ev = run.last_event or {}
             if run.state != "done" and ev.get("error"):
-                print(f"error: {ev['error']}", file=sys.stderr)
+                print(f"error: {clean_block(ev['error'])}", file=sys.stderr)
+            for text in results(run, snap.runs):
+                print(text)
             return 0 if run.state == "done" else 1
     return 1  # the session ended: the host refused us (said in the last snapshot)
+
+
+def progress_line(run: RunInfo, runs: tuple[RunInfo, ...]) -> str:
+    if run.stage != "pipeline":
+        line = f"{run.state}: {run.done}/{run.total} done, {run.failed} failed"
+        return line + (f", {run.rate:.1f}/s" if run.rate else "")
+    ev = run.last_event or {}
+    line = f"{run.state}: {run.done}/{run.total} stages"
+    current = next((r for r in runs if r.run_id == ev.get("current_run")), None)
+    if run.state == "running" and current is not None:
+        line += f", now {current.stage} {current.run_id}: {current.done}/{current.total}"
+    return line
+
+
+def results(run: RunInfo, runs: tuple[RunInfo, ...]) -> list[str]:
+    """What a finished run has to say: verify's table (also at the end of a pipeline run that verified),
+    else the outputs it leaves for the next stage."""
+    verify = run if run.stage == "verify" else None
+    if run.stage == "pipeline":
+        chain_runs = ((run.last_event or {}).get("runs") or {})
+        verify = next((r for r in runs if r.run_id == chain_runs.get("verify") and r.state == "done"), None)
+    if verify is not None and isinstance(verify.last_event, dict) and verify.last_event.get("checks") is not None:
+        try:
+            return [clean_block(table(verify.last_event))]
+        except (KeyError, TypeError, ValueError):
+            pass  # an unexpected report: its outputs below are still worth printing
+    outputs = (run.last_event or {}).get("outputs")
+    return [clean(f"{name}: {path}") for name, path in outputs.items()] if isinstance(outputs, dict) else []
 
 
 async def _has_events(session: Session, run_id: str) -> bool:

@@ -17,7 +17,8 @@ import shlex
 from typing import Any, Sequence
 
 from backend.extract.plan import PLAN_VERSION
-from console.control.units import (_sudo, server_command, server_start_argv, server_stop_argv, stage_start_argv,
+from console.control.units import (_sudo, server_command, server_log_path, server_start_argv, server_stop_argv,
+                                   stage_log_path, stage_start_argv,
                                    stage_stop_argv, tmux_stop_argv)
 from console.profile import Profile
 
@@ -86,9 +87,6 @@ def _log_tail_argv(profile: Profile, unit: str, log_path: str) -> list[str]:
 
 def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
     """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it)."""
-    from console.control.launch import stage_log_path  # launch will import this module: import late
-    from console.telemetry.collector import server_log_path
-
     s = profile.server
     unit = extractor_unit(profile)
     storage = staging_dir(profile, run_id)

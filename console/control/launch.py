@@ -13,7 +13,6 @@ import io
 import json
 import os
 import posixpath
-import re
 import shlex
 import tarfile
 import time
@@ -24,20 +23,26 @@ from importlib.resources.abc import Traversable
 
 from console.profile import Profile, api_key
 from console.host.base import Host
+from console.parsers.text import clean_block
 from backend.runs import RunDirError
 from backend.runs import check_run_id as _check_run_id
+from backend.events import UNIT_ENV
+from backend.chain.plan import PlannedStage, chain_stage_run_id, dumps_plan
+from backend.pipeline import INPUT_STAGE
+from backend.pipeline import STAGES as PIPELINE_STAGES
+from console.control import stage_argv
+from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name)
 
 # The upload is the installed `backend` package and nothing else: host code only, never the console or the
 # demo's stand-in, and the same files whether the console runs from a wheel or a checkout.
 BACKEND_PACKAGE = "backend"
-STAGE_MODULES = {"generate": "backend.generate"}
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+EXTRACT_STOP_S = 180.0  # beyond the servers' own stop times, for a stage stopping with a server swap
 
 
 class StageError(Exception):
-    pass
+    """A stage cannot be started; the message says why and what to do."""
 
 
 @dataclass
@@ -160,31 +165,6 @@ async def resolve_dataset(host: Host, profile: Profile, dataset: str | None) -> 
     return path
 
 
-def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, limit: int | None = None,
-                  fresh: bool = False, preflight_only: bool = False, api_key_path: str | None = None) -> list[str]:
-    g = profile.generate
-    dataset = dataset or g.dataset
-    if not dataset:
-        raise StageError("no dataset: set [generate].dataset in the profile or pass --dataset PATH")
-    argv = [profile.paths.python, "-m", STAGE_MODULES["generate"],
-            "--dataset", dataset, "--work-dir", profile.paths.work_dir, "--run-id", run_id,
-            "--endpoint", f"http://127.0.0.1:{profile.server.port}", "--model", profile.server.model_id,
-            "--max-tokens", str(g.max_tokens), "--long-prompt", g.long_prompt, "--concurrency", str(g.concurrency),
-            "--request-timeout", f"{g.request_timeout_s:g}", "--temperature", f"{g.temperature:g}",
-            "--top-p", f"{g.top_p:g}", "--return-token-ids", g.return_token_ids,
-            "--max-retries", str(g.max_retries), "--limit", str(limit or g.samples),
-            "--expect-reasoning" if profile.server.expect_reasoning else "--no-expect-reasoning"]
-    if g.chat_template_kwargs:
-        argv += ["--chat-template-kwargs", json.dumps(g.chat_template_kwargs, separators=(",", ":"))]
-    if api_key_path:
-        argv += ["--api-key-file", api_key_path]
-    if fresh:
-        argv.append("--fresh")
-    if preflight_only:
-        argv.append("--preflight-only")
-    return argv
-
-
 async def upload_api_key(host: Host, profile: Profile) -> str | None:
     """The stage runs detached, where the console's environment does not reach: hand it the API key as
     a 0600 file in a 0700 dir on the host, so it is in no command line, unit property or log."""
@@ -201,37 +181,6 @@ async def upload_api_key(host: Host, profile: Profile) -> str | None:
 
 def run_dir_path(profile: Profile, run_id: str) -> str:
     return f"{profile.paths.work_dir}/runs/{run_id}"
-
-
-async def launch_generate(host: Host, profile: Profile, *, run_id: str | None = None, dataset: str | None = None,
-                          limit: int | None = None, fresh: bool = False) -> Launch:
-    run_id = check_run_id(run_id or new_run_id("generate"))
-    dataset = await resolve_dataset(host, profile, dataset)
-    shown: list[str] = []
-    code_dir = await ensure_backend(host, profile, shown)
-    env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1"}
-    key_path = await upload_api_key(host, profile)
-    preflight = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh, preflight_only=True,
-                              api_key_path=key_path)
-    pre_cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *preflight]
-    shown.append(shlex.join(pre_cmd))
-    res = await host.run(pre_cmd, timeout=300)
-    if not res.ok:
-        raise StageError("preflight failed:\n" + _preflight_text(res.stdout, res.stderr))
-    unit = stage_unit_name("generate", run_id)
-    run_dir = run_dir_path(profile, run_id)
-    argv = generate_argv(profile, run_id, dataset=dataset, limit=limit, fresh=fresh, api_key_path=key_path)
-    no_expand = profile.server.manager == "systemd" and await systemd_run_expands(host)
-    try:
-        start = stage_start_command(profile, unit, argv, log_path=stage_log_path(profile, unit),
-                                    cwd=profile.paths.work_dir, env=env, no_expand_option=no_expand)
-    except UnitNameError as exc:
-        raise StageError(str(exc)) from None
-    shown.append(start.shown)
-    res = await host.run(start.argv, timeout=60)
-    if not res.ok:
-        raise StageError(f"starting {unit} failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()}")
-    return Launch(run_id=run_id, unit=unit, run_dir=run_dir, commands=shown)
 
 
 def _preflight_text(stdout: str, stderr: str) -> str:
@@ -273,7 +222,7 @@ async def stage_ended(host: Host, profile: Profile, unit: str) -> str | None:
         how = f"exit status {status.stdout.strip() or '?'}"
         log = await host.run(["tail", "-n", "20", path], timeout=30)
     # host text on the operator's terminal: no escape sequences (OSC 52 writes the clipboard)
-    tail = "\n".join(_CONTROL.sub("?", line) for line in log.stdout.strip().splitlines()[-20:])
+    tail = clean_block("\n".join(log.stdout.strip().splitlines()[-20:]))
     return f"{unit} ended ({how})" + (f"; its last lines:\n{tail}" if tail else "")
 
 
@@ -288,6 +237,157 @@ async def stop_stage_unit(host: Host, profile: Profile, unit: str) -> list[str]:
     return [stop.shown]
 
 
-# The stage programs the console can start, by stage name.
-LAUNCHERS = {"generate": launch_generate}
+@dataclass(frozen=True)
+class StageRequest:
+    """What the operator asked to start: a stage (or `pipeline`) and its options."""
+    stage: str
+    run_id: str | None = None
+    input_run: str | None = None  # the run it consumes; default the latest completed run before it
+    fresh: bool = False
+    dataset: str | None = None  # generate
+    limit: int | None = None  # generate
+    from_stage: str | None = None  # pipeline
+    to_stage: str | None = None  # pipeline
 
+
+def pipeline_range(req: StageRequest) -> list[str]:
+    """The host stages a pipeline request runs, in order."""
+    first = req.from_stage or PIPELINE_STAGES[0]
+    last = req.to_stage or PIPELINE_STAGES[-1]
+    for name in (first, last):
+        if name not in PIPELINE_STAGES:
+            raise StageError(f"unknown stage {name!r}: expected one of {', '.join(PIPELINE_STAGES)}")
+    i, j = PIPELINE_STAGES.index(first), PIPELINE_STAGES.index(last)
+    if i > j:
+        raise StageError(f"--from {first} comes after --to {last} in the pipeline")
+    return list(PIPELINE_STAGES[i:j + 1])
+
+
+def stops_baseline(req: StageRequest) -> bool:
+    """Starting this stops the baseline server for a while (extraction needs the GPUs): ask first."""
+    if req.stage == "pipeline":
+        return "extract" in pipeline_range(req)
+    return req.stage == "extract"
+
+
+class _Launcher:
+    """Builds one stage's command line on the host's terms: inputs it defaults to, files it needs there."""
+
+    def __init__(self, host: Host, profile: Profile, env: dict[str, str], shown: list[str]):
+        self.host, self.profile, self.env, self.shown = host, profile, env, shown
+
+    async def host_query(self, argv: list[str], what: str) -> str:
+        cmd = ["env", *(f"{k}={v}" for k, v in self.env.items()), *argv]
+        res = await self.host.run(cmd, timeout=120)
+        if not res.ok:
+            raise StageError(f"{what}: {clean_block((res.stderr or res.stdout).strip()) or f'exit {res.returncode}'}")
+        return res.stdout.strip()
+
+    async def input_run(self, stage: str, given: str | None) -> str | None:
+        before = INPUT_STAGE.get(stage)
+        if given or before is None:
+            return given and check_run_id(given)
+        return await self.host_query(stage_argv.latest_argv(self.profile, before),
+                                     f"no input for {stage} (pass --input RUN)")
+
+    async def argv(self, stage: str, run_id: str, input_run: str | None, req: StageRequest,
+                   ) -> tuple[list[str], list[str] | None]:
+        """(the stage's command, its preflight command or None)."""
+        p, fresh = self.profile, req.fresh
+        try:
+            if stage == "generate":
+                dataset = await resolve_dataset(self.host, p, req.dataset)
+                key = await upload_api_key(self.host, p)
+                return (stage_argv.generate_argv(p, run_id, dataset=dataset, limit=req.limit, fresh=fresh,
+                                                 api_key_path=key),
+                        stage_argv.generate_argv(p, run_id, dataset=dataset, limit=req.limit, fresh=fresh,
+                                                 api_key_path=key, preflight_only=True))
+            if stage == "prepare":
+                return stage_argv.prepare_argv(p, run_id, input_run or "", fresh=fresh), None
+            if stage == "extract":
+                ids = json.loads(await self.host_query(stage_argv.aux_layers_argv(p), "aux layer ids"))
+                plan_file = await self.upload_swap_plan(run_id, ids["aux_layer_ids"])
+                return (stage_argv.extract_argv(p, run_id, input_run or "", plan_file=plan_file,
+                                                aux_layer_ids=ids["aux_layer_ids"], fresh=fresh),
+                        stage_argv.extract_argv(p, run_id, input_run or "", plan_file=plan_file,
+                                                aux_layer_ids=ids["aux_layer_ids"], fresh=fresh, preflight_only=True))
+            if stage == "train":
+                return (stage_argv.train_argv(p, run_id, input_run, fresh=fresh),
+                        stage_argv.train_argv(p, run_id, input_run, fresh=fresh, preflight_only=True))
+            if stage == "verify":
+                return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh), None
+        except (stage_argv.StageArgError, ExtractionPlanError) as exc:
+            raise StageError(str(exc)) from None
+        raise StageError(f"stage {stage!r} cannot be started from this version of the console")
+
+    async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int]) -> str:
+        plan = build_plan(self.profile, run_id, aux_layer_ids)
+        path = plan_path(self.profile, run_id)
+        await self.host.run(["mkdir", "-p", path.rsplit("/", 1)[0]], timeout=30, check=True)
+        await self.host.upload(json.dumps(plan, indent=2).encode(), path)
+        self.shown.extend(f"(extract swap) {line}" for line in describe_plan(plan))
+        return path
+
+    async def preflight(self, argv: list[str]) -> None:
+        cmd = ["env", *(f"{k}={v}" for k, v in self.env.items()), *argv]
+        self.shown.append(shlex.join(cmd))
+        res = await self.host.run(cmd, timeout=300)
+        if not res.ok:
+            raise StageError("preflight failed:\n" + clean_block(_preflight_text(res.stdout, res.stderr)))
+
+    async def pipeline_plan(self, chain_id: str, req: StageRequest) -> list[PlannedStage]:
+        stages = pipeline_range(req)
+        planned: list[PlannedStage] = []
+        previous = await self.input_run(stages[0], req.input_run)
+        for stage in stages:
+            run_id = chain_stage_run_id(chain_id, stage)
+            argv, preflight = await self.argv(stage, run_id, previous, req)
+            if stage == stages[0] and preflight is not None:
+                await self.preflight(preflight)  # the first stage is checked now, the rest when they start
+            planned.append(PlannedStage(stage, run_id, tuple(argv), {}))
+            previous = run_id
+        return planned
+
+
+async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launch:
+    """Start a stage program (or a pipeline run of several) detached on the host; return where it runs."""
+    stage = req.stage
+    run_id = check_run_id(req.run_id or new_run_id(stage))
+    unit = stage_unit_name(stage, run_id)
+    shown: list[str] = []
+    code_dir = await ensure_backend(host, profile, shown)
+    env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1", UNIT_ENV: unit}
+    launcher = _Launcher(host, profile, env, shown)
+    stop_timeout = 120.0
+    if stage == "pipeline":
+        plan = await launcher.pipeline_plan(run_id, req)
+        plan_file = f"{profile.paths.work_dir}/plans/{run_id}.json"
+        await host.run(["mkdir", "-p", f"{profile.paths.work_dir}/plans"], timeout=30, check=True)
+        await host.upload(dumps_plan(plan).encode(), plan_file)
+        shown.extend(f"(pipeline {p.stage}) {shlex.join(p.argv)}" for p in plan)
+        argv = stage_argv.chain_argv(profile, run_id, plan_file, fresh=req.fresh)
+        if any(p.stage == "extract" for p in plan):
+            stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
+    else:
+        if stage not in PIPELINE_STAGES:
+            raise StageError(f"stage {stage!r} cannot be started from this version of the console yet")
+        input_run = await launcher.input_run(stage, req.input_run)
+        argv, preflight = await launcher.argv(stage, run_id, input_run, req)
+        if preflight is not None:
+            await launcher.preflight(preflight)
+        if stage == "extract":
+            # on SIGTERM it still stops the extraction server and starts the baseline again
+            stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
+    no_expand = profile.server.manager == "systemd" and await systemd_run_expands(host)
+    try:
+        start = stage_start_command(profile, unit, argv, log_path=stage_log_path(profile, unit),
+                                    cwd=profile.paths.work_dir, env=env, no_expand_option=no_expand,
+                                    stop_timeout_s=stop_timeout)
+    except UnitNameError as exc:
+        raise StageError(str(exc)) from None
+    shown.append(start.shown)
+    res = await host.run(start.argv, timeout=60)
+    if not res.ok:
+        raise StageError(f"starting {unit} failed (exit {res.returncode}): "
+                         f"{clean_block((res.stderr or res.stdout).strip())}")
+    return Launch(run_id=run_id, unit=unit, run_dir=run_dir_path(profile, run_id), commands=shown)

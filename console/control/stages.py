@@ -1,8 +1,10 @@
 """The pipeline's stages as the console shows and starts them, in order.
 
 The host-side stages (backend/pipeline.py) framed by what the console itself drives: the baseline
-server before them, and serving with the drafter and benchmarking after.
+server before them, serving with the drafter and benchmarking after, and a pipeline run of them all.
 """
 from __future__ import annotations
 
-STAGES: tuple[str, ...] = ("serve", "generate", "extract", "train", "verify", "serve_drafter", "bench")
+from backend.pipeline import STAGES as HOST_STAGES
+
+STAGES: tuple[str, ...] = ("serve", *HOST_STAGES, "serve_drafter", "bench", "pipeline")

@@ -190,7 +190,8 @@ def systemd_literal_argv(argv: Sequence[str]) -> list[str]:
 
 
 def stage_start_argv(profile: Profile, unit: str, argv: Sequence[str], *, log_path: str, cwd: str,
-                     env: Mapping[str, str], no_expand_option: bool = False) -> list[str]:
+                     env: Mapping[str, str], no_expand_option: bool = False,
+                     stop_timeout_s: float = 120.0) -> list[str]:
     """Start a stage detached. systemd expands environment variables in a transient unit's command
     line (systemd-run's default from v254, the service manager's own before): a dataset path or a
     chat_template_kwargs value holding `$` would be rewritten silently. With `no_expand_option`
@@ -198,7 +199,8 @@ def stage_start_argv(profile: Profile, unit: str, argv: Sequence[str], *, log_pa
     otherwise every `$` is escaped."""
     if profile.server.manager == "systemd":
         cmd = ["systemd-run", f"--unit={checked_unit(unit)}", "--collect", "--quiet",
-               f"--working-directory={cwd}", "--property=KillSignal=SIGTERM", "--property=TimeoutStopSec=120"]
+               f"--working-directory={cwd}", "--property=KillSignal=SIGTERM",
+               f"--property=TimeoutStopSec={stop_timeout_s:g}"]
         cmd += [f"--setenv={k}={v}" for k, v in env.items()]
         if no_expand_option:
             return _sudo(profile, [*cmd, "--expand-environment=no", *argv])
@@ -244,9 +246,10 @@ def server_restart_commands(profile: Profile) -> list[HostCommand]:
 
 
 def stage_start_command(profile: Profile, unit: str, argv: Sequence[str], *, log_path: str, cwd: str,
-                        env: Mapping[str, str], no_expand_option: bool = False) -> HostCommand:
+                        env: Mapping[str, str], no_expand_option: bool = False,
+                        stop_timeout_s: float = 120.0) -> HostCommand:
     full = stage_start_argv(profile, unit, argv, log_path=log_path, cwd=cwd, env=env,
-                            no_expand_option=no_expand_option)
+                            no_expand_option=no_expand_option, stop_timeout_s=stop_timeout_s)
     return HostCommand(full, _shown(profile, "start", unit, full, argv))
 
 

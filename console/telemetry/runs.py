@@ -38,6 +38,7 @@ class RunTrack:
     size: int = 0  # its size at the last listing
     mtime: float = 0.0
     read_limit: int = READ_LIMIT
+    started_in: str | None = None
     skip_partial: bool = False  # the next read starts mid-line: drop up to the first newline
     stage: str = ""
     total: int = 0
@@ -50,7 +51,8 @@ class RunTrack:
 
     @property
     def unit(self) -> str:
-        return stage_unit_name(self.stage, self.run_id)
+        # the unit its start event named (a pipeline's stages run in the chain's), else its own
+        return self.started_in or stage_unit_name(self.stage, self.run_id)
 
     def apply(self, ev: Event) -> None:
         self.stage = ev.stage or self.stage
@@ -65,6 +67,8 @@ class RunTrack:
             self.total = int(ev.data.get("total") or 0)
             self.started = ev.ts
             self.finish = None  # a resumed run starts again
+            unit = ev.data.get("unit")
+            self.started_in = unit if isinstance(unit, str) and unit else None
             if "done" in ev.data:  # the counters as the run found them on disk (a resume starts from there)
                 self.progress = {k: v for k, v in d.items() if k != "manifest"}
         elif ev.kind == "progress":
@@ -113,7 +117,8 @@ class RunBook:
         return reads
 
     def pending_units(self) -> list[str]:
-        return [t.unit for t in self.tracks.values() if t.finish is None and t.stage]
+        # several runs can share one unit (a pipeline's stages run in the chain's): ask each unit once
+        return list(dict.fromkeys(t.unit for t in self.tracks.values() if t.finish is None and t.stage))
 
     def apply_listing(self, files: list[RunFile]) -> None:
         newest = {rf.run_dir for rf in sorted(files, key=lambda f: f.mtime)[-FULL_HISTORY_RUNS:]}

@@ -15,8 +15,8 @@ from console.ui.panes.base import Pane, markup
 from console.ui.panes.generation import pick_run
 from console.ui.panes.messages import StageSelected
 
-LABELS = {"serve": "serve", "generate": "generate", "extract": "extract", "train": "train",
-          "verify": "verify", "serve_drafter": "serve+drafter", "bench": "bench"}
+LABELS = {"serve": "serve", "generate": "generate", "prepare": "prepare", "extract": "extract", "train": "train",
+          "verify": "verify", "serve_drafter": "serve+drafter", "bench": "bench", "pipeline": "pipeline"}
 # "?" is kept for what the console cannot tell (stale: no finish and no unit); a stop is a known end
 _STATE_STYLE = {"running": ("▶", "yellow"), "done": ("✔", "green"), "failed": ("✖", "red"),
                 "stopped": ("■", "blue"), "stale": ("?", "magenta"), "idle": ("·", "dim")}

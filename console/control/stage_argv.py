@@ -1,0 +1,133 @@
+"""The command line of every stage program as the profile sets it up (pure functions, one per stage).
+
+The console runs these on the host detached (console/control/launch.py), alone or chained in a pipeline
+run (console/control/pipeline.py); the extract stage's server swap plan is console/control/extraction.py.
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from console.profile import Profile
+
+
+class StageArgError(ValueError):
+    """A stage cannot be started as the profile and options say (the message says what to set)."""
+
+
+def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, limit: int | None = None,
+                  fresh: bool = False, preflight_only: bool = False, api_key_path: str | None = None) -> list[str]:
+    g = profile.generate
+    dataset = dataset or g.dataset
+    if not dataset:
+        raise StageArgError("no dataset: set [generate].dataset in the profile or pass --dataset PATH")
+    argv = [profile.paths.python, "-m", "backend.generate",
+            "--dataset", dataset, "--work-dir", profile.paths.work_dir, "--run-id", run_id,
+            "--endpoint", f"http://127.0.0.1:{profile.server.port}", "--model", profile.server.model_id,
+            "--max-tokens", str(g.max_tokens), "--long-prompt", g.long_prompt, "--concurrency", str(g.concurrency),
+            "--request-timeout", f"{g.request_timeout_s:g}", "--temperature", f"{g.temperature:g}",
+            "--top-p", f"{g.top_p:g}", "--return-token-ids", g.return_token_ids,
+            "--max-retries", str(g.max_retries), "--limit", str(limit or g.samples),
+            "--expect-reasoning" if profile.server.expect_reasoning else "--no-expect-reasoning"]
+    if g.chat_template_kwargs:
+        argv += ["--chat-template-kwargs", json.dumps(g.chat_template_kwargs, separators=(",", ":"))]
+    if api_key_path:
+        argv += ["--api-key-file", api_key_path]
+    if fresh:
+        argv.append("--fresh")
+    if preflight_only:
+        argv.append("--preflight-only")
+    return argv
+
+
+def verifier_path(profile: Profile) -> str:
+    """The verifier checkpoint on the host: [drafter].verifier, else the model the server loads."""
+    return profile.drafter.verifier or profile.server.model_path
+
+
+def extract_argv(profile: Profile, run_id: str, input_run: str, *, plan_file: str | None,
+                 aux_layer_ids: Sequence[int] | None = None, fresh: bool = False,
+                 preflight_only: bool = False) -> list[str]:
+    """`python -m backend.extract ...` for the profile; the plan file swaps the servers, without one the
+    stage uses an extraction server already answering on the server's port."""
+    e = profile.extract
+    ids = list(aux_layer_ids or profile.drafter.aux_layer_ids)
+    argv = [profile.paths.python, "-m", "backend.extract", "--work-dir", profile.paths.work_dir,
+            "--run-id", run_id, "--input-run", input_run, "--verifier", verifier_path(profile),
+            "--concurrency", str(e.concurrency), "--request-timeout", f"{e.request_timeout_s:g}",
+            "--max-retries", str(e.max_retries), "--reserve-bytes", str(int(e.reserve_gib * 2**30)),
+            "--validate-outputs" if e.validate_outputs else "--no-validate-outputs"]
+    if ids:
+        argv += ["--aux-layer-ids", ",".join(str(i) for i in ids)]
+    argv += ["--plan", plan_file] if plan_file else ["--endpoint", f"http://127.0.0.1:{profile.server.port}"]
+    if fresh:
+        argv.append("--fresh")
+    if preflight_only:
+        argv.append("--preflight-only")
+    return argv
+
+
+def prepare_argv(profile: Profile, run_id: str, input_run: str, *, fresh: bool = False) -> list[str]:
+    """`python -m backend.prepare ...` for the profile; the render endpoint is the baseline server (used
+    only when the generation run has no exact token ids)."""
+    p = profile.prepare
+    argv = [profile.paths.python, "-m", "backend.prepare", "--work-dir", profile.paths.work_dir,
+            "--run-id", run_id, "--input-run", input_run, "--verifier", verifier_path(profile),
+            "--seq-length", str(p.seq_length), "--heldout-fraction", f"{p.heldout_fraction:g}",
+            "--heldout-min", str(p.heldout_min), "--source", p.source,
+            "--render-endpoint", f"http://127.0.0.1:{profile.server.port}",
+            "--render-concurrency", str(p.render_concurrency)]
+    if p.minimum_valid_tokens is not None:
+        argv += ["--minimum-valid-tokens", str(p.minimum_valid_tokens)]
+    if profile.drafter.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if fresh:
+        argv.append("--fresh")
+    return argv
+
+
+def train_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False,
+               preflight_only: bool = False) -> list[str]:
+    """`python -m backend.train ...`: the [train] settings, the [drafter]'s verifier and draft tokens; the
+    aux layer ids come with the extract run it trains on."""
+    argv = [profile.paths.python, "-m", "backend.train", "--work-dir", profile.paths.work_dir, "--run-id", run_id,
+            "--verifier", verifier_path(profile),
+            "--speculative-tokens", str(profile.drafter.num_speculative_tokens), *profile.train.stage_args()]
+    if input_run:
+        argv += ["--input-run", input_run]
+    if fresh:
+        argv.append("--fresh")
+    if preflight_only:
+        argv.append("--preflight-only")
+    return argv
+
+
+def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False) -> list[str]:
+    """`python -m backend.verify ...`: k draft tokens as the drafter will be served, on held-out samples."""
+    argv = [profile.paths.python, "-m", "backend.verify", "--work-dir", profile.paths.work_dir, "--run-id", run_id,
+            "--speculative-tokens", str(profile.drafter.num_speculative_tokens),
+            "--samples", str(profile.verify.samples)]
+    if input_run:
+        argv += ["--input-run", input_run]
+    if fresh:
+        argv.append("--fresh")
+    return argv
+
+
+def chain_argv(profile: Profile, run_id: str, plan_file: str, *, fresh: bool = False) -> list[str]:
+    argv = [profile.paths.python, "-m", "backend.chain", "--work-dir", profile.paths.work_dir, "--run-id", run_id,
+            "--plan", plan_file]
+    return argv + (["--fresh"] if fresh else [])
+
+
+def latest_argv(profile: Profile, stage: str) -> list[str]:
+    """Asks the host for the run a stage takes by default: the latest completed run of `stage`."""
+    return [profile.paths.python, "-m", "backend.pipeline", "latest", "--work-dir", profile.paths.work_dir,
+            "--stage", stage]
+
+
+def aux_layers_argv(profile: Profile) -> list[str]:
+    """Asks the host which aux layer ids the verifier takes ([drafter].aux_layer_ids checked, or vLLM's
+    default for its layer count): the extraction server's command line needs them."""
+    return [profile.paths.python, "-m", "backend.verifier", "aux-layers", "--verifier", verifier_path(profile),
+            "--ids", ",".join(str(i) for i in profile.drafter.aux_layer_ids)]
