@@ -1,0 +1,46 @@
+"""How the console starts each stage (console/control/launch.py, stage_argv.py): pure parts."""
+from __future__ import annotations
+
+import pytest
+
+from backend.train.config import parse_config
+from console.control import stage_argv
+from console.control.launch import StageError, StageRequest, pipeline_range, stops_baseline
+from console.profile import profile_from_dict
+
+PROFILE = profile_from_dict({"host": {"name": "gpu-host.example"},
+                             "server": {"model_path": "/models/kimi", "unit": "vllm-kimi"},
+                             "paths": {"work_dir": "/data/eagle3", "python": "/opt/py/bin/python3"},
+                             "drafter": {"num_speculative_tokens": 4}})
+
+
+def test_pipeline_ranges():
+    assert pipeline_range(StageRequest("pipeline")) == ["generate", "prepare", "extract", "train", "verify"]
+    assert pipeline_range(StageRequest("pipeline", from_stage="train")) == ["train", "verify"]
+    assert pipeline_range(StageRequest("pipeline", to_stage="prepare")) == ["generate", "prepare"]
+    with pytest.raises(StageError, match="--from verify comes after --to prepare"):
+        pipeline_range(StageRequest("pipeline", from_stage="verify", to_stage="prepare"))
+
+
+@pytest.mark.parametrize("req, stops", [
+    (StageRequest("extract"), True), (StageRequest("train"), False),
+    (StageRequest("pipeline"), True), (StageRequest("pipeline", from_stage="train"), False),
+    (StageRequest("pipeline", to_stage="prepare"), False),
+])
+def test_only_what_runs_an_extraction_stops_the_server(req, stops):
+    assert stops_baseline(req) is stops
+
+
+def test_train_and_verify_take_the_drafters_draft_tokens():
+    argv = stage_argv.train_argv(PROFILE, "t1", "x1")
+    assert argv[:3] == ["/opt/py/bin/python3", "-m", "backend.train"]
+    config = parse_config(argv[3:])  # the stage's own parser accepts exactly what the console sends
+    assert (config.run_id, config.input_run, config.verifier, config.speculative_tokens) == \
+        ("t1", "x1", "/models/kimi", 4)
+    verify = stage_argv.verify_argv(PROFILE, "v1", None)
+    assert verify[verify.index("--speculative-tokens") + 1] == "4" and "--input-run" not in verify
+
+
+def test_the_default_input_and_aux_layers_are_asked_of_the_host():
+    assert stage_argv.latest_argv(PROFILE, "extract")[-4:] == ["--work-dir", "/data/eagle3", "--stage", "extract"]
+    assert stage_argv.aux_layers_argv(PROFILE)[-2:] == ["--ids", ""]
