@@ -1,52 +1,21 @@
 """Shared pieces of the train/verify tests: the tiny verifier, a prepared dataset with its hidden states,
 and completed prepare/extract runs written the way those stages write them (manifest, events, summary).
 
-The tiny verifier is built once per session at `<basetemp>/xdg/eagle3-console/tiny-verifier` (the same
-place tests/drafter_support.py uses, so a merged suite builds it once). Rows come from sim.tinycorpus
+The tiny verifier and the stage environment are tests/drafter_support.py's (one build per session). Rows come from sim.tinycorpus
 with a seed the verifier never trained on; hidden states from sim/hidden_states.py, the one definition.
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from backend.events import EventLog
 from backend.runs import Manifest, open_run_dir
+from tests.drafter_support import REPO, run_stage, stage_cmd, stage_env, tiny_verifier, xdg_home  # noqa: F401
 
-REPO = Path(__file__).resolve().parent.parent
 LAYERS = [1, 2, 3]  # aux layer ids for the 4-layer tiny verifier (speculators' default needs >= 6 layers)
-
-
-def xdg_home(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp() / "xdg"
-
-
-def tiny_verifier(tmp_path_factory) -> Path:
-    for mod in ("torch", "transformers", "tokenizers", "speculators"):
-        pytest.importorskip(mod)
-    from sim import tinylm
-
-    return tinylm.ensure_model(root=xdg_home(tmp_path_factory) / "eagle3-console" / "tiny-verifier")
-
-
-def stage_env(tmp_path_factory, **extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(xdg_home(tmp_path_factory)),
-            "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
-
-
-def stage_cmd(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", module, *args]
-
-
-def run_stage(module: str, *args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(stage_cmd(module, *args), capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=timeout)
 
 
 def token_rows(verifier: Path, count: int, seed: int, max_len: int = 256) -> list[dict[str, list[int]]]:
