@@ -1,9 +1,10 @@
 """What the host-side stages need to know about the verifier checkpoint, read from its config.json alone.
 
 Reading the config (no weights, no torch) is enough for prepare and extract, and to refuse bad input before
-anything expensive starts (the train stage's backend/train/verifier.py also reads the weights' names): a verifier path that is not on this host, aux layer ids outside its decoder, token ids outside
-its vocabulary. Nested configs (Kimi-K2.5 style: the language model's settings under `text_config`) are
-unwrapped the way speculators does.
+anything expensive starts: a verifier path that is not on this host, aux layer ids outside its decoder,
+token ids outside its vocabulary. Nested configs (Kimi-K2.5 style: the language model's settings under
+`text_config`) are unwrapped the way speculators does. The one reader of the config: the train and verify
+stages extend what it reads with the weights' exact names (backend/train/verifier.py).
 
 Aux layer ids follow vLLM's convention for `eagle_aux_hidden_state_layer_ids`: id L is the state
 ENTERING decoder layer L (Hugging Face `output_hidden_states[L]`, 0 being the embeddings), so the valid
@@ -16,13 +17,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-# one error type for a verifier that cannot be used, whichever stage finds it
-from backend.train.verifier import VerifierError, check_layer_ids
-
 CONFIG_FILE = "config.json"
 # bytes per value of the checkpoint's dtype: the server computes, and the hidden-states connector writes,
 # in that dtype; unknown or unset: bf16, what a large verifier is served in
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+class VerifierError(ValueError):
+    """The verifier cannot be used (whichever stage finds it); the message says why in one line."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ class VerifierInfo:
     nested: bool  # the language model's settings sit under text_config
     model_type: str
     dtype: str = "bfloat16"
+    architectures: tuple[str, ...] = ()
+    remote_code: bool = False  # config.json names classes in `auto_map`: load with trust_remote_code
+    tied: bool = False  # tie_word_embeddings: lm_head is the embedding
 
     @property
     def dtype_bytes(self) -> int:
@@ -76,13 +81,29 @@ def read_verifier(path: str) -> VerifierInfo:
     return VerifierInfo(path=os.path.abspath(path), num_layers=_int(settings, "num_hidden_layers", where),
                         hidden_size=_int(settings, "hidden_size", where),
                         vocab_size=_int(settings, "vocab_size", where), nested=nested,
-                        model_type=str(settings.get("model_type") or config.get("model_type") or ""),
-                        dtype=_dtype(settings) or _dtype(config) or "bfloat16")
+                        # the checkpoint's own type (what AutoConfig keys on), not its text model's
+                        model_type=str(config.get("model_type") or settings.get("model_type") or ""),
+                        dtype=_dtype(settings) or _dtype(config) or "bfloat16",
+                        architectures=tuple(str(a) for a in config.get("architectures") or ()),
+                        remote_code=isinstance(config.get("auto_map"), dict),
+                        tied=bool(settings.get("tie_word_embeddings", config.get("tie_word_embeddings", False))))
 
 
 def _dtype(config: dict[str, Any]) -> str | None:
     value = config.get("dtype") or config.get("torch_dtype")  # transformers 5 writes `dtype`, 4.x `torch_dtype`
     return str(value).removeprefix("torch.") if isinstance(value, str) else None
+
+
+def check_layer_ids(info: VerifierInfo, layer_ids: list[int]) -> None:
+    """Aux layer ids in vLLM's convention: the state entering decoder layer L, so 0 <= L < num_layers."""
+    if not layer_ids:
+        raise VerifierError("no aux layer ids: set [drafter] aux_layer_ids in the profile (e.g. [2, n//2, n-3])")
+    bad = [i for i in layer_ids if not 0 <= i < info.num_layers]
+    if bad:
+        raise VerifierError(f"aux layer ids {bad} are out of range for {info.path} ({info.num_layers} decoder "
+                            f"layers: valid ids are 0..{info.num_layers - 1}, the state entering that layer)")
+    if len(set(layer_ids)) != len(layer_ids):
+        raise VerifierError(f"aux layer ids {layer_ids} repeat a layer")
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -91,7 +112,7 @@ def default_aux_layers(num_layers: int) -> list[int]:
 
 def check_aux_layers(layer_ids: Sequence[int], info: VerifierInfo) -> list[int]:
     """The ids as a list, or VerifierError: distinct, each the input of one decoder layer (0..n-1); the
-    rule is the train stage's (backend.train.verifier.check_layer_ids), stated once."""
+    rule is check_layer_ids, stated once."""
     ids = [int(i) for i in layer_ids]
     check_layer_ids(info, ids)  # reads only .path and .num_layers
     return ids

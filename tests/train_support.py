@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-
 from backend.events import EventLog
 from backend.runs import Manifest, open_run_dir
 from tests.drafter_support import REPO, run_stage, stage_cmd, stage_env, tiny_verifier, xdg_home  # noqa: F401

@@ -1,8 +1,8 @@
-"""What the drafter stages need to know about the verifier on this host, read once from its files.
+"""The verifier as the train and verify stages need it: its config (backend/verifier.py, the one reader)
+and the EXACT tensor names of the language model's embedding, lm_head and final norm.
 
-`inspect_verifier(path)` reads config.json (unwrapping `text_config` for nested, Kimi-K2.5-style configs)
-and the weight index, and returns a `VerifierInfo`: layer count, hidden and vocab size, whether it needs
-remote code, and the EXACT tensor names of the language model's embedding, lm_head and final norm.
+`inspect_verifier(path)` reads config.json through backend.verifier.read_verifier and the weights'
+safetensors headers, and returns a `VerifierInfo` that adds the pinned names and their shapes.
 
 Why exact names: speculators 0.9.0 (`speculators.utils.loading.load_model_layers`) finds
 `embed_tokens.weight`, `lm_head.weight` and `model.norm.weight` by exact key, then by the SHORTEST key with
@@ -19,10 +19,12 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-CONFIG_FILE = "config.json"
+from backend import verifier as config_reader
+from backend.verifier import VerifierError, check_layer_ids  # noqa: F401 - one error type, one rule
+
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 # the three names speculators asks the verifier for (model.py: _load_verifier_weights)
@@ -30,20 +32,8 @@ EMBED, LM_HEAD, NORM = "embed_tokens.weight", "lm_head.weight", "model.norm.weig
 _LAYER_KEY = re.compile(r"^(?P<prefix>(?:[A-Za-z0-9_]+\.)*?)layers\.(?P<index>\d+)\.")
 
 
-class VerifierError(ValueError):
-    """The verifier cannot be used; the message says why in one line."""
-
-
 @dataclass(frozen=True)
-class VerifierInfo:
-    path: str
-    architectures: list[str]
-    model_type: str
-    nested: bool  # the language model's settings sit under text_config
-    remote_code: bool  # config.json names classes in `auto_map`: load with trust_remote_code
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
+class VerifierInfo(config_reader.VerifierInfo):
     pinned: dict[str, str] = field(default_factory=dict)  # speculators' name -> exact checkpoint key
     shapes: dict[str, list[int]] = field(default_factory=dict)  # exact key -> shape (pinned keys)
     keys: tuple[str, ...] = field(default=(), repr=False, compare=False)  # every tensor name
@@ -161,38 +151,8 @@ def pin_tensors(shapes: dict[str, list[int]], num_layers: int, hidden: int, voca
 
 def inspect_verifier(path: str) -> VerifierInfo:
     """Read the verifier at `path` (a local directory on this host); VerifierError says what is wrong."""
-    if not os.path.isdir(path):
-        raise VerifierError(f"verifier path {path} does not exist on this host (or is not a directory): "
-                            f"point the profile's server.model_path at the model directory")
-    config = _read_json(os.path.join(path, CONFIG_FILE), "not a Hugging Face model directory")
-    text = config.get("text_config")
-    nested = isinstance(text, dict)
-    lm = text if nested else config
-    try:
-        num_layers = int(lm["num_hidden_layers"])
-        hidden = int(lm["hidden_size"])
-        vocab = int(lm["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        where = "text_config" if nested else "the top level"
-        raise VerifierError(f"{os.path.join(path, CONFIG_FILE)}: {where} lacks a usable {exc} "
-                            f"(num_hidden_layers, hidden_size and vocab_size are needed)") from None
-    tied = bool(lm.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    base = config_reader.read_verifier(path)
     shapes = weight_shapes(path)
-    pinned = pin_tensors(shapes, num_layers, hidden, vocab, tied, path)
-    return VerifierInfo(path=os.path.abspath(path), architectures=list(config.get("architectures") or []),
-                        model_type=str(config.get("model_type", "")), nested=nested,
-                        remote_code=isinstance(config.get("auto_map"), dict), num_layers=num_layers,
-                        hidden_size=hidden, vocab_size=vocab, pinned=pinned,
+    pinned = pin_tensors(shapes, base.num_layers, base.hidden_size, base.vocab_size, base.tied, path)
+    return VerifierInfo(**{f.name: getattr(base, f.name) for f in fields(base)}, pinned=pinned,
                         shapes={k: shapes[k] for k in sorted(set(pinned.values()))}, keys=tuple(shapes))
-
-
-def check_layer_ids(info: VerifierInfo, layer_ids: list[int]) -> None:
-    """Aux layer ids in vLLM's convention: the state entering decoder layer L, so 0 <= L < num_layers."""
-    if not layer_ids:
-        raise VerifierError("no aux layer ids: set [drafter] aux_layer_ids in the profile (e.g. [2, n//2, n-3])")
-    bad = [i for i in layer_ids if not 0 <= i < info.num_layers]
-    if bad:
-        raise VerifierError(f"aux layer ids {bad} are out of range for {info.path} ({info.num_layers} decoder "
-                            f"layers: valid ids are 0..{info.num_layers - 1}, the state entering that layer)")
-    if len(set(layer_ids)) != len(layer_ids):
-        raise VerifierError(f"aux layer ids {layer_ids} repeat a layer")
