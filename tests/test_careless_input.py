@@ -120,7 +120,7 @@ async def test_wait_reports_a_stage_that_died_before_its_first_event(tmp_path, c
     import time
 
     from console.commands.run_cmd import follow_run
-    from console.control.launch import stage_log_path
+    from console.control.units import stage_log_path
     from console.control.units import tmux_start_argv
     from console.host.factory import host_for_profile
     from console.profile import profile_from_dict

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from backend.generate.config import parse_config
-from console.control.launch import generate_argv
+from console.control.stage_argv import generate_argv
 from console.profile import ProfileError, profile_from_dict
 from console.telemetry.snapshot import RunInfo
 from console.ui.panes.generation import by_reason, generation_markup, outcome_lines

@@ -23,7 +23,7 @@ from tests.polling import until
 from backend.generate.records import model_turn
 from console.profile import load_profile
 from console.host.ssh import SshHost
-from console.control.launch import launch_generate, stop_stage_unit
+from console.control.launch import StageRequest, launch_stage, stop_stage_unit
 from tests.test_telemetry_rig import RigUnit, install_unit, stop_unit
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(180)]
@@ -150,7 +150,7 @@ async def test_stop_is_graceful_and_the_same_run_id_resumes(systemd_rig, rig_ssh
     await host.connect()
     launch = None
     try:
-        launch = await launch_generate(host, profile, run_id=run_id)
+        launch = await launch_stage(host, profile, StageRequest("generate", run_id=run_id))
         assert launch.unit == f"e3-generate-{run_id}"
 
         async def progressed():
@@ -176,7 +176,7 @@ async def test_stop_is_graceful_and_the_same_run_id_resumes(systemd_rig, rig_ssh
         assert len({r["id"] for r in first}) == len(first)
 
         before = len(evs)
-        again = await launch_generate(host, profile, run_id=run_id)  # same id, no --fresh: resume
+        again = await launch_stage(host, profile, StageRequest("generate", run_id=run_id))  # same id, no --fresh: resume
         assert again.run_dir == launch.run_dir
 
         async def finished():

@@ -7,7 +7,8 @@ import stat
 
 from console.profile import profile_from_dict
 from console.host.local import LocalHost
-from console.control.launch import generate_argv, upload_api_key
+from console.control.launch import upload_api_key
+from console.control.stage_argv import generate_argv
 
 
 def test_api_key_is_uploaded_private_and_never_in_argv(tmp_path, monkeypatch):
