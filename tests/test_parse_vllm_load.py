@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from console.telemetry.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
 from console.telemetry.snapshot import Progress
 from console.parsers.vllm_load import LOAD_PHASES, LoadTracker
 
 SAMPLES = Path(__file__).parent / "samples" / "vllm"
-LOAD_ORDER = ["starting", "loading_weights", "compiling", "allocating_kv_cache",
-              "capturing_cuda_graphs", "starting_api", "ready"]
+LOAD_ORDER = list(SNAPSHOT_LOAD_ORDER)
 
 
 def lines(name: str) -> list[str]:
@@ -216,8 +216,7 @@ def test_teardown_noise_after_stop_is_not_a_failure():
 def test_phase_names_match_the_model():
     from console.telemetry.snapshot import PHASES
     assert set(LOAD_PHASES) <= set(PHASES)
-    assert LOAD_PHASES == ("stopped", "starting", "loading_weights", "compiling", "allocating_kv_cache",
-                           "capturing_cuda_graphs", "starting_api", "ready", "failed")
+    assert LOAD_PHASES == ("stopped", *SNAPSHOT_LOAD_ORDER, "failed")
     for name in TRANSITIONS:
         _, changes = replay(name)
         assert {p for p, _ in changes} <= set(LOAD_PHASES)

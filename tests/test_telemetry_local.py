@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from backend.events import EventLog
+from console.telemetry.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
 from console.profile import profile_from_dict
 from console import demo
 from console.telemetry.collector import Collector
@@ -30,8 +31,7 @@ pytestmark = pytest.mark.timeout(90)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "tests" / "samples" / "nvidia_smi"
-LOAD_ORDER = ["starting", "loading_weights", "compiling", "allocating_kv_cache", "capturing_cuda_graphs",
-              "starting_api", "ready"]
+LOAD_ORDER = list(SNAPSHOT_LOAD_ORDER)
 
 
 def in_order(seq: list[str]) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from console.telemetry.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
 from console.profile import load_profile
 from console.parsers.vllm_load import LoadTracker
 from console.session import Session
@@ -34,8 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL_PATH = "/models/kimi-k2.5-int4"
 SERVED = "kimi-k2.5-int4"
 WEIGHTS_GIB = 40.0
-LOAD_ORDER = ["starting", "loading_weights", "compiling", "allocating_kv_cache", "capturing_cuda_graphs",
-              "starting_api", "ready"]
+LOAD_ORDER = list(SNAPSHOT_LOAD_ORDER)
 CLI = [sys.executable, "-m", "console.cli"]
 
 

@@ -6,17 +6,13 @@ ready/failed/stopped begins a fresh load; failure and shutdown end one.
 """
 from __future__ import annotations
 
-from console.telemetry.snapshot import Progress
+from console.telemetry.snapshot import LOAD_ORDER, Progress
 from console.parsers import vllm_log as v
 from console.parsers.vllm_log import LogEvent, parse_line
 
-LOAD_PHASES: tuple[str, ...] = (
-    "stopped", "starting", "loading_weights", "compiling", "allocating_kv_cache",
-    "capturing_cuda_graphs", "starting_api", "ready", "failed",
-)
-_ORDER = {name: i for i, name in enumerate(("starting", "loading_weights", "compiling",
-                                             "allocating_kv_cache", "capturing_cuda_graphs",
-                                             "starting_api", "ready"))}
+# what the log alone can say: the load steps and their outcomes (never "unknown" once a line spoke)
+LOAD_PHASES: tuple[str, ...] = ("stopped", *LOAD_ORDER, "failed")
+_ORDER = {name: i for i, name in enumerate(LOAD_ORDER)}
 _TERMINAL = ("ready", "failed", "stopped")
 
 # Which phase each event kind moves the load to (forward only).
