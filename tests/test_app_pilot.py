@@ -7,6 +7,7 @@ import html
 import pytest
 from textual.widgets import Button, Input
 
+from console.control.stages import STAGES
 from console.ui.app import ConsoleApp
 from tests.polling import until
 from console.session import ActionResult
@@ -65,7 +66,7 @@ async def test_stop_asks_and_enter_means_no():
 async def test_stop_confirmed_runs_the_command_and_logs_it():
     app, fake = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        await select(pilot, 3)  # serve, generate, extract, train
+        await select(pilot, STAGES.index("train"))
         assert app.selected_stage == "train"
         await pilot.press("x")
         await pilot.pause()
