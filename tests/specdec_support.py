@@ -1,0 +1,130 @@
+"""Drafters for the tiny verifier, made once per session for the speculative-decoding and bench tests.
+
+- untrained: `speculators train --dry-run`, speculators' own CLI, which builds and saves an initialised
+  EAGLE-3 draft (1 decoder layer, its default sliding window) and stops before its trainer, so it runs
+  on CPU as it is.
+- trained: that checkpoint trained for a few seconds on the tiny verifier's hidden states of chat turns
+  like the ones it was trained on (rows from sim.tinycorpus with a seed of their own; states from
+  sim/hidden_states.py, the one definition), through speculators' own model and loss
+  (`Eagle3DraftModel.forward` with the verifier's last hidden states, kl_div, eager) under a plain AdamW
+  loop, then saved with `save_pretrained` as a training checkpoint is.
+
+The loop stands in for the train stage (backend/train, speculators' Trainer with its CPU adapters) until
+that is merged; then this module should call the stage instead.
+
+The tiny verifier is the session's one build at `<basetemp>/xdg` (as tests/drafter_support.py and
+tests/train_support.py place it), so a merged suite builds it once.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LAYERS = [1, 2, 3]  # aux layer ids for the 4-layer tiny verifier (vLLM's default repeats a layer there)
+K = 3
+TRAIN_ROWS, EPOCHS, LR, MAX_LEN = 48, 4, 3e-3, 256
+
+
+@dataclass(frozen=True)
+class Drafters:
+    verifier: Path
+    untrained: Path
+    trained: Path
+    xdg: Path
+    losses: tuple[float, ...]  # mean training loss per epoch
+
+
+def xdg_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "xdg"
+
+
+def env(tmp_path_factory, **extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(xdg_home(tmp_path_factory)),
+            "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def dry_run(verifier: Path, out: Path, env_vars: dict[str, str]) -> Path:
+    """An untrained draft checkpoint from speculators' own CLI."""
+    cmd = [sys.executable, "-m", "speculators", "train", "--dry-run", "--verifier-name-or-path", str(verifier),
+           "--save-path", str(out), "--target-layer-ids", *map(str, LAYERS), "--draft-attn-impl", "sdpa",
+           "--ttt-steps", str(K)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_vars, cwd=out.parent, timeout=300)
+    if proc.returncode != 0 or not (out / "config.json").is_file():
+        raise AssertionError(f"speculators train --dry-run failed ({proc.returncode}):\n{proc.stdout[-3000:]}"
+                             f"\n{proc.stderr[-3000:]}")
+    return out
+
+
+def train(verifier: Path, start: Path, out: Path, *, rows: int = TRAIN_ROWS, epochs: int = EPOCHS,
+          lr: float = LR, seed: int = 0) -> tuple[Path, tuple[float, ...]]:
+    import torch
+    from loguru import logger
+    from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3.core import Eagle3DraftModel
+    from speculators.models.eagle3.data import shift_batch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from sim import hidden_states, tinycorpus
+
+    logger.disable("speculators")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        tok = Tokenizer.from_file(str(verifier / "tokenizer.json"))
+        model = AutoModelForCausalLM.from_pretrained(str(verifier)).eval()
+        batches = []
+        for turn in tinycorpus.samples(rows, seed=11):
+            prompt, completion = tok.encode(turn.prompt).ids, tok.encode(turn.completion).ids
+            ids = (prompt + completion)[:MAX_LEN]
+            mask = ([0] * len(prompt) + [1] * len(completion))[:MAX_LEN]
+            states = hidden_states.compute(model, ids, LAYERS).clone()  # out of inference mode: trainable input
+            n = len(ids)
+            batches.append(shift_batch({"input_ids": torch.tensor(ids), "loss_mask": torch.tensor(mask),
+                                        "hidden_states": states[:, :-1].reshape(n, -1),
+                                        "verifier_last_hidden_states": states[:, -1],
+                                        "lengths": torch.tensor([n]), "position_ids": torch.arange(n)}))
+        config = Eagle3DraftModel.config_class.from_pretrained(str(start))
+        config.transformer_layer_config._attn_implementation = "sdpa"  # FlexAttention has no CPU backward
+        draft = Eagle3DraftModel.from_pretrained(str(start), config=config, dtype=torch.float32).float().train()
+        opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr)
+        loss_config = resolve_loss_config("kl_div", "eager")  # the fused loss needs Triton
+        losses = []
+        for _ in range(epochs):
+            total = 0.0
+            for b in batches:
+                n = b["input_ids"].shape[0]
+                _, loss, _ = draft(hidden_states=b["hidden_states"][None], input_ids=b["input_ids"][None],
+                                   document_ids=torch.zeros(1, n, dtype=torch.long),
+                                   loss_mask=b["loss_mask"][None].bool(), position_ids=b["position_ids"][None],
+                                   verifier_last_hidden_states=b["verifier_last_hidden_states"][None],
+                                   ttt_steps=K, loss_config=loss_config)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += float(loss.detach())
+            losses.append(total / len(batches))
+        draft.save_pretrained(str(out))
+    finally:
+        torch.set_num_threads(threads)
+    return out, tuple(losses)
+
+
+def make_drafters(tmp_path_factory) -> Drafters:
+    for mod in ("torch", "transformers", "tokenizers", "speculators"):
+        pytest.importorskip(mod)
+    from sim import tinylm
+
+    verifier = tinylm.ensure_model(root=xdg_home(tmp_path_factory) / "eagle3-console" / "tiny-verifier")
+    root = tmp_path_factory.mktemp("drafters")
+    untrained = dry_run(verifier, root / "untrained", env(tmp_path_factory))
+    trained, losses = train(verifier, untrained, root / "trained")
+    return Drafters(verifier=verifier, untrained=untrained, trained=trained, xdg=xdg_home(tmp_path_factory),
+                    losses=losses)
