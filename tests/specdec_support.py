@@ -49,10 +49,10 @@ def env(tmp_path_factory, **extra: str) -> dict[str, str]:
             "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
 
 
-def dry_run(verifier: Path, out: Path, env_vars: dict[str, str]) -> Path:
+def dry_run(verifier: Path, out: Path, env_vars: dict[str, str], layers: list[int] | None = None) -> Path:
     """An untrained draft checkpoint from speculators' own CLI."""
     cmd = [sys.executable, "-m", "speculators", "train", "--dry-run", "--verifier-name-or-path", str(verifier),
-           "--save-path", str(out), "--target-layer-ids", *map(str, LAYERS), "--draft-attn-impl", "sdpa",
+           "--save-path", str(out), "--target-layer-ids", *map(str, layers or LAYERS), "--draft-attn-impl", "sdpa",
            "--ttt-steps", str(K)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env_vars, cwd=out.parent, timeout=300)
     if proc.returncode != 0 or not (out / "config.json").is_file():
@@ -61,39 +61,57 @@ def dry_run(verifier: Path, out: Path, env_vars: dict[str, str]) -> Path:
     return out
 
 
-def train(verifier: Path, start: Path, out: Path, *, rows: int = TRAIN_ROWS, epochs: int = EPOCHS,
-          lr: float = LR, seed: int = 0) -> tuple[Path, tuple[float, ...]]:
+def corpus_rows(verifier: Path, count: int = TRAIN_ROWS, seed: int = 11,
+                max_len: int = MAX_LEN) -> list[tuple[list[int], list[int]]]:
+    """(input ids, loss mask) of chat turns like the ones the tiny verifier learned, completion supervised."""
+    from tokenizers import Tokenizer
+
+    from sim import tinycorpus
+
+    tok = Tokenizer.from_file(str(verifier / "tokenizer.json"))
+    rows = []
+    for turn in tinycorpus.samples(count, seed=seed):
+        prompt, completion = tok.encode(turn.prompt).ids, tok.encode(turn.completion).ids
+        rows.append(((prompt + completion)[:max_len], ([0] * len(prompt) + [1] * len(completion))[:max_len]))
+    return rows
+
+
+def train(verifier: Path, start: Path, out: Path, *, rows: list[tuple[list[int], list[int]]] | None = None,
+          epochs: int = EPOCHS, lr: float = LR, seed: int = 0, layers: list[int] | None = None,
+          device: str = "cpu") -> tuple[Path, tuple[float, ...]]:
+    """Train the draft checkpoint at `start` on `rows` (default: corpus_rows) and save it to `out`; the
+    verifier's hidden states are computed on `device` with sim/hidden_states.py. Returns the mean loss
+    per epoch."""
     import torch
     from loguru import logger
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3.core import Eagle3DraftModel
     from speculators.models.eagle3.data import shift_batch
-    from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
-    from sim import hidden_states, tinycorpus
+    from sim import hidden_states
 
     logger.disable("speculators")
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if device == "cpu":
+        torch.set_num_threads(1)  # a busy small machine: a second thread mostly waits for the first
     try:
         torch.manual_seed(seed)
-        tok = Tokenizer.from_file(str(verifier / "tokenizer.json"))
-        model = AutoModelForCausalLM.from_pretrained(str(verifier)).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(verifier)).to(device).eval()
         batches = []
-        for turn in tinycorpus.samples(rows, seed=11):
-            prompt, completion = tok.encode(turn.prompt).ids, tok.encode(turn.completion).ids
-            ids = (prompt + completion)[:MAX_LEN]
-            mask = ([0] * len(prompt) + [1] * len(completion))[:MAX_LEN]
-            states = hidden_states.compute(model, ids, LAYERS).clone()  # out of inference mode: trainable input
+        for ids, mask in rows if rows is not None else corpus_rows(verifier):
+            # on the model's device; float and cloned out of inference mode: a trainable input
+            states = hidden_states.compute(model, torch.tensor(ids, device=device), layers or LAYERS).float().clone()
             n = len(ids)
-            batches.append(shift_batch({"input_ids": torch.tensor(ids), "loss_mask": torch.tensor(mask),
-                                        "hidden_states": states[:, :-1].reshape(n, -1),
-                                        "verifier_last_hidden_states": states[:, -1],
-                                        "lengths": torch.tensor([n]), "position_ids": torch.arange(n)}))
+            batches.append({k: v.to(device) for k, v in shift_batch({
+                "input_ids": torch.tensor(ids), "loss_mask": torch.tensor(mask),
+                "hidden_states": states[:, :-1].reshape(n, -1).cpu(), "verifier_last_hidden_states": states[:, -1].cpu(),
+                "lengths": torch.tensor([n]), "position_ids": torch.arange(n)}).items()})
+        del model
         config = Eagle3DraftModel.config_class.from_pretrained(str(start))
         config.transformer_layer_config._attn_implementation = "sdpa"  # FlexAttention has no CPU backward
-        draft = Eagle3DraftModel.from_pretrained(str(start), config=config, dtype=torch.float32).float().train()
+        draft = Eagle3DraftModel.from_pretrained(str(start), config=config, dtype=torch.float32).float()
+        draft = draft.to(device).train()
         opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr)
         loss_config = resolve_loss_config("kl_div", "eager")  # the fused loss needs Triton
         losses = []
@@ -102,7 +120,7 @@ def train(verifier: Path, start: Path, out: Path, *, rows: int = TRAIN_ROWS, epo
             for b in batches:
                 n = b["input_ids"].shape[0]
                 _, loss, _ = draft(hidden_states=b["hidden_states"][None], input_ids=b["input_ids"][None],
-                                   document_ids=torch.zeros(1, n, dtype=torch.long),
+                                   document_ids=torch.zeros(1, n, dtype=torch.long, device=device),
                                    loss_mask=b["loss_mask"][None].bool(), position_ids=b["position_ids"][None],
                                    verifier_last_hidden_states=b["verifier_last_hidden_states"][None],
                                    ttt_steps=K, loss_config=loss_config)
@@ -111,7 +129,7 @@ def train(verifier: Path, start: Path, out: Path, *, rows: int = TRAIN_ROWS, epo
                 opt.step()
                 total += float(loss.detach())
             losses.append(total / len(batches))
-        draft.save_pretrained(str(out))
+        draft.cpu().save_pretrained(str(out))
     finally:
         torch.set_num_threads(threads)
     return out, tuple(losses)
