@@ -209,6 +209,20 @@ def test_server_logs_the_drafter_and_counts_for_real(spec_server, tiny, tiny_dra
     spec_server.wait_for("SpecDecoding metrics: Mean acceptance length: ", timeout=10)
 
 
+def test_server_samples_with_the_drafter(spec_server):
+    """Above temperature 0 the rejection sampler runs in the server: seeded requests repeat, the
+    counters move, and fewer drafts are accepted than greedily (the verifier's own choices vary)."""
+    before = _counters(spec_server)
+    body = {"model": "kimi", "messages": ASK, "temperature": 1.0, "seed": 5, "max_tokens": 120,
+            "return_token_ids": True}
+    first = spec_server.post("/v1/chat/completions", body, timeout=120).json()["choices"][0]["token_ids"]
+    again = spec_server.post("/v1/chat/completions", body, timeout=120).json()["choices"][0]["token_ids"]
+    other = spec_server.post("/v1/chat/completions", {**body, "seed": 6}, timeout=120).json()
+    assert first == again and len(first) > 10 and other["choices"][0]["token_ids"] != first
+    after = _counters(spec_server)
+    assert after.drafts > before.drafts and after.accepted >= before.accepted
+
+
 def test_real_checkpoint_with_canned_text_fails_the_load(tiny_drafters, tmp_path):
     sim = SimServer(tmp_path, "--text-backend", "canned", "--speculative-config",
                     json.dumps({"method": "eagle3", "model": str(tiny_drafters.untrained)})).start()
