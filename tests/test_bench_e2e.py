@@ -5,6 +5,7 @@ untrained one is flagged slower (exit 3) with its poor acceptance."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -114,3 +115,38 @@ def test_bench_refuses_bad_input_and_a_dead_server(tmp_path_factory, bench_env, 
     down = bench(tmp_path_factory, tmp_path, prompts, Down, "b2", "baseline", "--ready-timeout", "1")
     assert down.returncode == 1 and "did not answer within 1 s" in down.stdout
     assert finish_event(tmp_path, "b2")["status"] == "failed"
+
+
+def test_sigterm_stops_the_bench_and_keeps_the_measured_levels(tmp_path):
+    """A bench stopped midway finishes its events as stopped (exit 0) with what it measured; started again
+    with the same run id it measures only the level that is missing."""
+    import signal
+    import time
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n"
+                               for i in range(4)))
+    sim = SimServer(tmp_path, "--served-model-name", MODEL, "--response-tokens", "40", "--latency-per-token",
+                    "0.03").start().wait_ready()
+    try:
+        cmd = [sys.executable, "-m", "backend.bench", "--work-dir", str(tmp_path), "--run-id", "b", "--endpoint",
+               sim.url, "--model", MODEL, "--prompts", str(prompts), "--concurrency", "1,2", "--num-prompts", "4",
+               "--max-tokens", "40", "--client", "ours"]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        results = tmp_path / "runs" / "b" / "bench.json"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (results.exists() and json.loads(results.read_text())["levels"]):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        finish = finish_event(tmp_path, "b")
+        assert finish["status"] == "stopped" and "bench stopped" in out
+        assert [lv["concurrency"] for lv in json.loads(results.read_text())["levels"]] == [1]
+        again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stdout
+        done = summary(tmp_path, "b")
+        assert [lv["concurrency"] for lv in done["result"]["levels"]] == [1, 2] and done["status"] == "completed"
+    finally:
+        sim.kill()
