@@ -152,7 +152,8 @@ def parse_vllm_bench_result(data: Any, concurrency: int | None = None) -> LevelR
         for key, value in data.items():
             if key.endswith(f"_{metric}_ms") and isinstance(value, (int, float)) and not isinstance(value, bool):
                 which = key[: -len(f"_{metric}_ms")]
-                if which in ("mean", "median", "std") or (which.startswith("p") and which[1:].replace(".", "").isdigit()):
+                percentile_key = which.startswith("p") and which[1:].replace(".", "").isdigit()
+                if which in ("mean", "median", "std") or percentile_key:
                     stats[which] = float(value)
         if stats:
             latency[metric] = stats
