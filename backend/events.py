@@ -6,8 +6,22 @@ incrementally by byte offset over SSH. Both sides import this module so the form
 Every event has: `ts` (unix seconds), `kind`, `stage`, `run_id`. Kinds and their extra keys:
 - start:    total, manifest (dict)
 - progress: done, total, failed, skipped, truncated, reasoning_captured, prompt_tokens,
-            completion_tokens, rate (samples/s), bytes_written (generation); step, epoch, loss ... (train)
-- pause:    reason         - resume: (none)
+            completion_tokens, rate (samples/s), bytes_written (generation).
+            Train (backend/train/metrics.py, backend/train/worker.py) adds `phase`:
+              plan:       total (steps, re-estimated each epoch), steps_per_epoch, epochs
+              train:      step (0-based), done, total, epoch, loss, loss_k, acc_k, cond_acc_k (lists by draft
+                          position), lr (lr_groups with several optimizers), rate (steps/s), eta_s,
+                          tokens_per_s, step_ms
+              val:        step (the last step trained), done, total, epoch, val_loss, val_loss_k, val_acc_k,
+                          val_cond_acc_k
+              checkpoint: checkpoint (path), checkpoint_kind (epoch | mid_epoch | interrupt), epoch, step
+              best:       best_checkpoint (path), best_val_loss, epoch
+            Verify: done, total, phase.
+- pause:    reason
+- resume:   (generation: the server is back, waited_s)
+            train: step, epoch, local_step, checkpoint: training restarts from a checkpoint at `step`. Every
+            progress event with a `step` >= this step written BEFORE this event is superseded (after a
+            kill -9 the steps since the last checkpoint are trained again): a reader drops them.
 - error:    message, fatal (bool)
 - finish:   status ("completed" | "stopped" | "failed"), summary (dict)
 """

@@ -55,7 +55,7 @@ def _outputs(summary: dict[str, Any]) -> dict[str, str]:
     return outputs
 
 
-def _last_finish(path: str) -> dict[str, Any] | None:
+def last_finish(path: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(path, EVENTS_FILE), "rb") as f:
             events, _ = parse_events(f.read())
@@ -76,7 +76,7 @@ def completed_run(work_dir: str, run_id: str, stage: str) -> CompletedRun:
     if manifest is None or manifest.stage != stage:
         found = manifest.stage if manifest else "no manifest"
         raise InputError(f"run {run_id!r} is not a {stage} run ({found})")
-    finish = _last_finish(path)
+    finish = last_finish(path)
     if finish is None:
         raise InputError(f"{stage} run {run_id} has not finished (still running, or it died without a "
                          f"word): wait for it, or resume it by starting it again with --run-id {run_id}")

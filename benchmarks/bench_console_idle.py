@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import time
+from pathlib import Path
 
-from console.ui.app import ConsoleApp
-from tests.fake_controller import FakeController, demo_snapshot
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the fake controller lives in tests/
+
+from console.ui.app import ConsoleApp  # noqa: E402
+from tests.fake_controller import FakeController, demo_snapshot  # noqa: E402
 
 
 def rss_bytes() -> int:

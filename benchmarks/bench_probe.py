@@ -63,7 +63,7 @@ class Counting:
             res = await inner(argv, **kw)
             self.runs += 1
             if list(argv[:2]) == ["sh", "-c"] and "@@E3PROBE-" in argv[2]:
-                self.probe_bytes.append(len(res.stdout.encode()))
+                self.probe_bytes.append(len(res.stdout.encode("utf-8", "surrogateescape")))
             return res
 
         host.run = run  # type: ignore[method-assign]

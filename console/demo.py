@@ -17,7 +17,8 @@ from importlib.resources import as_file, files
 from pathlib import Path
 
 import sim
-from console.profile import DEFAULT_GPU_QUERY, Profile, load_profile, write_profile
+from console.profile import DEFAULT_GPU_QUERY, Profile, check_path, load_profile, write_profile
+from sim import tinylm
 from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
 from console.host.base import CommandResult
 from console.host.factory import env_prefix
@@ -77,6 +78,10 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
     dataset = data_dir / "demo-prompts.jsonl"
     write_demo_dataset(dataset)
     p.generate.dataset = str(dataset)
+    # the drafter stages' verifier is the stand-in's own tiny model (built at its first use)
+    verifier = str(tinylm.model_dir())
+    if check_path(verifier) is None:
+        p.drafter.verifier = verifier
     write_profile(p, work_dir / "profile.toml", overwrite=True)
     p.source = str(work_dir / "profile.toml")
     return p

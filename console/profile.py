@@ -7,6 +7,7 @@ reported together so an operator fixes them in one pass.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import tomllib
@@ -304,21 +305,109 @@ class GenerateSection:
     max_retries: int = knob(5, min=0, max=100)
 
 
+def check_layer_ids(v: list[int]) -> str | None:
+    if any(i < 0 for i in v) or len(set(v)) != len(v):
+        return "distinct layer ids >= 0 (each below the verifier's layer count, checked on the host)"
+    return None
+
+
+@dataclass
+class DrafterSection:
+    """What the drafter is built for; shared by extract, train and verify."""
+    verifier: str | None = knob(None, check=check_path,
+                                doc="the verifier checkpoint directory on the host (config, tokenizer, "
+                                    "weights); default server.model_path")
+    aux_layer_ids: list[int] = knob([], check=check_layer_ids,
+                                    doc="verifier layers whose input states the drafter reads, in vLLM's "
+                                        "convention (id L = the state entering layer L); [] = vLLM's default "
+                                        "(2, n//2, n-3)")
+    num_speculative_tokens: int = knob(3, min=1, max=32)
+    trust_remote_code: bool = knob(False, doc="the verifier's config/tokenizer need their own code (Kimi)")
+
+
+@dataclass
+class PrepareSection:
+    seq_length: int = knob(8192, min=16, max=10_000_000, doc="training window; longer rows are clipped")
+    heldout_fraction: float = knob(0.05, min=0, max=0.49,
+                                   doc="share of rows held out for verify, never trained on (0: none)")
+    heldout_min: int = knob(4, min=0, max=1_000_000, doc="hold out at least this many rows (at most half)")
+    minimum_valid_tokens: int | None = knob(None, min=1, max=10_000_000,
+                                            doc="drop rows with fewer supervised tokens")
+    source: str = knob("auto", choices=("auto", "token_rows", "records"),
+                       doc="token_rows: the exact ids the server returned; records: the turns rendered by "
+                           "the server's chat template; auto: token rows when the run has them")
+    render_concurrency: int = knob(8, min=1, max=256)
+
+
+def check_env(v: dict[str, Any]) -> str | None:
+    for key, value in v.items():
+        if check_env_name(key) or not isinstance(value, str) or check_arg(value):
+            return "a table of environment variable names to strings (no control characters)"
+    return None
+
+
 @dataclass
 class ExtractSection:
-    layer_ids: list[int] = knob([])
-    seq_length: int = knob(8192, min=16, max=10_000_000)
-    concurrency: int = knob(8, min=1, max=1024)
     online: bool = knob(True, doc="fetch hidden states during training instead of writing them to disk")
+    server_env: dict[str, Any] = knob({}, check=check_env,
+                                      doc="environment of the extraction server (a systemd transient unit does "
+                                          "not inherit the baseline unit's Environment=), e.g. "
+                                          "CUDA_VISIBLE_DEVICES, HF_HOME")
+    concurrency: int = knob(8, min=1, max=1024)
+    request_timeout_s: float = knob(120.0, min=1, max=86400)
+    max_retries: int = knob(2, min=0, max=100)
+    validate_outputs: bool = knob(True, doc="load each file after writing and check it (speculators' check)")
+    reserve_gib: float = knob(1.0, min=0, max=1_000_000, doc="kept free on the volume beyond the estimate")
+    ready_timeout_s: float | None = knob(None, min=10, max=86400,
+                                         doc="how long the extraction server may take to load; default "
+                                             "server.load_timeout_s")
+
+
+def check_train_args(v: list[str]) -> str | None:
+    """Further `speculators train` flags: plain arguments, none of those the train stage sets itself."""
+    err = check_args(v)
+    if err:
+        return err
+    from backend.train.config import OWNED_FLAGS  # the stage's own list: one definition
+
+    owned = sorted({a.split("=", 1)[0] for a in v} & set(OWNED_FLAGS))
+    if owned:
+        return f"speculators flags the stage does not set itself ({', '.join(owned)} come from [train] keys)"
+    return None
 
 
 @dataclass
 class TrainSection:
+    """The drafter's training (python -m backend.train; speculators' EAGLE-3 trainer)."""
     epochs: int = knob(20, min=1, max=10000)
-    learning_rate: float = knob(1e-3, min=0, max=10)
-    draft_vocab_size: int | None = knob(None, min=16, max=10_000_000)
-    speculative_tokens: int = knob(3, min=1, max=32)
-    extra_args: list[str] = knob([], check=check_args)
+    learning_rate: float = knob(1e-3, min=0.0, max=10, doc="speculators' --lr")
+    draft_vocab_size: int | None = knob(None, min=16, max=10_000_000,
+                                        doc="the draft's vocabulary: the N most frequent tokens; unset: all")
+    speculative_tokens: int = knob(3, min=1, max=32, doc="draft tokens trained for (speculators' --ttt-steps)")
+    draft_layers: int = knob(1, min=1, max=64, doc="decoder layers of the draft")
+    seq_length: int = knob(8192, min=16, max=10_000_000, doc="tokens per packed training batch")
+    optimizer: str = knob("muon", choices=("muon", "adamw"))
+    gpus: int | None = knob(None, min=0, max=1024,
+                            doc="training processes (torchrun when > 1); 0 trains on the CPU; unset: all GPUs")
+    checkpoint_freq: float = knob(1.0, min=0.01, max=1000,
+                                  doc="epochs between checkpoints; below 1 also saves within an epoch")
+    seed: int = knob(0, min=0, max=2**31 - 1)
+    extra_args: list[str] = knob([], check=check_train_args)
+
+    def stage_args(self) -> list[str]:
+        """These settings as `python -m backend.train` flags (backend/train/config.py). Remote code needs no
+        key: the stage's `--trust-remote-code auto` trusts a verifier whose config.json names classes."""
+        args = ["--epochs", str(self.epochs), "--lr", repr(self.learning_rate), "--speculative-tokens",
+                str(self.speculative_tokens), "--draft-layers", str(self.draft_layers), "--seq-length",
+                str(self.seq_length), "--optimizer", self.optimizer, "--checkpoint-freq", repr(self.checkpoint_freq),
+                "--seed", str(self.seed)]
+        if self.draft_vocab_size is not None:
+            args += ["--draft-vocab-size", str(self.draft_vocab_size)]
+        if self.gpus is not None:
+            args += ["--gpus", str(self.gpus)]
+        if self.extra_args:
+            args += ["--extra-args", json.dumps(self.extra_args)]
+        return args
 
 
 @dataclass
@@ -336,7 +425,7 @@ def check_levels(v: list[int]) -> str | None:
 @dataclass
 class ServeDrafterSection:
     """Serving with the drafter: the profile's vLLM command plus --speculative-config (method eagle3, the
-    verified checkpoint, [verify].speculative_tokens draft tokens per step)."""
+    verified checkpoint, [drafter].num_speculative_tokens draft tokens per step)."""
     draft_tensor_parallel_size: int = knob(1, min=1, max=1024,
                                            doc="the draft's tensor-parallel size: 1, or the target's (vLLM "
                                                "accepts nothing else)")
@@ -364,6 +453,8 @@ class Profile:
     paths: PathsSection
     gpus: GpusSection = knob(None)
     generate: GenerateSection = knob(None)
+    drafter: DrafterSection = knob(None)
+    prepare: PrepareSection = knob(None)
     extract: ExtractSection = knob(None)
     train: TrainSection = knob(None)
     verify: VerifySection = knob(None)

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from sim import chat, loadlog
 from sim.config import SimConfig
+from sim.extraction import HiddenStatesWriter
 from sim.faults import FaultError
 from sim.loadlog import LogSink
 from sim.metrics import ServerMetrics
@@ -53,6 +54,8 @@ class SimApi:
         self.inflight_tokens = 0
         self.answered = 0
         self.on_die: Callable[[], None] = lambda: os._exit(1)
+        # extraction mode: every generation also writes the prompt's hidden states (sim/extraction.py)
+        self.extractor = HiddenStatesWriter(cfg, self.text, sink) if cfg.extract_layers else None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20,
@@ -207,12 +210,50 @@ class SimApi:
             raise ApiError(400, "BadRequestError", str(exc), "messages") from None
         return messages, thinking, prompt_ids
 
-    async def render(self, _: web.Request, body: dict[str, Any]) -> web.Response:
-        self._check_model(body)
+    @staticmethod
+    def _generation_prompt(body: dict[str, Any]) -> bool:
         add = body.get("add_generation_prompt", True)
         if not isinstance(add, bool):
             raise ApiError(400, "BadRequestError", "add_generation_prompt must be a boolean", "add_generation_prompt")
-        return web.json_response({"token_ids": self._chat_prompt(body, generation_prompt=add)[2]})
+        return add
+
+    def _truncate(self, ids: list[int], body: dict[str, Any]) -> list[int]:
+        """vLLM's `truncate_prompt_tokens` (-1: the model's length) and `truncation_side` (default left:
+        keep the last tokens; speculators asks for right, keeping the start)."""
+        limit, side = body.get("truncate_prompt_tokens"), body.get("truncation_side") or "left"
+        if limit is None:
+            return ids
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < -1:
+            raise ApiError(400, "BadRequestError", f"truncate_prompt_tokens must be an integer >= -1, got {limit!r}",
+                           "truncate_prompt_tokens")
+        if side not in ("left", "right"):
+            raise ApiError(400, "BadRequestError", f"truncation_side must be 'left' or 'right', got {side!r}",
+                           "truncation_side")
+        if limit > self.context_limit:
+            raise ApiError(400, "BadRequestError", f"truncate_prompt_tokens value ({limit}) is greater than "
+                           f"max_model_len ({self.context_limit}). Please request a smaller truncation size.",
+                           "truncate_prompt_tokens")
+        keep = self.context_limit if limit == -1 else limit
+        if len(ids) <= keep:
+            return ids
+        return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+
+    async def render(self, _: web.Request, body: dict[str, Any]) -> web.Response:
+        """`POST /v1/chat/completions/render`: the request as vLLM would hand it to the engine, a
+        GenerateRequest (vllm/entrypoints/serve/disagg/protocol.py): the prompt's token ids and the
+        sampling parameters; nothing is generated."""
+        self._check_model(body)
+        ids = self._truncate(self._chat_prompt(body, generation_prompt=self._generation_prompt(body))[2], body)
+        raw = body.get("max_completion_tokens", body.get("max_tokens"))
+        sampling = self._sampling(body)
+        params = {"n": 1, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                  "seed": sampling.seed, "max_tokens": raw if isinstance(raw, int) and raw > 0 else
+                  max(0, self.context_limit - len(ids)), "stop": [], "stop_token_ids": [],
+                  "skip_special_tokens": True, "spaces_between_special_tokens": True}
+        return web.json_response({"request_id": f"chatcmpl-{uuid.uuid4().hex}", "token_ids": ids, "features": None,
+                                  "sampling_params": params, "model": body.get("model"), "stream": False,
+                                  "stream_options": None, "cache_salt": None, "priority": 0,
+                                  "kv_transfer_params": None})
 
     async def tokenize(self, _: web.Request, body: dict[str, Any]) -> web.Response:
         if "messages" in body:
@@ -228,7 +269,7 @@ class SimApi:
         model = self._check_model(body)
         if body.get("n", 1) != 1:
             raise ApiError(400, "BadRequestError", "the stand-in supports only n=1", "n")
-        messages, thinking, prompt_ids = self._chat_prompt(body)
+        messages, thinking, prompt_ids = self._chat_prompt(body, generation_prompt=self._generation_prompt(body))
         max_tokens = self._max_tokens(body, len(prompt_ids), None)
         sampling = self._sampling(body)
         await self._before_generation()
@@ -258,7 +299,7 @@ class SimApi:
                                   "logprobs": None, "finish_reason": out.finish_reason, "stop_reason": None}
         resp: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": model,
                                 "choices": [choice], "usage": usage, "prompt_logprobs": None,
-                                "kv_transfer_params": None}
+                                "kv_transfer_params": await self._hidden_states(rid, prompt_ids, body)}
         if with_ids:
             choice["token_ids"] = out.ids
             resp["prompt_token_ids"] = prompt_ids
@@ -306,7 +347,8 @@ class SimApi:
         choice: dict[str, Any] = {"index": 0, "text": "".join(out.pieces), "logprobs": None,
                                   "finish_reason": out.finish_reason, "stop_reason": None, "prompt_logprobs": None}
         resp: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
-                                "choices": [choice], "usage": usage, "kv_transfer_params": None}
+                                "choices": [choice], "usage": usage,
+                                "kv_transfer_params": await self._hidden_states(f"{rid}-0", prompt_ids, body)}
         if with_ids:
             choice["token_ids"] = out.ids
             choice["prompt_token_ids"] = prompt_ids
@@ -404,6 +446,12 @@ class SimApi:
         await resp.write(b"".join([*tail, chat.DONE]))
         await resp.write_eof()
         return resp
+
+    async def _hidden_states(self, request_id: str, prompt_ids: list[int], body: dict[str, Any]) -> dict | None:
+        """Extraction mode: the prompt's hidden states written, and the kv_transfer_params naming them."""
+        if self.extractor is None:
+            return None
+        return await self.extractor.capture(request_id, prompt_ids, body.get("kv_transfer_params"))
 
     async def _run(self, prompt_tokens: int, out: chat.Output) -> None:
         """Hold a batch slot for the simulated generation time and account for it."""

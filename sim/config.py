@@ -49,6 +49,12 @@ class SimConfig:
     access_log: bool = False
     text_backend: str = "canned"
     faults: Faults = field(default_factory=Faults)
+    # extraction mode (`--speculative-config '{"method": "extract_hidden_states", ...}'` with the hidden-states
+    # KV connector): the aux layer ids, and the connector's settings
+    extract_layers: tuple[int, ...] | None = None
+    hs_storage: str = "/tmp"  # kv_connector_extra_config.shared_storage_path (vLLM's default)
+    hs_lock: bool = True  # use_synchronization_lock
+    hs_custom_path: bool = False  # allow_custom_save_path
 
     @property
     def served_name(self) -> str:
@@ -93,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--weights-gib", type=float, default=70.0)
     a("--gpu-memory-utilization", type=float, default=0.9)
     a("--drafter")
-    a("--speculative-config", help="vLLM's JSON form; its model/num_speculative_tokens are used")
+    a("--speculative-config", "--speculative_config", dest="speculative_config",
+      help="vLLM's JSON form: an eagle3 drafter (model, num_speculative_tokens), or method "
+           "extract_hidden_states with draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids")
+    a("--kv-transfer-config", "--kv_transfer_config", dest="kv_transfer_config",
+      help="vLLM's JSON form; only ExampleHiddenStatesConnector (with extract_hidden_states) is served")
     a("--num-speculative-tokens", type=int, default=3)
     a("--aux-layers", type=_ints, help="e.g. 2,30,58 (default: the drafter's config.json, else 2,30,58)")
     a("--acceptance", type=_floats, default=(0.75, 0.57, 0.45),
@@ -146,11 +156,8 @@ def _checkpoint_tokens(path: str) -> int | None:
 def parse_speculative(p: argparse.ArgumentParser, text: str, tp: int) -> tuple[str, int | None, int | None]:
     """vLLM's --speculative-config for a drafter: (model, num_speculative_tokens, draft TP size), checked
     as vLLM checks them (an EAGLE-3 method, K >= 1, a draft TP of 1 or the target's)."""
-    try:
-        spec = json.loads(text)
-    except ValueError as exc:
-        p.error(f"--speculative-config: not valid JSON ({exc})")
-    if not isinstance(spec, dict) or not isinstance(spec.get("model"), str) or not spec["model"]:
+    spec = _json_object(p, "--speculative-config", text)
+    if not isinstance(spec.get("model"), str) or not spec["model"]:
         p.error('--speculative-config must be a JSON object with a "model" (the drafter checkpoint)')
     method = spec.get("method")
     if method is not None and method not in SPEC_METHODS:
@@ -166,11 +173,62 @@ def parse_speculative(p: argparse.ArgumentParser, text: str, tp: int) -> tuple[s
     return spec["model"], k, draft_tp
 
 
+EXTRACT_METHOD = "extract_hidden_states"
+HS_CONNECTOR = "ExampleHiddenStatesConnector"
+
+
+def _json_object(p: argparse.ArgumentParser, flag: str, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        p.error(f"{flag}: not valid JSON ({exc})")
+    if not isinstance(value, dict):
+        p.error(f"{flag}: expected a JSON object")
+    return value
+
+
+def parse_extraction(p: argparse.ArgumentParser, spec_text: str | None, kv_text: str | None) -> dict | None:
+    """The extraction-mode settings when the speculative config asks for extract_hidden_states (None
+    otherwise), checked as vLLM checks them: aux layer ids in the draft hf_config, and the
+    hidden-states connector in the KV transfer config."""
+    spec = _json_object(p, "--speculative-config", spec_text) if spec_text else {}
+    if spec.get("method") != EXTRACT_METHOD:
+        if kv_text:
+            p.error(f"--kv-transfer-config: the stand-in serves only {HS_CONNECTOR}, which needs "
+                    f"--speculative-config with method {EXTRACT_METHOD}")
+        return None
+    hf = ((spec.get("draft_model_config") or {}).get("hf_config") or {}) if isinstance(
+        spec.get("draft_model_config"), dict) else {}
+    ids = hf.get("eagle_aux_hidden_state_layer_ids") if isinstance(hf, dict) else None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        p.error(f"--speculative-config: method {EXTRACT_METHOD} needs draft_model_config.hf_config."
+                f"eagle_aux_hidden_state_layer_ids, a non-empty list of layer ids")
+    if int(spec.get("num_speculative_tokens", 1)) != 1:
+        p.error(f"--speculative-config: {EXTRACT_METHOD} takes num_speculative_tokens 1")
+    if not kv_text:
+        p.error(f"--speculative-config {EXTRACT_METHOD} writes hidden states through a KV connector: "
+                f"give --kv-transfer-config with kv_connector {HS_CONNECTOR}")
+    kv = _json_object(p, "--kv-transfer-config", kv_text)
+    if kv.get("kv_connector") != HS_CONNECTOR:
+        p.error(f"--kv-transfer-config: kv_connector {kv.get('kv_connector')!r} is not served by the stand-in "
+                f"(only {HS_CONNECTOR})")
+    extra = kv.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        p.error("--kv-transfer-config: kv_connector_extra_config must be an object")
+    storage = extra.get("shared_storage_path", "/tmp")
+    if not isinstance(storage, str) or not storage:
+        p.error("--kv-transfer-config: shared_storage_path must be a directory path")
+    return {"extract_layers": tuple(ids), "hs_storage": storage,
+            "hs_lock": bool(extra.get("use_synchronization_lock", True)),
+            "hs_custom_path": bool(extra.get("allow_custom_save_path", False))}
+
+
 def parse_args(argv: list[str] | None = None) -> SimConfig:
     p = build_parser()
     ns = p.parse_args(argv)
     drafter, spec_tokens, draft_tp = ns.drafter, ns.num_speculative_tokens, None
-    if ns.speculative_config:
+    extraction = parse_extraction(p, ns.speculative_config, ns.kv_transfer_config)
+    if ns.speculative_config and extraction is None:
         model, k, draft_tp = parse_speculative(p, ns.speculative_config, ns.gpus)
         drafter = drafter or model
         spec_tokens = k if k is not None else (_checkpoint_tokens(drafter) or spec_tokens)
@@ -200,7 +258,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         log_file=ns.log_file, stats_interval=ns.stats_interval, response_tokens=ns.response_tokens,
         latency=ns.latency, latency_per_token=ns.latency_per_token,
         stream_tokens_per_chunk=ns.stream_tokens_per_chunk, max_num_seqs=ns.max_num_seqs,
-        access_log=ns.access_log, text_backend=ns.text_backend, faults=faults)
+        access_log=ns.access_log, text_backend=ns.text_backend, faults=faults, **(extraction or {}))
     try:
         cfg.traits()
     except ValueError as exc:

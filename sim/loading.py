@@ -60,6 +60,12 @@ class Loader:
                 "trust_remote_code": True, "max_model_len": cfg.max_model_len, "tensor_parallel_size": cfg.gpus}
         if cfg.served_model_name:
             args["served_model_name"] = [cfg.served_model_name]
+        if cfg.extract_layers:
+            args["speculative_config"] = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                          "draft_model_config": {"hf_config": {
+                                              "eagle_aux_hidden_state_layer_ids": list(cfg.extract_layers)}}}
+            args["kv_transfer_config"] = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                                          "kv_connector_extra_config": {"shared_storage_path": cfg.hs_storage}}
         if cfg.drafter:
             args["speculative_config"] = {"method": "eagle3", "model": cfg.drafter,
                                           "num_speculative_tokens": cfg.num_speculative_tokens}
@@ -85,6 +91,8 @@ class Loader:
         sink.line(WORKER, "gpu_model_runner.py:2602", f"Starting to load model {cfg.model}...")
         await self._weights()
         await self._text_backend()
+        if cfg.extract_layers:
+            self._extraction()
         weights_s = time.monotonic() - started
         sink.line(WORKER, "default_loader.py:267", f"Loading weights took {weights_s:.2f} seconds")
         if cfg.drafter:
@@ -172,6 +180,22 @@ class Loader:
         sink.line(WORKER, "sim_text.py:1", f"SIMULATED GPUs: the EAGLE-3 drafter decodes for real on CPU with the "
                   f"tiny verifier ({cfg.num_speculative_tokens} speculative tokens per step)")
         return drafter.aux_layer_ids
+
+    def _extraction(self) -> None:
+        """extract_hidden_states: the connector's start-up lines, or vLLM's failure when the model cannot
+        give the asked layers (the stand-in's model is the text backend's)."""
+        from sim.extraction import startup_problem
+
+        problem = startup_problem(self.cfg, self.resolved.backend if self.resolved else None)
+        if problem:
+            self.sink.line(WORKER, "extract_hidden_states.py:88", problem, "ERROR")
+            self.sink.line(ENGINE, "core.py:708", "EngineCore failed to start.", "ERROR")
+            loadlog.engine_init_failed(self.sink)
+            raise LoadFailed("extraction")
+        self.sink.line(WORKER, "example_hidden_states_connector.py:178",
+                       f"Shared storage path is {self.cfg.hs_storage}")
+        self.sink.line(WORKER, "eagle.py:1092",
+                       f"Using auxiliary layers from speculative config: {tuple(self.cfg.extract_layers or ())}")
 
     async def _weights(self) -> None:
         cfg, sink = self.cfg, self.sink

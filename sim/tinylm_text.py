@@ -229,6 +229,15 @@ class TinyText:
             step = self.model(input_ids=torch.tensor([[token]]), past_key_values=step.past_key_values,
                               use_cache=True)
 
+    def hidden_states(self, prompt_ids: list[int], layer_ids: Any) -> Any:
+        """The prompt's hidden states in speculators' layout (sim/hidden_states.py), computed under the
+        same lock as generation: one forward pass at a time on this model."""
+        from sim import hidden_states
+
+        with self._lock:
+            self._torch.set_num_threads(1)
+            return hidden_states.compute(self.model, prompt_ids, layer_ids)
+
     def _probs(self, logits: Any, temperature: float, top_p: float, top_k: int | None) -> Any:
         """The sampling distribution at temperature > 0 after top-k and top-p (what a sample is drawn from,
         and what the rejection sampler accepts a draft token against)."""

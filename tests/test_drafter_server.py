@@ -28,7 +28,7 @@ def systemd_profile(**server):
                    "port": 8000, "reasoning_parser": "kimi_k2",
                    "vllm_args": ["-tp", "8", "--trust-remote-code", "--max-model-len", "262144"], **server},
         "paths": {"work_dir": "/data/eagle3", "python": "/opt/venv/bin/python"},
-        "verify": {"speculative_tokens": 3}})
+        "drafter": {"num_speculative_tokens": 3}})
 
 
 def test_systemd_drafter_unit_argv():
@@ -55,7 +55,7 @@ def test_tmux_drafter_session_argv():
         "host": {"name": "localhost", "transport": "local"},
         "server": {"model_path": "/m", "manager": "tmux", "unit": "demo-vllm", "port": 18000, "stop_timeout_s": 20,
                    "command": ["python3", "-m", "sim.vllm_server", "--tensor-parallel-size", "8"]},
-        "paths": {"work_dir": "/tmp/demo"}, "verify": {"speculative_tokens": 4},
+        "paths": {"work_dir": "/tmp/demo"}, "drafter": {"num_speculative_tokens": 4},
         "serve_drafter": {"draft_tensor_parallel_size": 8}})
     program = ["python3", "-m", "sim.vllm_server", "--tensor-parallel-size", "8", "--speculative-config",
                '{"method":"eagle3","model":"/ck","num_speculative_tokens":4,"draft_tensor_parallel_size":8}']

@@ -31,6 +31,8 @@ def test_parse_list_panes(text, expected):
     (0, "", "4242 1 \n", "failed", "failed", None, "signal", None),
     (0, "", "", "active", "unknown", None, None, None),
     (1, "can't find session: e3-serve\n", None, "inactive", "dead", None, None, None),
+    # tmux 3.3a with a server running and no such session, for an exact `=NAME` target
+    (1, "can't find window: e3-serve\n", None, "inactive", "dead", None, None, None),
     (1, "no server running on /tmp/tmux-0/default\n", None, "inactive", "dead", None, None, None),
     (1, "error connecting to /tmp/tmux-0/default (No such file or directory)\n", None, "inactive", "dead",
      None, None, None),

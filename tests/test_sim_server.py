@@ -87,7 +87,10 @@ def test_chat_completion_fields(server):
     again = server.post("/v1/chat/completions", {"messages": ASK}).json()["choices"][0]["message"]
     assert again["content"] == msg["content"]  # deterministic per prompt; model may be omitted
     render = server.post("/v1/chat/completions/render", {"messages": ASK}).json()
-    assert render == {"token_ids": body["prompt_token_ids"]}
+    # vLLM answers the render with the GenerateRequest it would run (vllm/entrypoints/serve/disagg/protocol.py)
+    assert render["token_ids"] == body["prompt_token_ids"]
+    assert set(render) == {"request_id", "token_ids", "features", "sampling_params", "model", "stream",
+                           "stream_options", "cache_salt", "priority", "kv_transfer_params"}
 
 
 def test_streaming_matches_non_streaming(server):

@@ -22,7 +22,8 @@ def bench_argv(profile: Profile, run_id: str, *, label: str, input_run: str | No
             "--ready-timeout", f"{profile.server.load_timeout_s:g}"]
     if profile.server.model_path != profile.server.model_id:
         argv += ["--tokenizer", profile.server.model_path]
-    if "--trust-remote-code" in profile.server.vllm_args or "--trust-remote-code" in profile.server.command:
+    if (profile.drafter.trust_remote_code or "--trust-remote-code" in profile.server.vllm_args
+            or "--trust-remote-code" in profile.server.command):
         argv.append("--trust-remote-code")
     if baseline_run:
         argv += ["--baseline-run", baseline_run]

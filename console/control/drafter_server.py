@@ -1,6 +1,6 @@
 """The drafter server, built from the profile: the baseline's own vLLM command line plus
-`--speculative-config` (method eagle3, the verified checkpoint, [verify].speculative_tokens draft tokens
-per step, [serve_drafter].draft_tensor_parallel_size), run as its own program beside the baseline's name
+`--speculative-config` (method eagle3, the verified checkpoint, [drafter].num_speculative_tokens draft
+tokens per step, [serve_drafter].draft_tensor_parallel_size), run as its own program beside the baseline's name
 (`<server unit>-drafter`): a transient systemd unit, or its own tmux session, started and stopped with
 the same builders as the stage programs (units.py). Pure functions, no I/O; the caller stops the baseline
 first (one server at a time on the GPUs) and starts it again when switching back.
@@ -66,7 +66,7 @@ def drafter_command(profile: Profile, checkpoint: str) -> list[str]:
     if draft_tp not in (1, tp):
         raise DrafterServerError(f"serve_drafter.draft_tensor_parallel_size {draft_tp}: vLLM takes 1 or the "
                                  f"target's tensor-parallel size ({tp})")
-    spec = speculative_config(checkpoint, profile.verify.speculative_tokens, draft_tp)
+    spec = speculative_config(checkpoint, profile.drafter.num_speculative_tokens, draft_tp)
     return base + ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
 
 

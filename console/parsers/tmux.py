@@ -63,7 +63,7 @@ def parse_list_panes(text: str) -> list[PaneState]:
 
 def _missing(stderr: str) -> bool:
     s = (stderr or "").lower()
-    return any(m in s for m in ("can't find session", "no server running", "error connecting to",
+    return any(m in s for m in ("can't find session", "can't find window", "no server running", "error connecting to",
                                 "session not found", "no such file or directory"))
 
 

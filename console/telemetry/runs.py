@@ -2,6 +2,8 @@
 
 A run's state comes from its own events first (a finish event says done, failed or stopped) and from its
 unit second: no finish and no live unit means the program died without a word (kill -9, reboot): stale.
+A train run also keeps its curves (console/telemetry/train_view.py); a `resume` event carrying a `step`
+supersedes the progress of the steps a restart trains again (backend/events.py).
 
 Reads are bounded: one probe asks for at most PROBE_EVENTS_BUDGET bytes of events in all (unfinished and
 newest runs first, the rest on later probes), an old run found at start-up is read from its tail only
@@ -16,6 +18,7 @@ from backend.events import Event, parse_events
 from console.telemetry.snapshot import RunInfo
 from console.control.units import stage_unit_name
 from console.telemetry.probe import EventsRead, RunFile
+from console.telemetry.train_view import TrainSeries
 
 HISTORY_MAX = 2000  # progress events kept per run for curves
 READ_LIMIT = 512 * 1024  # bytes of one run's events per probe, to begin with
@@ -41,6 +44,7 @@ class RunTrack:
     errors: int = 0
     started: float | None = None
     history: list[dict] = field(default_factory=list)
+    series: TrainSeries | None = None  # train runs only
 
     @property
     def unit(self) -> str:
@@ -49,6 +53,12 @@ class RunTrack:
     def apply(self, ev: Event) -> None:
         self.stage = ev.stage or self.stage
         d = dict(ev.data, ts=ev.ts, kind=ev.kind)
+        if self.stage == "train":
+            if self.series is None:
+                self.series = TrainSeries()
+            self.series.apply(ev.kind, ev.data)
+        if ev.kind == "resume" and isinstance(ev.data.get("step"), int):
+            self._supersede(ev.data["step"])
         if ev.kind == "start":
             self.total = int(ev.data.get("total") or 0)
             self.started = ev.ts
@@ -62,6 +72,12 @@ class RunTrack:
             self.errors += 1
         elif ev.kind == "finish":
             self.finish = d
+
+    def _supersede(self, step: int) -> None:
+        """A restart from `step`: drop the progress of the steps it trains again."""
+        self.history = [h for h in self.history if not isinstance(h.get("step"), int) or h["step"] < step]
+        if self.progress is not None and isinstance(self.progress.get("step"), int) and self.progress["step"] >= step:
+            self.progress = self.history[-1] if self.history else None
 
 
 class RunBook:
@@ -163,5 +179,6 @@ class RunBook:
             if eta is None and state == "running" and isinstance(rate, (int, float)) and rate > 0 and total > done:
                 eta = round((total - done) / rate, 1)  # the stage reports its rate; the ETA follows
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
-                               failed=int(p.get("failed") or 0), rate=rate, eta_s=eta, last_event=p or None))
+                               failed=int(p.get("failed") or 0), rate=rate, eta_s=eta, last_event=p or None,
+                               series=t.series.to_dict() if t.series is not None else None))
         return out

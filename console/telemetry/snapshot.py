@@ -106,6 +106,7 @@ class RunInfo:
     rate: float | None = None
     eta_s: float | None = None
     last_event: dict[str, Any] | None = None
+    series: dict[str, Any] | None = None  # train runs: curves and checkpoints (console/telemetry/train_view.py)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Awaitable, Callable
 from textual import work
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, ScrollableContainer, Vertical
-from textual.reactive import reactive
+from textual.reactive import reactive, var
 from textual.screen import ModalScreen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
@@ -53,7 +53,7 @@ class ConsoleApp(App[None]):
     AUTO_FOCUS = None  # on_mount focuses the stage list without scrolling the pane area to it
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]  # sets the screen class app.tcss uses
     # the latest snapshot; every pane's own `snapshot` is bound to it
-    snapshot: reactive[Snapshot | None] = reactive(None, init=False)
+    snapshot: reactive[Snapshot | None] = var(None, init=False)
 
     def __init__(self, controller: Controller, readonly: bool = False,
                  keymap_path: str | os.PathLike[str] | None = None, *,

@@ -73,6 +73,9 @@ class SshdServer:
             "AllowTcpForwarding yes",
             "MaxSessions 10",
             "Subsystem sftp internal-sftp",
+            # Every login runs root's shell rc; on machines with pyenv that rehashes under a lock file,
+            # which a killed session leaves behind, and each later login then waits 60 s for it.
+            "SetEnv PYENV_REHASH_TIMEOUT=0",
             "LogLevel VERBOSE",
             "",
         ]))

@@ -12,7 +12,7 @@ from typing import ClassVar
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
-from textual.reactive import reactive
+from textual.reactive import reactive, var
 from textual.widgets import Static
 
 from console.telemetry.snapshot import Snapshot
@@ -79,7 +79,7 @@ class Pane(Vertical):
     """
 
     TITLE: ClassVar[str] = ""
-    snapshot: reactive[Snapshot | None] = reactive(None, init=False)  # bound to the app's
+    snapshot: reactive[Snapshot | None] = var(None, init=False)  # bound to the app's
     DEFAULT_CSS = """
     Pane { border: round $primary 50%; height: auto; padding: 0 1; }
     Pane:focus-within { border: round $accent; }

@@ -1,0 +1,50 @@
+"""`python -m backend.extract ...`: see backend/extract/config.py for every flag.
+
+Exit codes: 0 completed or stopped (SIGTERM; with a plan the baseline is back), 1 failed (the finish event
+and summary say why; with a plan the baseline is back), 2 a failed preflight or unusable arguments: one
+line per failed check on stderr, nothing created, the baseline never touched. `--preflight-only` prints
+the checks and the disk estimate as JSON and exits 0 (all pass) or 1.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+from backend.extract.config import ConfigError, parse_config
+from backend.runs import RunDirError
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = parse_config(argv)
+    except ConfigError as exc:
+        print(f"extract: {exc}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    from backend.extract.runner import ExtractRunner, preflight
+
+    try:
+        report, inputs = preflight(config)
+        if config.preflight_only:
+            out = report.to_dict()
+            out["estimate"] = inputs.estimate.to_dict() if inputs and inputs.estimate else None
+            print(json.dumps(out, indent=2))
+            return 0 if report.ok else 1
+        if not report.ok or inputs is None:
+            for check in report.checks:
+                if not check.ok:
+                    print(f"extract: {check.name}: {check.detail}" + (f" -> {check.fix}" if check.fix else ""),
+                          file=sys.stderr)
+            return 2
+        return asyncio.run(ExtractRunner(config, inputs).run())
+    except RunDirError as exc:
+        print(f"extract: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

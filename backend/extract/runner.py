@@ -1,0 +1,659 @@
+"""The extract run: every prepared row's hidden states, `hs_{i}.safetensors` aligned with the dataset rows.
+
+    preflight (nothing touched yet)  the prepare run is complete, the verifier is here and has the aux
+                                     layers, speculators is installed, the swap plan is sound, and the
+                                     hidden states fit on disk (else: train online instead)
+    swap in (with a plan)            stop the baseline server, start the extraction server, wait until it
+                                     answers /health and /v1/models
+    extract                          speculators' generate-offline-data for the train and held-out rows
+                                     (offline.py, one child process), watched: files counted for progress,
+                                     the server's health and unit checked so a server that dies midway
+                                     ends the run at once with the reason
+    swap back (always)               stop the extraction server and start the baseline again, also after a
+                                     failure or SIGTERM; every command and its outcome goes to events.jsonl
+
+Starting the same run again resumes: files already written are kept (generate-offline-data skips them).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.events import EventLog
+from backend.extract import disk
+from backend.extract.config import ExtractConfig
+from backend.extract.plan import PlanError, SwapPlan, load_plan
+from backend.generate.preflight import PreflightReport, check_modules, free_bytes
+from backend.pipeline import CompletedRun, InputError, completed_run
+from backend.runs import Manifest, RunDir, open_run_dir, read_manifest, run_path
+from backend.verifier import VerifierError, VerifierInfo, read_verifier, resolve_aux_layers
+
+STAGE = "extract"
+LOG_FILE = "extract.log"
+REQUIRED_MODULES = ("speculators", "safetensors", "datasets", "openai", "aiohttp")
+SIDES = (("train", "train_data", "train_hidden_states"), ("heldout", "heldout_data", "heldout_hidden_states"))
+
+
+class StageFailed(Exception):
+    """The run cannot go on; the message says why and what to do."""
+
+
+class Stopped(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    data: str  # the prepared dataset (Arrow dir)
+    output_key: str
+    rows: int
+    tokens: int
+    first_len: int  # row 0's length: the first file's expected sequence length
+    max_len: int = 0
+
+
+@dataclass
+class Inputs:
+    prepare: CompletedRun
+    prepare_hash: str
+    verifier: VerifierInfo
+    aux_layer_ids: list[int]
+    sides: list[Side]
+    plan: SwapPlan | None
+    estimate: disk.DiskEstimate | None = None
+
+
+def hs_indices(directory: str) -> set[int]:
+    """The row indices that have an `hs_{i}.safetensors` in `directory` (as speculators lists them)."""
+    found: set[int] = set()
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return found
+    for name in names:
+        if name.startswith("hs_") and name.endswith(".safetensors") and name[3:-12].isdigit():
+            found.add(int(name[3:-12]))
+    return found
+
+
+def _read_side(name: str, path: str, output_key: str) -> Side:
+    from datasets import load_from_disk
+
+    try:
+        data = load_from_disk(path)
+    except Exception as exc:  # a missing or damaged dataset directory: say which
+        raise InputError(f"the prepared {name} rows at {path} cannot be read ({type(exc).__name__}: {exc}); "
+                         f"prepare again") from None
+    lengths = data.with_format(None)["seq_len"] if "seq_len" in data.column_names else [
+        len(r) for r in data.with_format(None)["input_ids"]]
+    return Side(name=name, data=path, output_key=output_key, rows=len(lengths), tokens=int(sum(lengths)),
+                first_len=int(lengths[0]) if lengths else 0, max_len=int(max(lengths)) if lengths else 0)
+
+
+def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
+    """Every check before anything is touched; the inputs when all pass."""
+    report = PreflightReport()
+    check_modules(report, REQUIRED_MODULES)
+    try:
+        prep = completed_run(c.work_dir, c.input_run, "prepare")
+        prep.output("train_data")
+        report.add("input_run", True, f"prepare run {prep.run_id} completed")
+    except InputError as exc:
+        report.add("input_run", False, str(exc), "name a completed prepare run with --input-run")
+        prep = None
+    try:
+        info = read_verifier(c.verifier)
+        report.add("verifier", True, f"{info.path}: {info.num_layers} layers, hidden {info.hidden_size}")
+    except VerifierError as exc:
+        report.add("verifier", False, str(exc), "set [drafter].verifier to the checkpoint directory on the host")
+        info = None
+    aux: list[int] | None = None
+    if info is not None:
+        try:
+            aux = resolve_aux_layers(c.aux_layer_ids, info)
+            report.add("aux_layer_ids", True, f"{aux} (of {info.num_layers} layers)")
+        except VerifierError as exc:
+            report.add("aux_layer_ids", False, str(exc), "fix [drafter].aux_layer_ids in the profile")
+    plan = None
+    if c.plan:
+        try:
+            plan = load_plan(c.plan)
+            if aux is not None and plan.aux_layer_ids != aux:
+                raise PlanError(f"the plan starts the extraction server with aux layer ids {plan.aux_layer_ids}, "
+                                f"the stage extracts {aux}")
+            report.add("swap_plan", True, f"extraction server {plan.extractor_unit or '?'} at {plan.endpoint}")
+        except PlanError as exc:
+            report.add("swap_plan", False, str(exc), "start the stage from the console, which writes the plan")
+            plan = None
+    if prep is None or info is None or aux is None or not report.ok:
+        return report, None
+    try:
+        sides = [_read_side(name, prep.outputs[key], out) for name, key, out in SIDES if key in prep.outputs]
+    except InputError as exc:
+        report.add("prepared_rows", False, str(exc), "run prepare again")
+        return report, None
+    manifest = read_manifest(prep.path)
+    inputs = Inputs(prepare=prep, prepare_hash=manifest.config_hash if manifest else "", verifier=info,
+                    aux_layer_ids=aux, sides=sides, plan=plan)
+    inputs.estimate = _estimate(c, inputs)
+    e = inputs.estimate
+    report.add("disk_space", e.fits, e.detail(), e.refusal())
+    return report, inputs
+
+
+def _estimate(c: ExtractConfig, inputs: Inputs) -> disk.DiskEstimate:
+    """What the rows still missing their files will take (a resumed run needs only the rest)."""
+    from datasets import load_from_disk
+
+    run = run_path(c.work_dir, c.run_id)
+    rows = tokens = 0
+    for side in inputs.sides:
+        have = hs_indices(os.path.join(run, side.output_key))
+        if not have:
+            rows, tokens = rows + side.rows, tokens + side.tokens
+            continue
+        lengths = load_from_disk(side.data).with_format(None)["seq_len"]
+        missing = [n for i, n in enumerate(lengths) if i not in have]
+        rows, tokens = rows + len(missing), tokens + sum(missing)
+    return disk.estimate(rows=rows, tokens=tokens, aux_layers=len(inputs.aux_layer_ids),
+                         hidden_size=inputs.verifier.hidden_size, dtype_bytes=inputs.verifier.dtype_bytes,
+                         free_bytes=free_bytes(run),
+                         reserve_bytes=c.reserve_bytes, volume=run)
+
+
+def identity_of(c: ExtractConfig, inputs: Inputs) -> dict[str, Any]:
+    return {"input_run": inputs.prepare.run_id, "input_config_hash": inputs.prepare_hash,
+            "verifier": inputs.verifier.path, "aux_layer_ids": inputs.aux_layer_ids}
+
+
+def _tail(text: str | bytes, lines: int = 3, width: int = 400) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(kept)[-width:]
+
+
+@dataclass
+class StepRecord:
+    step: str
+    command: str
+    rc: int | None
+    ok: bool
+    seconds: float
+    output: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Swap:
+    """What the swap did, for the summary and the console: which steps ran and how they ended."""
+    steps: list[StepRecord] = field(default_factory=list)
+    baseline_stopped: bool = False
+    baseline_restarted: bool | None = None  # None: never stopped, nothing to bring back
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": [s.to_dict() for s in self.steps], "baseline_stopped": self.baseline_stopped,
+                "baseline_restarted": self.baseline_restarted}
+
+
+class ExtractRunner:
+    def __init__(self, config: ExtractConfig, inputs: Inputs):
+        self.c = config
+        self.inputs = inputs
+        self.plan = inputs.plan
+        self.endpoint = (self.plan.endpoint if self.plan else (config.endpoint or "")).rstrip("/")
+        self.events: EventLog | None = None
+        self.stop = asyncio.Event()
+        self.stop_reason = ""
+        self.swap = Swap()
+        self.run_dir: RunDir | None = None
+        self.started = time.monotonic()
+        self.done_before = 0
+        self.last_progress = 0.0
+        self.phase = "starting"
+        self.child: asyncio.subprocess.Process | None = None
+        self.max_model_len: int | None = None  # what the extraction server reports in /v1/models
+        self.child_log: Any = None
+
+    # -- events ----------------------------------------------------------------------------------------
+    def emit(self, kind: str, **data: Any) -> None:
+        if kind == "error":
+            print(f"extract: {data.get('message')}", file=sys.stderr)
+        if self.events is None:
+            return
+        try:
+            self.events.emit(kind, **data)
+        except OSError as exc:
+            print(f"extract: could not write the {kind} event: {exc}", file=sys.stderr)
+
+    @property
+    def total(self) -> int:
+        return sum(s.rows for s in self.inputs.sides)
+
+    def _outdir(self, side: Side) -> str:
+        assert self.run_dir is not None
+        return self.run_dir.file(side.output_key)
+
+    def done(self) -> int:
+        return sum(len({i for i in hs_indices(self._outdir(s)) if i < s.rows}) for s in self.inputs.sides)
+
+    def progress(self, phase: str | None = None, force: bool = False, **extra: Any) -> None:
+        self.phase = phase or self.phase
+        now = time.monotonic()
+        if not force and now - self.last_progress < self.c.progress_interval:
+            return
+        self.last_progress = now
+        done = self.done()
+        elapsed = now - self.started
+        self.emit("progress", phase=self.phase, done=done, total=self.total, failed=0,
+                  rate=round((done - self.done_before) / elapsed, 3) if elapsed > 0 else 0.0, **extra)
+
+    def _on_signal(self, sig: int) -> None:
+        if not self.stop.is_set():
+            self.stop_reason = signal.Signals(sig).name
+            self.emit("error", fatal=False, message=f"received {self.stop_reason}: stopping; the extraction "
+                      f"server is stopped and the baseline started again before exiting" if self.plan else
+                      f"received {self.stop_reason}: stopping")
+        self.stop.set()
+
+    # -- the run ---------------------------------------------------------------------------------------
+    async def run(self) -> int:
+        c, inputs = self.c, self.inputs
+        manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs),
+                            settings={"endpoint": self.endpoint, "concurrency": c.concurrency,
+                                      "plan": c.plan})
+        self.run_dir = run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
+        self.events = EventLog(run_dir.events_path, STAGE, c.run_id)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        status, error = "failed", None
+        try:
+            self.done_before = self.done()
+            self.emit("start", total=self.total, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
+                      already_done=self.done_before, aux_layer_ids=inputs.aux_layer_ids,
+                      hidden_size=inputs.verifier.hidden_size,
+                      estimate=inputs.estimate.to_dict() if inputs.estimate else None,
+                      plan=self.plan.to_dict() if self.plan else None)
+            try:
+                # a resumed run whose files are all there needs no server: the baseline stays up
+                if self.done_before < self.total:
+                    # the child's imports (seconds) overlap the extraction server's load; it waits for the go
+                    self.child = await self._spawn_offline()
+                if self.plan is not None and self.done_before < self.total:
+                    await self._swap_in()
+                await self._extract()
+                self._check_outputs()
+                status = "completed"
+            except Stopped:
+                status, error = "stopped", f"received {self.stop_reason}: stopped; start the run again to resume"
+            except StageFailed as exc:
+                status, error = "failed", str(exc)
+            except Exception as exc:  # unforeseen: still swap back and say what happened
+                status, error = "failed", f"{type(exc).__name__}: {exc}"
+            finally:
+                await self._end_child()
+                if self.plan:
+                    await self._swap_back()
+                    self._clean_staging()
+            if status == "failed" and error:
+                self.emit("error", fatal=True, message=error)
+            return self._finish(status, error)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            self.events.close()
+
+    # -- the swap --------------------------------------------------------------------------------------
+    async def _step(self, name: str, argv: list[str], phase: str) -> bool:
+        assert self.plan is not None
+        self.progress(phase, force=True, step=name, command=shlex.join(argv))
+        t0 = time.monotonic()
+        rc: int | None = None
+        output = ""
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), self.plan.command_timeout_s)
+                rc, output = proc.returncode, _tail(err or out)
+            except asyncio.TimeoutError:
+                _kill_group(proc.pid)
+                await proc.wait()
+                output = f"timed out after {self.plan.command_timeout_s:g} s"
+        except OSError as exc:  # the command itself is missing
+            output = f"{type(exc).__name__}: {exc}"
+        record = StepRecord(step=name, command=shlex.join(argv), rc=rc, ok=rc == 0,
+                            seconds=round(time.monotonic() - t0, 2), output=output)
+        self.swap.steps.append(record)
+        self.progress(phase, force=True, swap=record.to_dict())
+        if not record.ok:
+            self.emit("error", fatal=False, message=f"{name} failed (exit {rc}): {output or 'no output'}; "
+                      f"command: {record.command}")
+        return record.ok
+
+    async def _swap_in(self) -> None:
+        plan = self.plan
+        assert plan is not None
+        if self.stop.is_set():
+            raise Stopped()
+        self.swap.baseline_restarted = False  # from here on the baseline must be brought back
+        if not await self._step("stop_baseline", plan.stop_baseline, "stopping_baseline"):
+            raise StageFailed(f"could not stop the baseline server ({self.swap.steps[-1].output}); the GPUs were "
+                              f"not handed to the extraction server")
+        self.swap.baseline_stopped = True
+        if self.stop.is_set():
+            raise Stopped()
+        if not await self._step("start_extractor", plan.start_extractor, "starting_extractor"):
+            raise StageFailed(f"could not start the extraction server: {self.swap.steps[-1].output}")
+        await self._wait_ready()
+
+    async def _swap_back(self) -> None:
+        """Always: the extraction server goes, the baseline comes back. A stop signal now changes nothing."""
+        plan = self.plan
+        assert plan is not None
+        started = {s.step for s in self.swap.steps}
+        if "start_extractor" in started:
+            await self._step("stop_extractor", plan.stop_extractor, "stopping_extractor")
+        if "stop_baseline" in started:
+            self.swap.baseline_restarted = await self._step("start_baseline", plan.start_baseline,
+                                                            "starting_baseline")
+            if not self.swap.baseline_restarted:
+                self.emit("error", fatal=True, message=f"the baseline server could not be started again: "
+                          f"{self.swap.steps[-1].output}; start it by hand: {self.swap.steps[-1].command}")
+
+    async def _http_ok(self, url: str, *, want_models: bool = False) -> bool:
+        import aiohttp
+
+        try:
+            timeout = aiohttp.ClientTimeout(total=5)
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                async with session.get(url) as resp:
+                    if resp.status != 200:
+                        return False
+                    if not want_models:
+                        return True
+                    body = json.loads((await resp.content.read(1 << 20)).decode() or "null")
+                    if not (isinstance(body, dict) and isinstance(body.get("data"), list) and body["data"]):
+                        return False
+                    card = body["data"][0] if isinstance(body["data"][0], dict) else {}
+                    limit = card.get("max_model_len")
+                    self.max_model_len = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+                    return True
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            return False
+
+    def _check_lengths(self) -> None:
+        """Every row must fit the extraction server's context with the one token it generates; a longer
+        row would fail alone, late, and be skipped: say it now."""
+        longest = max((s.max_len for s in self.inputs.sides), default=0)
+        if self.max_model_len is not None and longest + 1 > self.max_model_len:
+            raise StageFailed(f"the longest prepared row has {longest} tokens but the extraction server's "
+                              f"max_model_len is {self.max_model_len} (a row needs one more): prepare again with "
+                              f"[prepare] seq_length <= {self.max_model_len - 1}, or raise the server's "
+                              f"--max-model-len")
+
+    async def _healthy(self) -> bool:
+        url = self.plan.health_url if self.plan else f"{self.endpoint}/health"
+        return await self._http_ok(url)
+
+    async def _alive(self) -> bool:
+        """The extraction server's unit or session still runs (no plan check: assume so)."""
+        if not self.plan or not self.plan.extractor_alive:
+            return True
+        try:
+            proc = await asyncio.create_subprocess_exec(*self.plan.extractor_alive, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.DEVNULL,
+                                                        stderr=asyncio.subprocess.DEVNULL)
+            return await asyncio.wait_for(proc.wait(), 30) == 0
+        except (OSError, asyncio.TimeoutError):
+            return True  # cannot tell: the health check decides
+
+    async def _why_dead(self) -> str:
+        """The end of the extraction server's log, when the plan says how to read it."""
+        if not self.plan or not self.plan.extractor_log_tail:
+            return "its unit or session is gone" if self.plan else f"{self.endpoint} stopped answering"
+        try:
+            proc = await asyncio.create_subprocess_exec(*self.plan.extractor_log_tail, stdin=asyncio.subprocess.DEVNULL,
+                                                        stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.STDOUT)
+            out, _ = await asyncio.wait_for(proc.communicate(), 30)
+        except (OSError, asyncio.TimeoutError):
+            return "its log could not be read"
+        lines = [l for l in out.decode(errors="replace").splitlines() if l.strip()]
+        errors = [l for l in lines if " ERROR " in l or "Error" in l or "error" in l]
+        return "last log lines: " + _tail("\n".join(errors or lines), 2, 300)
+
+    async def _wait_ready(self) -> None:
+        plan = self.plan
+        assert plan is not None
+        t0 = time.monotonic()
+        while True:
+            if self.stop.is_set():
+                raise Stopped()
+            if await self._http_ok(plan.health_url) and await self._http_ok(plan.models_url, want_models=True):
+                self.progress("extracting", force=True, ready_after_s=round(time.monotonic() - t0, 1))
+                self._check_lengths()
+                return
+            if not await self._alive():
+                raise StageFailed(f"the extraction server exited while starting ({await self._why_dead()})")
+            waited = time.monotonic() - t0
+            if waited > plan.ready_timeout_s:
+                raise StageFailed(f"the extraction server did not answer {plan.health_url} and {plan.models_url} "
+                                  f"within {plan.ready_timeout_s:g} s ({await self._why_dead()})")
+            self.progress("waiting_for_extractor", waited_s=round(waited, 1))
+            try:
+                await asyncio.wait_for(self.stop.wait(), min(1.0, self.c.health_interval))
+            except asyncio.TimeoutError:
+                pass
+
+    # -- extraction ------------------------------------------------------------------------------------
+    def offline_argv(self) -> list[str]:
+        c = self.c
+        argv = [sys.executable, "-m", "backend.extract.offline", "--endpoint", f"{self.endpoint}/v1",
+                "--concurrency", str(c.concurrency), "--request-timeout", f"{c.request_timeout:g}",
+                "--max-retries", str(c.max_retries)]
+        if c.validate_outputs:
+            argv.append("--validate-outputs")
+        argv.append("--wait-for-go")
+        for side in self.inputs.sides:
+            argv += ["--pair", side.data, self._outdir(side)]
+        return argv
+
+    async def _spawn_offline(self) -> asyncio.subprocess.Process:
+        assert self.run_dir is not None
+        env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+        if self.child_log is None:
+            self.child_log = open(self.run_dir.file(LOG_FILE), "ab")
+        return await asyncio.create_subprocess_exec(
+            *self.offline_argv(), stdin=asyncio.subprocess.PIPE,
+            stdout=self.child_log, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True)
+
+    async def _extract(self) -> None:
+        c = self.c
+        assert self.run_dir is not None
+        if self.stop.is_set():
+            raise Stopped()
+        if not self.plan:
+            if not await self._healthy() or not await self._http_ok(f"{self.endpoint}/v1/models", want_models=True):
+                raise StageFailed(f"nothing healthy answers at {self.endpoint}/health and /v1/models: start the "
+                                  f"extraction server first (or let the stage swap it in with --plan)")
+            self._check_lengths()
+        self.progress("extracting", force=True)
+        if self.done() == self.total:
+            return  # a resumed run that had finished its files
+        proc = self.child
+        assert proc is not None and proc.stdin is not None
+        try:
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it exited already (a failed import): its exit status and log say why, below
+        misses = 0
+        while True:
+            try:
+                await asyncio.wait_for(proc.wait(), c.health_interval)
+                break
+            except asyncio.TimeoutError:
+                pass
+            self.progress("extracting")
+            if self.stop.is_set():
+                await self._end_child()
+                raise Stopped()
+            healthy, alive = await self._healthy(), await self._alive()
+            misses = 0 if healthy and alive else misses + 1
+            if not alive or misses >= c.dead_after:
+                await self._end_child()
+                raise StageFailed(f"the extraction server died midway ({self.done()} of {self.total} rows "
+                                  f"done): {await self._why_dead()}. Start the run again to resume")
+        self.progress("extracting", force=True)
+        if proc.returncode != 0 and not (await self._healthy() and await self._alive()):
+            # generate-offline-data gave up on a server that is gone: say that, not its exit status
+            raise StageFailed(f"the extraction server died midway ({self.done()} of {self.total} rows done): "
+                              f"{await self._why_dead()}. Start the run again to resume")
+        if proc.returncode != 0:
+            log = self.run_dir.file(LOG_FILE)
+            with open(log, "rb") as f:
+                f.seek(max(0, os.path.getsize(log) - 8192))
+                tail = _tail(f.read(), 3)
+            raise StageFailed(f"speculators generate-offline-data exited {proc.returncode} ({tail}); "
+                              f"see {LOG_FILE} in the run directory")
+
+    async def _end_child(self) -> None:
+        """Stop the generate-offline-data child if it still runs: end of input when it waits for the go,
+        else SIGINT (it stops between files), SIGKILL after the grace period."""
+        proc = self.child
+        if proc is None or proc.returncode is not None:
+            self._close_child_log()
+            return
+        if proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.close()  # never told to go: it exits on end of input
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except asyncio.TimeoutError:
+                pass
+        if proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            try:
+                await asyncio.wait_for(proc.wait(), self.c.stop_grace_s)
+            except asyncio.TimeoutError:
+                _kill_group(proc.pid)
+                await proc.wait()
+        self._close_child_log()
+
+    def _close_child_log(self) -> None:
+        if self.child_log is not None:
+            self.child_log.close()
+            self.child_log = None
+
+    def _check_outputs(self) -> None:
+        from safetensors import safe_open
+
+        k, hidden = len(self.inputs.aux_layer_ids), self.inputs.verifier.hidden_size
+        for side in self.inputs.sides:
+            out = self._outdir(side)
+            have = hs_indices(out)
+            missing = [i for i in range(side.rows) if i not in have]
+            if missing:
+                raise StageFailed(f"{len(missing)} of {side.rows} {side.name} rows have no hidden states (their "
+                                  f"requests failed, e.g. row {missing[0]}: see {LOG_FILE}); start the run again "
+                                  f"to redo just those")
+            if not side.rows:
+                continue
+            with safe_open(os.path.join(out, "hs_0.safetensors"), framework="pt") as f:
+                shape = list(f.get_slice("hidden_states").get_shape())
+            if shape != [side.first_len, k + 1, hidden]:
+                raise StageFailed(f"the extraction server wrote hidden states of shape {shape}, expected "
+                                  f"[{side.first_len}, {k + 1}, {hidden}] ({k} aux layers + 1 of a "
+                                  f"{hidden}-wide verifier): was it started with aux layer ids "
+                                  f"{self.inputs.aux_layer_ids} and this verifier?")
+
+    def _clean_staging(self) -> None:
+        """The connector's staging dir is this run's own: files left there (a request whose answer never
+        came) are removed once the extraction server is gone."""
+        storage = self.plan.storage_path if self.plan else ""
+        if not storage or not os.path.isdir(storage):
+            return
+        for name in os.listdir(storage):
+            if name.endswith((".safetensors", ".lock")) or ".tmp-" in name:
+                try:
+                    os.unlink(os.path.join(storage, name))
+                except OSError:
+                    pass
+        try:
+            os.rmdir(storage)
+        except OSError:
+            pass
+
+    # -- the end ---------------------------------------------------------------------------------------
+    def _finish(self, status: str, error: str | None) -> int:
+        assert self.run_dir is not None
+        inputs = self.inputs
+        outputs: dict[str, str] = {}
+        if status == "completed":
+            for side in inputs.sides:
+                outputs[side.output_key] = self._outdir(side)
+                outputs[f"{side.name}_data"] = side.data
+            if "token_freq" in inputs.prepare.outputs:
+                outputs["token_freq"] = inputs.prepare.outputs["token_freq"]
+        written = sum(e.stat().st_size for s in inputs.sides if os.path.isdir(self._outdir(s))
+                      for e in os.scandir(self._outdir(s)) if e.name.startswith("hs_"))
+        summary: dict[str, Any] = {
+            "stage": STAGE, "run_id": self.c.run_id, "status": status, "input_run": inputs.prepare.run_id,
+            "verifier": inputs.verifier.path, "aux_layer_ids": inputs.aux_layer_ids,
+            "hidden_size": inputs.verifier.hidden_size, "num_layers": inputs.verifier.num_layers,
+            "done": self.done(), "total": self.total, "failed": 0,
+            "rows": {s.name: s.rows for s in inputs.sides}, "tokens": {s.name: s.tokens for s in inputs.sides},
+            "bytes_written": written, "endpoint": self.endpoint,
+            "estimate": inputs.estimate.to_dict() if inputs.estimate else None,
+            "elapsed_s": round(time.monotonic() - self.started, 3), "outputs": outputs,
+        }
+        if self.plan:
+            summary["swap"] = self.swap.to_dict()
+        if error:
+            summary["error"] = error
+        try:
+            self.run_dir.write_summary(summary)
+        except OSError as exc:
+            print(f"extract: could not write {self.run_dir.summary_path}: {exc}", file=sys.stderr)
+        self.emit("finish", status=status, summary=summary)
+        print(report(summary))
+        if error:
+            print(f"extract: {status}: {error}", file=sys.stderr)
+        return 0 if status in ("completed", "stopped") else 1
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def report(summary: dict[str, Any]) -> str:
+    rows = ", ".join(f"{n} {side}" for side, n in summary["rows"].items())
+    lines = [f"extract {summary['run_id']}: {summary['status']} ({summary['done']} of {summary['total']} rows: "
+             f"{rows}; aux layers {summary['aux_layer_ids']}, hidden {summary['hidden_size']}, "
+             f"{disk.gb(summary['bytes_written'])} written)"]
+    swap = summary.get("swap")
+    if swap:
+        steps = ", ".join(f"{s['step']} {'ok' if s['ok'] else 'FAILED'}" for s in swap["steps"])
+        state = {True: "started again", False: "NOT started again", None: "untouched"}[swap["baseline_restarted"]]
+        lines.append(f"  swap: {steps or 'nothing run'}; baseline {state}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The prepare stage: a generation run's output -> speculators' prepared datasets (see runner.py)."""

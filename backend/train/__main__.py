@@ -1,0 +1,28 @@
+"""`python -m backend.train ...`: see backend/train/config.py for every flag.
+
+Exit codes: 0 completed or stopped (SIGTERM: a resumable checkpoint was saved; the same command
+resumes), 1 failed (training error, preflight failed), 2 unusable arguments, input run, verifier or run
+directory (nothing was started and nothing was changed).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from backend.train.config import ConfigError, parse_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = parse_config(argv)
+    except ConfigError as exc:
+        print(f"train: {exc}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from backend.train.runner import Stage
+
+    return Stage(config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

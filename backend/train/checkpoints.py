@@ -1,0 +1,117 @@
+"""Checkpoints as the train stage leaves them, and which verifier they belong to.
+
+speculators saves `<save>/<epoch>/` (config.json, model.safetensors, optimizer and scheduler state,
+training_state.json) and a `checkpoint_best` symlink to the epoch with the lowest validation loss. The
+stage adds `<save>/verifier.json`, the verifier's fingerprint (backend/train/verifier.py), so a save
+root, or a checkpoint, trained against another verifier is refused instead of resumed or verified.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from backend.runs import write_json_atomic
+from backend.train.verifier import VerifierInfo
+
+VERIFIER_FILE = "verifier.json"
+BEST_LINK = "checkpoint_best"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory cannot be used as asked; one line says why."""
+
+
+def epoch_dirs(save_path: str) -> list[int]:
+    try:
+        names = os.listdir(save_path)
+    except OSError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(save_path, n))
+                  and not os.path.islink(os.path.join(save_path, n)))
+
+
+def best_checkpoint(save_path: str) -> str | None:
+    """The checkpoint vLLM should load: the best by validation loss, else the newest epoch's."""
+    link = os.path.join(save_path, BEST_LINK)
+    if os.path.isdir(link):
+        return os.path.realpath(link)
+    epochs = epoch_dirs(save_path)
+    return os.path.join(os.path.abspath(save_path), str(epochs[-1])) if epochs else None
+
+
+def read_config(ckpt: str) -> dict[str, Any]:
+    path = os.path.join(ckpt, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{ckpt} has no config.json: not a speculators checkpoint") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return data
+
+
+def saved_verifier(config: dict[str, Any]) -> dict[str, Any]:
+    spec = config.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, dict) else None
+    return verifier if isinstance(verifier, dict) else {}
+
+
+def check_against(ckpt: str, config: dict[str, Any], info: VerifierInfo) -> None:
+    """Refuse a checkpoint whose shape or recorded verifier is not `info`'s."""
+    layer = config.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else {}
+    verifier = saved_verifier(config)
+    problems = []
+    if layer.get("hidden_size") not in (None, info.hidden_size):
+        problems.append(f"hidden size {layer.get('hidden_size')} (the verifier's is {info.hidden_size})")
+    if layer.get("vocab_size") not in (None, info.vocab_size):
+        problems.append(f"vocabulary {layer.get('vocab_size')} (the verifier's is {info.vocab_size})")
+    archs = verifier.get("architectures")
+    if archs and info.architectures and list(archs) != list(info.architectures):
+        problems.append(f"verifier architecture {archs} (this one is {info.architectures})")
+    if problems:
+        raise CheckpointError(f"{ckpt} was trained for another verifier than {info.path}: "
+                              f"{'; '.join(problems)}. Use a checkpoint of this verifier (or another --run-id)")
+
+
+def check_save_root(save_path: str, info: VerifierInfo) -> None:
+    """Refuse to resume into a save root holding another verifier's checkpoints."""
+    marker = os.path.join(save_path, VERIFIER_FILE)
+    if os.path.exists(marker):
+        try:
+            with open(marker, encoding="utf-8") as f:
+                recorded = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{marker} is not readable JSON ({exc}); move {save_path} away or pass "
+                                  f"--fresh") from None
+        if isinstance(recorded, dict) and recorded.get("fingerprint") != info.fingerprint:
+            raise CheckpointError(f"{save_path} holds checkpoints of another verifier ({recorded.get('path')}, "
+                                  f"fingerprint {recorded.get('fingerprint')}; this one is {info.path}, "
+                                  f"{info.fingerprint}): choose another --run-id, or pass --fresh to archive it")
+    for epoch in epoch_dirs(save_path):
+        ckpt = os.path.join(save_path, str(epoch))
+        if os.path.exists(os.path.join(ckpt, "config.json")):
+            check_against(ckpt, read_config(ckpt), info)
+
+
+def mark_save_root(save_path: str, info: VerifierInfo) -> None:
+    os.makedirs(save_path, exist_ok=True)
+    write_json_atomic(os.path.join(save_path, VERIFIER_FILE), {"path": info.path, "fingerprint": info.fingerprint,
+                                                              "architectures": info.architectures})
+
+
+def recorded_fingerprint(ckpt: str) -> str | None:
+    """The fingerprint the train stage recorded beside this checkpoint (in its save root), if any."""
+    for root in (ckpt, os.path.dirname(os.path.realpath(ckpt))):
+        try:
+            with open(os.path.join(root, VERIFIER_FILE), encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("fingerprint"), str):
+            return data["fingerprint"]
+    return None

@@ -1,0 +1,189 @@
+"""Every knob of the train stage, as flags (`python -m backend.train --help`).
+
+The stage's own settings map onto speculators' `train` flags in backend/train/plan.py; `--extra-args`
+passes further speculators flags through verbatim (those the stage sets itself are refused there).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+_URL = re.compile(r"https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+# flags the stage sets itself: passing them again through --extra-args would silently fight the plan
+OWNED_FLAGS = ("--speculator-type", "--verifier-name-or-path", "--data-path", "--save-path", "--target-layer-ids",
+               "--epochs", "--lr", "--ttt-steps", "--total-seq-len", "--num-layers", "--optimizer", "--seed",
+               "--checkpoint-freq", "--log-freq", "--num-workers", "--hidden-states-dtype", "--train-data-ratio",
+               "--max-steps", "--draft-vocab-size", "--d2t-path", "--t2d-path", "--token-freq-path",
+               "--hidden-states-path", "--on-missing", "--vllm-endpoint", "--trust-remote-code", "--logger",
+               "--log-dir", "--draft-attn-impl", "--loss-implementation", "--no-resume-from-checkpoint",
+               "--dry-run", "--config", "--dump-config", "--hidden-states-backend")
+
+
+def check_extra_args(args: list[str]) -> None:
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            raise ConfigError(f"--extra-args may not set {flag}: the stage sets it from its own settings "
+                              f"(use the matching stage option instead)")
+        if not flag.startswith("--") and arg is args[0]:
+            raise ConfigError(f"--extra-args must start with a speculators flag (--name), got {arg!r}")
+
+
+@dataclass
+class TrainStageConfig:
+    work_dir: str = "."
+    run_id: str = "train"
+    input_run: str | None = None  # an extract run (offline) or a prepare run (online); default the latest
+    verifier: str = ""  # the verifier's directory on this host
+    aux_layer_ids: list[int] | None = None  # default: the extract run's
+    epochs: int = 20
+    lr: float = 1e-3
+    speculative_tokens: int = 3
+    draft_vocab_size: int | None = None  # None: the verifier's whole vocabulary
+    seq_length: int = 8192  # tokens per packed batch
+    draft_layers: int = 1
+    optimizer: str = "muon"
+    seed: int = 0
+    gpus: int | None = None  # None: every visible GPU (CPU when there is none); 0: CPU
+    checkpoint_freq: float = 1.0  # epochs between checkpoints (< 1: also mid-epoch)
+    log_freq: int = 1
+    num_workers: int | None = None  # dataloader workers; None: 0 on CPU, 4 per GPU process
+    hidden_states_dtype: str = "bfloat16"
+    train_data_ratio: float = 0.9  # the rest of the training rows validates each epoch
+    max_steps: int | None = None
+    vllm_endpoint: str | None = None  # online: an extraction server (speculators' --on-missing generate)
+    served_model: str | None = None  # the id that server reports in /v1/models (default: the verifier path)
+    trust_remote_code: str = "auto"  # auto (when config.json has auto_map) | on | off
+    extra_args: list[str] = field(default_factory=list)
+    min_free_bytes: int = 1 << 30
+    fresh: bool = False
+    preflight_only: bool = False
+    skip_preflight: bool = False
+
+    def validate(self) -> None:
+        if not self.verifier:
+            raise ConfigError("--verifier is required (the verifier model's directory on this host)")
+        for name, low in (("epochs", 1), ("speculative_tokens", 1), ("seq_length", 16), ("draft_layers", 1),
+                          ("log_freq", 1)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
+        if not 0 < self.lr < 10:
+            raise ConfigError(f"--lr must be in (0, 10), got {self.lr}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
+            raise ConfigError(f"--draft-vocab-size must be >= 2, got {self.draft_vocab_size}")
+        if self.optimizer not in ("muon", "adamw"):
+            raise ConfigError(f"--optimizer must be muon or adamw, got {self.optimizer!r}")
+        if self.gpus is not None and not 0 <= self.gpus <= 1024:
+            raise ConfigError(f"--gpus must be 0 (CPU) .. 1024, got {self.gpus}")
+        if self.checkpoint_freq <= 0:
+            raise ConfigError(f"--checkpoint-freq must be > 0, got {self.checkpoint_freq}")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}")
+        if self.hidden_states_dtype not in ("bfloat16", "float32"):
+            raise ConfigError(f"--hidden-states-dtype must be bfloat16 or float32, got {self.hidden_states_dtype!r}")
+        if not 0 < self.train_data_ratio < 1:
+            raise ConfigError(f"--train-data-ratio must be in (0, 1), got {self.train_data_ratio}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if self.vllm_endpoint is not None and not _URL.fullmatch(self.vllm_endpoint):
+            raise ConfigError(f"--vllm-endpoint must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+                              f"got {self.vllm_endpoint!r}")
+        if self.trust_remote_code not in ("auto", "on", "off"):
+            raise ConfigError(f"--trust-remote-code must be auto, on or off, got {self.trust_remote_code!r}")
+        if self.aux_layer_ids is not None and not self.aux_layer_ids:
+            raise ConfigError("--aux-layer-ids is empty")
+        check_extra_args(self.extra_args)
+
+    @property
+    def online(self) -> bool:
+        return self.vllm_endpoint is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int_list(text: str) -> list[int]:
+    text = text.strip()
+    try:
+        value = json.loads(text) if text.startswith("[") else [int(p) for p in re.split(r"[,\s]+", text) if p]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected layer ids such as 1,2,3 ({exc})") from exc
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise argparse.ArgumentTypeError("expected a list of integers such as 1,2,3")
+    return value
+
+
+def _arg_list(text: str) -> list[str]:
+    text = text.strip()
+    if text.startswith("["):
+        value = json.loads(text)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise argparse.ArgumentTypeError("expected a JSON list of strings")
+        return value
+    return shlex.split(text)
+
+
+_HELP = {
+    "input_run": "the extract run whose hidden states to train on, or (with --vllm-endpoint) the prepare run",
+    "verifier": "the verifier model's directory on this host",
+    "aux_layer_ids": "verifier layers whose input states the draft reads (vLLM's convention); default: the "
+                     "extract run's",
+    "draft_vocab_size": "reduce the draft's vocabulary to the N most frequent tokens (default: the verifier's)",
+    "seq_length": "tokens per packed training batch",
+    "gpus": "GPU processes (torchrun when > 1); 0 trains on the CPU; default: every visible GPU",
+    "checkpoint_freq": "epochs between checkpoints; below 1 also saves within an epoch (e.g. 0.25)",
+    "vllm_endpoint": "online training: an extraction server's URL ending in /v1; hidden states are fetched "
+                     "per batch and deleted after use",
+    "served_model": "online: the model id the extraction server serves (speculators checks it; default: "
+                    "the verifier path, vLLM's default id)",
+    "extra_args": "further `speculators train` flags, as one shell-quoted string or a JSON list",
+    "fresh": "archive an existing run directory (renamed, never deleted) and start over",
+    "preflight_only": "run the preflight checks, print them as JSON, and exit",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m backend.train",
+                                description="Train an EAGLE-3 drafter with speculators.")
+    for f in fields(TrainStageConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        help_text = _HELP.get(f.name)
+        if kind == "bool":
+            p.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_text)
+        elif f.name == "aux_layer_ids":
+            p.add_argument(flag, dest=f.name, type=_int_list, default=None, help=help_text)
+        elif f.name == "extra_args":
+            p.add_argument(flag, dest=f.name, type=_arg_list, default=None, help=help_text)
+        elif kind.startswith("int"):
+            p.add_argument(flag, dest=f.name, type=int, default=None, help=help_text)
+        elif kind.startswith("float"):
+            p.add_argument(flag, dest=f.name, type=float, default=None, help=help_text)
+        else:
+            p.add_argument(flag, dest=f.name, type=str, default=None, help=help_text)
+    return p
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, as ConfigError, instead of usage + exit
+        raise ConfigError(message)
+
+
+def parse_config(argv: list[str] | None = None) -> TrainStageConfig:
+    parser = build_parser()
+    parser.__class__ = _Parser
+    args = parser.parse_args(argv)
+    values = {f.name: getattr(args, f.name) for f in fields(TrainStageConfig) if getattr(args, f.name) is not None}
+    config = TrainStageConfig(**values)
+    config.validate()
+    return config

@@ -1,0 +1,339 @@
+"""The train stage: input run -> checks -> run directory -> preflight -> speculators training -> summary.
+
+Order matters for "bad input loses nothing": the input run, the verifier, the aux layer ids and the
+hidden states are checked before the run directory is touched; a run directory holding another run
+(different identity) or another verifier's checkpoints is refused, never overwritten.
+
+Resume: the same command again (same identity) continues from the newest checkpoint (speculators'
+own resume: epoch dir + training_state.json). The worker writes a `resume` event naming the step it
+continues from, so progress events of steps redone after a kill -9 are superseded, not counted twice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from backend.events import EventLog
+from backend.pipeline import CompletedRun, InputError, completed_run, latest_completed
+from backend.runs import Manifest, RunDir, RunDirError, open_run_dir, read_manifest, run_path
+from backend.train import checkpoints as ck
+from backend.train import preflight as pf
+from backend.train.config import ConfigError, TrainStageConfig
+from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_status, speculators_argv
+from backend.train.verifier import VerifierError, VerifierInfo, check_layer_ids, inspect_verifier
+
+STAGE = "train"
+
+
+class StageStopped(Exception):
+    """SIGTERM before training started: nothing to save."""
+
+
+class UsageError(Exception):
+    """Bad input found before the run directory was touched (exit 2, one line)."""
+
+
+def _aux_ids_of(run: CompletedRun) -> list[int] | None:
+    for key in ("aux_layer_ids", "layer_ids"):
+        value = run.summary.get(key)
+        if isinstance(value, list) and all(isinstance(v, int) for v in value):
+            return list(value)
+    return None
+
+
+def resolve_input(c: TrainStageConfig) -> CompletedRun:
+    """The extract run (offline) or prepare run (online) the stage trains on."""
+    if c.input_run is None:
+        return latest_completed(c.work_dir, "prepare" if c.online else "extract")
+    manifest = read_manifest(run_path(c.work_dir, c.input_run)) if os.path.isdir(
+        run_path(c.work_dir, c.input_run)) else None
+    stage = manifest.stage if manifest else ("prepare" if c.online else "extract")
+    if stage == "prepare" and not c.online:
+        raise InputError(f"prepare run {c.input_run} has no hidden states: run extract on it first, or train "
+                         f"online with --vllm-endpoint (an extraction server)")
+    if stage not in ("extract", "prepare"):
+        raise InputError(f"run {c.input_run!r} is a {stage} run; train takes an extract run (or a prepare run "
+                         f"with --vllm-endpoint)")
+    return completed_run(c.work_dir, c.input_run, stage)
+
+
+def _existing_dir(run: CompletedRun, name: str) -> str:
+    path = run.output(name)
+    if not os.path.isdir(path):
+        raise InputError(f"{run.stage} run {run.run_id}: its output {name} ({path}) is missing on this host")
+    return path
+
+
+class Inputs:
+    def __init__(self, c: TrainStageConfig):
+        self.run = resolve_input(c)
+        self.info = inspect_verifier(c.verifier)
+        recorded = _aux_ids_of(self.run)
+        if c.aux_layer_ids is not None and recorded is not None and c.aux_layer_ids != recorded:
+            raise UsageError(f"--aux-layer-ids {c.aux_layer_ids} differ from the ids {recorded} the hidden states "
+                             f"of {self.run.stage} run {self.run.run_id} were extracted with")
+        self.layer_ids = c.aux_layer_ids if c.aux_layer_ids is not None else recorded
+        if self.layer_ids is None:
+            raise UsageError(f"{self.run.stage} run {self.run.run_id} does not say which aux layer ids it used: "
+                             f"pass --aux-layer-ids")
+        check_layer_ids(self.info, self.layer_ids)
+        self.train_data = _existing_dir(self.run, "train_data")
+        self.heldout_data = self.run.outputs.get("heldout_data")
+        self.token_freq = self.run.outputs.get("token_freq")
+        self.train_hs = None if c.online else _existing_dir(self.run, "train_hidden_states")
+        self.heldout_hs = self.run.outputs.get("heldout_hidden_states")
+        if self.train_hs is not None and not any(n.startswith("hs_") for n in os.listdir(self.train_hs)):
+            raise InputError(f"{self.run.stage} run {self.run.run_id}: {self.train_hs} holds no hs_*.safetensors")
+        if c.draft_vocab_size is not None and c.draft_vocab_size < self.info.vocab_size:
+            if not self.token_freq or not os.path.exists(self.token_freq):
+                raise InputError(f"a draft vocabulary of {c.draft_vocab_size} needs the token frequencies of "
+                                 f"{self.run.stage} run {self.run.run_id} (its token_freq output is missing)")
+
+
+def identity_of(c: TrainStageConfig, inputs: Inputs) -> dict[str, Any]:
+    """What makes two train runs the same run: changing any of these refuses a resume."""
+    return {"input_run": inputs.run.run_id, "input_stage": inputs.run.stage, "verifier": inputs.info.path,
+            "verifier_fingerprint": inputs.info.fingerprint, "aux_layer_ids": inputs.layer_ids,
+            "epochs": c.epochs, "lr": c.lr, "speculative_tokens": c.speculative_tokens,
+            "draft_vocab_size": c.draft_vocab_size, "seq_length": c.seq_length, "draft_layers": c.draft_layers,
+            "optimizer": c.optimizer, "seed": c.seed, "hidden_states_dtype": c.hidden_states_dtype,
+            "train_data_ratio": c.train_data_ratio, "max_steps": c.max_steps, "online": c.online,
+            "extra_args": c.extra_args}
+
+
+def gpu_count() -> int:
+    """GPUs torch sees (0 without torch: the preflight's module check then says how to install it)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def processes_for(c: TrainStageConfig, available: int) -> int:
+    """GPU processes to start (0: the CPU)."""
+    return available if c.gpus is None else c.gpus
+
+
+def vocab_files(c: TrainStageConfig, inputs: Inputs, run_dir: str) -> tuple[int, str, str] | None:
+    """The reduced draft vocabulary as speculators' d2t/t2d files, built in the run dir (speculators would
+    write them beside the input data, in another run's directory)."""
+    size = c.draft_vocab_size
+    if size is None or size >= inputs.info.vocab_size:
+        return None
+    import numpy as np
+    import torch
+    from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
+
+    out = os.path.join(run_dir, VOCAB_DIR)
+    d2t_path, t2d_path = os.path.join(out, f"d2t-{size}.npy"), os.path.join(out, f"t2d-{size}.npy")
+    if not (os.path.exists(d2t_path) and os.path.exists(t2d_path)):
+        os.makedirs(out, exist_ok=True)
+        freq = torch.load(inputs.token_freq, weights_only=True)
+        d2t, t2d = build_vocab_mappings_from_distribution(freq, size, inputs.info.vocab_size)
+        for path, array in ((d2t_path, d2t), (t2d_path, t2d)):
+            with open(path + ".tmp", "wb") as f:
+                np.save(f, array.cpu().numpy())
+            os.replace(path + ".tmp", path)
+    return size, d2t_path, t2d_path
+
+
+def estimate_checkpoint_bytes(c: TrainStageConfig, info: VerifierInfo, layers: int) -> int:
+    h = info.hidden_size
+    vocab = c.draft_vocab_size or info.vocab_size
+    trainable = c.draft_layers * (8 * h * h + 3 * h * (4 * h)) + layers * h * h
+    params = trainable + info.vocab_size * h + vocab * h
+    saves = c.epochs if c.checkpoint_freq <= 1 else max(1, int(c.epochs // c.checkpoint_freq))
+    return pf.checkpoint_bytes(params, trainable, saves + 1)
+
+
+class Stage:
+    def __init__(self, config: TrainStageConfig):
+        self.c = config
+        self.events: EventLog | None = None
+        self.phase = "setup"
+        self.stop = False
+        self.child: subprocess.Popen | None = None
+
+    def emit(self, kind: str, **data: Any) -> None:
+        if kind == "error":
+            print(f"train: error: {data.get('message')}", file=sys.stderr)
+        if self.events is None:
+            return
+        try:
+            self.events.emit(kind, **data)
+        except OSError as exc:
+            print(f"train: could not write the {kind} event: {exc}", file=sys.stderr)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop = True
+        if self.phase == "setup":
+            raise StageStopped(signal.Signals(signum).name)
+        if self.child is not None:
+            _signal_workers(self.child.pid, signum)
+
+    def preflight(self, inputs: Inputs, processes: int, available: int, where: str) -> pf.PreflightReport:
+        report = pf.PreflightReport()
+        pf.check_modules(report)
+        pf.check_gpus(report, processes, available)
+        pf.check_disk(report, where, estimate_checkpoint_bytes(self.c, inputs.info, len(inputs.layer_ids))
+                      + self.c.min_free_bytes)
+        return report
+
+    def run(self) -> int:
+        c = self.c
+        try:
+            inputs = Inputs(c)
+        except (InputError, VerifierError, UsageError, ConfigError) as exc:
+            print(f"train: {exc}", file=sys.stderr)
+            return 2
+        available = gpu_count()
+        processes = processes_for(c, available)
+        if c.preflight_only:
+            report = self.preflight(inputs, processes, available, run_path(c.work_dir, c.run_id))
+            print(json.dumps(report.to_dict(), indent=2))
+            return 0 if report.ok else 1
+        manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs),
+                            settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint,
+                                      "served_model": c.served_model,
+                                      "checkpoint_freq": c.checkpoint_freq, "log_freq": c.log_freq,
+                                      "num_workers": c.num_workers})
+        try:
+            run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
+            save_path = os.path.join(run_dir.path, CHECKPOINTS_DIR)
+            ck.check_save_root(save_path, inputs.info)
+        except (RunDirError, ck.CheckpointError) as exc:
+            print(f"train: {exc}", file=sys.stderr)
+            return 2
+        self.events = EventLog(run_dir.events_path, STAGE, c.run_id)
+        old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self._run(run_dir, inputs, processes, available, save_path)
+        except StageStopped:
+            return self._finish(run_dir, inputs, save_path, "stopped", None)
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            self.events.close()
+
+    def _run(self, run_dir: RunDir, inputs: Inputs, processes: int, available: int, save_path: str) -> int:
+        c = self.c
+        if not c.skip_preflight:
+            report = self.preflight(inputs, processes, available, run_dir.path)
+            if not report.ok:
+                return self._finish(run_dir, inputs, save_path, "failed", f"preflight failed: {report.failures()}",
+                                    preflight=report.to_dict())
+        ck.mark_save_root(save_path, inputs.info)
+        vocab = vocab_files(c, inputs, run_dir.path)
+        cpu = processes == 0
+        workers = c.num_workers if c.num_workers is not None else (0 if cpu else 4)
+        plan = TrainPlan(run_id=c.run_id, run_dir=run_dir.path, events_path=run_dir.events_path,
+                         verifier=inputs.info.path, save_path=save_path, processes=max(1, processes),
+                         device="cpu" if cpu else "gpu", served_model=c.served_model,
+                         argv=speculators_argv(c, train_data=inputs.train_data, hidden_states=inputs.train_hs,
+                                               save_path=save_path, layer_ids=inputs.layer_ids, vocab=vocab,
+                                               remote_code=self._remote_code(inputs.info), cpu=cpu,
+                                               num_workers=workers, log_dir=os.path.join(run_dir.path, "logs"),
+                                               cache_dir=os.path.join(run_dir.path, "hs-cache")))
+        plan_path = plan.save()
+        self.emit("start", total=0, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
+                  processes=plan.processes, device=plan.device, verifier=inputs.info.to_dict(),
+                  aux_layer_ids=inputs.layer_ids, input_run=inputs.run.run_id)
+        try:
+            os.remove(os.path.join(run_dir.path, "train_status.json"))
+        except FileNotFoundError:
+            pass
+        self.phase = "training"
+        error = None
+        try:
+            if plan.processes == 1:
+                from backend.train.worker import train
+                train(plan, stop_check=lambda: self.stop)
+            else:
+                error = self._torchrun(plan, plan_path)
+        except StageStopped:
+            raise
+        except Exception as exc:  # the worker's failure is the stage's reason
+            error = f"{type(exc).__name__}: {exc}"
+        self.phase = "finishing"
+        status_file = read_status(run_dir.path) or {}
+        status = status_file.get("status") if error is None else "failed"
+        if status not in ("completed", "stopped"):
+            status, error = "failed", error or "training ended without a status (the worker died)"
+        return self._finish(run_dir, inputs, save_path, status, error)
+
+    def _remote_code(self, info: VerifierInfo) -> bool:
+        return {"auto": info.remote_code, "on": True, "off": False}[self.c.trust_remote_code]
+
+    def _torchrun(self, plan: TrainPlan, plan_path: str) -> str | None:
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.processes}",
+               "-m", "backend.train.worker", plan_path]
+        self.child = subprocess.Popen(cmd, env=env)
+        while True:
+            try:
+                code = self.child.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return None if code == 0 else f"torchrun exited {code} (see the lines above for the failing rank)"
+
+    def _finish(self, run_dir: RunDir, inputs: Inputs, save_path: str, status: str, error: str | None,
+                **extra: Any) -> int:
+        best = ck.best_checkpoint(save_path)
+        state = read_status(run_dir.path) or {}
+        outputs = {"checkpoints": save_path, "checkpoint": best, "heldout_data": inputs.heldout_data,
+                   "heldout_hidden_states": inputs.heldout_hs, "token_freq": inputs.token_freq,
+                   "train_data": inputs.train_data}
+        summary: dict[str, Any] = {"stage": STAGE, "run_id": self.c.run_id, "status": status,
+                                   "outputs": {k: v for k, v in outputs.items() if v},
+                                   "verifier": inputs.info.path, "aux_layer_ids": inputs.layer_ids,
+                                   "speculative_tokens": self.c.speculative_tokens,
+                                   "draft_vocab_size": self.c.draft_vocab_size or inputs.info.vocab_size,
+                                   "epochs": self.c.epochs, "steps": state.get("global_step"),
+                                   "done": state.get("global_step") or 0,
+                                   "checkpoint_epochs": ck.epoch_dirs(save_path), "online": self.c.online,
+                                   "vllm_endpoint": self.c.vllm_endpoint, **extra}
+        if status == "completed":
+            summary["total"] = summary["done"]
+        if status == "completed" and best is None:
+            status, error = "failed", "training finished but left no checkpoint"
+            summary["status"] = status
+        if error:
+            summary["error"] = error
+            self.emit("error", message=error, fatal=True)
+        try:
+            run_dir.write_summary(summary)
+        except OSError as exc:
+            print(f"train: could not write {run_dir.summary_path}: {exc}", file=sys.stderr)
+        self.emit("finish", status=status, summary=summary)
+        print(f"train: {status}" + (f": {error}" if error else f"; checkpoint {best}"), file=sys.stderr)
+        return 0 if status in ("completed", "stopped") else 1
+
+
+def _signal_workers(pid: int, signum: int) -> None:
+    """Signal torchrun's workers directly (they save and exit 0; torchrun then exits by itself)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            children.append(int(entry))
+    for child in children or [pid]:
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+

@@ -1,0 +1,198 @@
+"""What the drafter stages need to know about the verifier on this host, read once from its files.
+
+`inspect_verifier(path)` reads config.json (unwrapping `text_config` for nested, Kimi-K2.5-style configs)
+and the weight index, and returns a `VerifierInfo`: layer count, hidden and vocab size, whether it needs
+remote code, and the EXACT tensor names of the language model's embedding, lm_head and final norm.
+
+Why exact names: speculators 0.9.0 (`speculators.utils.loading.load_model_layers`) finds
+`embed_tokens.weight`, `lm_head.weight` and `model.norm.weight` by exact key, then by the SHORTEST key with
+that suffix, so in a multimodal checkpoint `vision_model.norm.weight` wins over
+`language_model.model.norm.weight`: the drafter would silently train against a vision tower's norm. The
+names are pinned here from the decoder's own layer keys, shape-checked, and handed to speculators by
+backend.train.adapters.pinned_verifier_tensors.
+
+Every problem is a VerifierError whose message is one line saying which file and what to do.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+CONFIG_FILE = "config.json"
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# the three names speculators asks the verifier for (model.py: _load_verifier_weights)
+EMBED, LM_HEAD, NORM = "embed_tokens.weight", "lm_head.weight", "model.norm.weight"
+_LAYER_KEY = re.compile(r"^(?P<prefix>(?:[A-Za-z0-9_]+\.)*?)layers\.(?P<index>\d+)\.")
+
+
+class VerifierError(ValueError):
+    """The verifier cannot be used; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class VerifierInfo:
+    path: str
+    architectures: list[str]
+    model_type: str
+    nested: bool  # the language model's settings sit under text_config
+    remote_code: bool  # config.json names classes in `auto_map`: load with trust_remote_code
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    pinned: dict[str, str] = field(default_factory=dict)  # speculators' name -> exact checkpoint key
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # exact key -> shape (pinned keys)
+    keys: tuple[str, ...] = field(default=(), repr=False, compare=False)  # every tensor name
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies this verifier's shape and tensors without reading weights (for refusing checkpoints
+        trained against another verifier)."""
+        blob = json.dumps({"arch": self.architectures, "layers": self.num_layers, "hidden": self.hidden_size,
+                           "vocab": self.vocab_size, "pinned": self.pinned, "shapes": self.shapes},
+                          sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def needs_pinning(self) -> bool:
+        """True when speculators' own suffix lookup would not pick exactly the pinned tensors."""
+        keys = list(self.keys)
+        return any(speculators_pick(name, keys) != key for name, key in self.pinned.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["keys"]
+        return {**out, "fingerprint": self.fingerprint}
+
+
+def speculators_pick(name: str, keys: list[str]) -> str | None:
+    """The key speculators 0.9.0 would take for `name`: exact, else the shortest key ending with it
+    (aliases aside). Used only to detect when pinning changes the outcome."""
+    if name in keys:
+        return name
+    matches = [k for k in keys if k.endswith(name)]
+    return min(matches, key=len) if matches else None
+
+
+def _read_json(path: str, what: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise VerifierError(f"{path} is missing: {what}") from None
+    except OSError as exc:
+        raise VerifierError(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise VerifierError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise VerifierError(f"{path} is not a JSON object")
+    return data
+
+
+def weight_shapes(path: str) -> dict[str, list[int]]:
+    """Every tensor name of the checkpoint at `path` with its shape, from safetensors headers only."""
+    from safetensors import safe_open
+
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.exists(index):
+        weight_map = _read_json(index, "").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise VerifierError(f"{index} has no weight_map object")
+        files = sorted(set(weight_map.values()))
+    elif os.path.exists(os.path.join(path, SINGLE_FILE)):
+        files = [SINGLE_FILE]
+    else:
+        raise VerifierError(f"{path} has neither {INDEX_FILE} nor {SINGLE_FILE}: not a safetensors checkpoint")
+    shapes: dict[str, list[int]] = {}
+    for name in files:
+        file = os.path.join(path, name)
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    shapes[key] = list(f.get_slice(key).get_shape())
+        except FileNotFoundError:
+            raise VerifierError(f"{file} is missing (named in {INDEX_FILE})") from None
+        except Exception as exc:  # safetensors raises its own error types for a damaged header
+            raise VerifierError(f"{file} is not a readable safetensors file ({exc})") from None
+    return shapes
+
+
+def _decoder_prefixes(keys: list[str], num_layers: int) -> list[str]:
+    """Prefixes P under which `P + layers.<i>.` exist for every decoder layer, longest count first."""
+    seen: dict[str, set[int]] = {}
+    for key in keys:
+        m = _LAYER_KEY.match(key)
+        if m:
+            seen.setdefault(m.group("prefix"), set()).add(int(m.group("index")))
+    return [p for p, idx in seen.items() if set(range(num_layers)) <= idx]
+
+
+def pin_tensors(shapes: dict[str, list[int]], num_layers: int, hidden: int, vocab: int, tied: bool,
+                path: str) -> dict[str, str]:
+    """The exact keys of the language model's embedding, lm_head and final norm (see module docstring)."""
+    keys = list(shapes)
+    candidates = []
+    for prefix in _decoder_prefixes(keys, num_layers):
+        embed, norm = f"{prefix}embed_tokens.weight", f"{prefix}norm.weight"
+        if embed in shapes and norm in shapes:
+            candidates.append(prefix)
+    if len(candidates) != 1:
+        found = ", ".join(repr(p) for p in candidates) or "none"
+        raise VerifierError(f"{path}: cannot tell which tensors are the language model's ({num_layers} decoder "
+                            f"layers with embed_tokens and norm beside them; found prefixes: {found})")
+    prefix = candidates[0]
+    parent = prefix[: -len("model.")] if prefix.endswith("model.") else prefix
+    head = f"{parent}lm_head.weight"
+    if head not in shapes:
+        if not tied:
+            raise VerifierError(f"{path}: no {head!r} tensor and tie_word_embeddings is false")
+        head = f"{prefix}embed_tokens.weight"
+    pinned = {EMBED: f"{prefix}embed_tokens.weight", LM_HEAD: head, NORM: f"{prefix}norm.weight"}
+    want = {EMBED: [vocab, hidden], LM_HEAD: [vocab, hidden], NORM: [hidden]}
+    for name, key in pinned.items():
+        if shapes[key] != want[name]:
+            raise VerifierError(f"{path}: tensor {key!r} has shape {shapes[key]}, expected {want[name]} for the "
+                                f"language model's {name.split('.')[0]} (hidden {hidden}, vocab {vocab})")
+    return pinned
+
+
+def inspect_verifier(path: str) -> VerifierInfo:
+    """Read the verifier at `path` (a local directory on this host); VerifierError says what is wrong."""
+    if not os.path.isdir(path):
+        raise VerifierError(f"verifier path {path} does not exist on this host (or is not a directory): "
+                            f"point the profile's server.model_path at the model directory")
+    config = _read_json(os.path.join(path, CONFIG_FILE), "not a Hugging Face model directory")
+    text = config.get("text_config")
+    nested = isinstance(text, dict)
+    lm = text if nested else config
+    try:
+        num_layers = int(lm["num_hidden_layers"])
+        hidden = int(lm["hidden_size"])
+        vocab = int(lm["vocab_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        where = "text_config" if nested else "the top level"
+        raise VerifierError(f"{os.path.join(path, CONFIG_FILE)}: {where} lacks a usable {exc} "
+                            f"(num_hidden_layers, hidden_size and vocab_size are needed)") from None
+    tied = bool(lm.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    shapes = weight_shapes(path)
+    pinned = pin_tensors(shapes, num_layers, hidden, vocab, tied, path)
+    return VerifierInfo(path=os.path.abspath(path), architectures=list(config.get("architectures") or []),
+                        model_type=str(config.get("model_type", "")), nested=nested,
+                        remote_code=isinstance(config.get("auto_map"), dict), num_layers=num_layers,
+                        hidden_size=hidden, vocab_size=vocab, pinned=pinned,
+                        shapes={k: shapes[k] for k in sorted(set(pinned.values()))}, keys=tuple(shapes))
+
+
+def check_layer_ids(info: VerifierInfo, layer_ids: list[int]) -> None:
+    """Aux layer ids in vLLM's convention: the state entering decoder layer L, so 0 <= L < num_layers."""
+    if not layer_ids:
+        raise VerifierError("no aux layer ids: set [drafter] aux_layer_ids in the profile (e.g. [2, n//2, n-3])")
+    bad = [i for i in layer_ids if not 0 <= i < info.num_layers]
+    if bad:
+        raise VerifierError(f"aux layer ids {bad} are out of range for {info.path} ({info.num_layers} decoder "
+                            f"layers: valid ids are 0..{info.num_layers - 1}, the state entering that layer)")
+    if len(set(layer_ids)) != len(layer_ids):
+        raise VerifierError(f"aux layer ids {layer_ids} repeat a layer")

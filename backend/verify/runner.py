@@ -1,0 +1,213 @@
+"""The verify stage: a train run's checkpoint -> checks as vLLM will load it -> offline acceptance.
+
+`python -m backend.verify --work-dir W --input-run TRAIN_RUN [--speculative-tokens K] [--samples N]`
+checks the checkpoint (backend/verify/checks.py), loads it, and measures offline acceptance
+(backend/verify/acceptance.py) on the held-out rows the drafter never trained on (the prepare run's
+heldout split, with the extract run's hidden states, or fetched from an extraction server with
+--vllm-endpoint), next to an untrained draft of the same shape. Writes verify.json in its run
+directory, prints a table, and the finish event carries the same report as its summary.
+
+Exit codes: 0 the checkpoint passed every check (acceptance is reported, not judged), 1 a check failed
+or acceptance could not be measured, 2 unusable arguments or input run (nothing was written).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from backend.events import EventLog
+from backend.generate.preflight import PreflightReport
+from backend.pipeline import CompletedRun, InputError, completed_run, latest_completed
+from backend.runs import Manifest, RunDirError, open_run_dir, write_json_atomic
+from backend.train import checkpoints as ck
+from backend.train.verifier import VerifierError, inspect_verifier
+from backend.verify import checks
+
+STAGE = "verify"
+REPORT_FILE = "verify.json"
+
+
+@dataclass
+class VerifyConfig:
+    work_dir: str = "."
+    run_id: str = "verify"
+    input_run: str | None = None  # a train run; default the latest completed one
+    checkpoint: str | None = None  # a checkpoint dir instead of the train run's best
+    verifier: str | None = None  # default: the train run's verifier
+    speculative_tokens: int | None = None  # default: the train run's
+    samples: int = 64
+    vllm_endpoint: str | None = None  # held-out hidden states from an extraction server
+    served_model: str | None = None  # the id that server serves (default: the verifier path)
+    seed: int = 0
+    fresh: bool = False
+
+
+def parse_args(argv: list[str] | None) -> VerifyConfig:
+    p = argparse.ArgumentParser(prog="python -m backend.verify", description=__doc__.split("\n")[0])
+    p.add_argument("--work-dir", default=".")
+    p.add_argument("--run-id", default="verify")
+    p.add_argument("--input-run", help="the train run whose checkpoint to verify (default: the latest completed)")
+    p.add_argument("--checkpoint", help="verify this checkpoint directory instead of the train run's best")
+    p.add_argument("--verifier", help="the verifier's directory on this host (default: the train run's)")
+    p.add_argument("--speculative-tokens", type=int, help="k draft tokens (default: the train run's)")
+    p.add_argument("--samples", type=int, default=64, help="held-out samples to measure on")
+    p.add_argument("--vllm-endpoint", help="fetch held-out hidden states from this extraction server (…/v1)")
+    p.add_argument("--served-model", help="the model id the extraction server serves (default: the verifier path)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the untrained baseline draft")
+    p.add_argument("--fresh", action="store_true", help="archive an existing run directory and start over")
+    args = p.parse_args(argv)
+    config = VerifyConfig(**vars(args))
+    if config.samples < 1:
+        p.error(f"--samples must be >= 1, got {config.samples}")
+    if config.speculative_tokens is not None and not 1 <= config.speculative_tokens <= 32:
+        p.error(f"--speculative-tokens must be 1..32, got {config.speculative_tokens}")
+    return config
+
+
+def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | None,
+                    served_model: str | None = None) -> Iterator[dict[str, Any]]:
+    """Held-out rows with their hidden states, as speculators' own dataset reads them."""
+    import torch
+    from hs_connectors.transfer import FileTransfer
+    from speculators.train.data import ArrowDataset
+
+    data = run.output("heldout_data")
+    hs = run.outputs.get("heldout_hidden_states")
+    if hs is None and endpoint is None:
+        raise InputError(f"train run {run.run_id} has no held-out hidden states (it trained online): pass "
+                         f"--vllm-endpoint with the extraction server")
+    for path in (data, hs):
+        if path is not None and not os.path.isdir(path):
+            raise InputError(f"train run {run.run_id}: {path} is missing on this host")
+    transfer = FileTransfer(Path(hs if hs else os.path.join(run.path, "hs-cache")))
+    dataset = ArrowDataset(max_len=1 << 30, datapath=data, transfer=transfer,
+                           vllm_endpoint=endpoint or "http://127.0.0.1:8000/v1",
+                           on_missing="raise" if endpoint is None else "generate", train_ratio=1.0,
+                           hidden_states_dtype=torch.float32,
+                           model=(served_model or info.path) if endpoint else None)
+    for i in range(min(limit, len(dataset))):
+        item = dataset[i]
+        if isinstance(item, dict):
+            yield {k: (v.float() if k in ("hidden_states", "verifier_last_hidden_states") else v)
+                   for k, v in item.items()}
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [f"verify: {report['checkpoint']}", ""]
+    width = max(len(c["name"]) for c in report["checks"]) if report["checks"] else 5
+    for c in report["checks"]:
+        lines.append(f"  {c['name']:<{width}}  {'ok  ' if c['ok'] else 'FAIL'}  {c['detail']}"
+                     + (f"\n  {'':<{width}}        -> {c['fix']}" if c.get("fix") else ""))
+    acc = report.get("acceptance")
+    if acc:
+        k = acc["k"]
+        trained, base = acc["trained"], acc["untrained"]
+        lines += ["", f"offline acceptance, k={k}: {trained['samples']} held-out samples, {trained['anchors']} "
+                      f"anchor positions (greedy chain)", ""]
+        head = "".join(f"  pos{j + 1:<4}" for j in range(k))
+        lines.append(f"  {'draft':<16}{head}  mean accepted  acceptance length")
+        for name, a in (("trained", trained), ("untrained", base)):
+            cells = "".join(f"  {p:<7.3f}" for p in a["per_position"])
+            lines.append(f"  {name:<16}{cells}  {a['mean_accepted']:<13.3f}  {a['mean_acceptance_length']:.3f}")
+    if report.get("error"):
+        lines += ["", f"error: {report['error']}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    c = parse_args(argv)
+    try:
+        run = completed_run(c.work_dir, c.input_run, "train") if c.input_run else latest_completed(c.work_dir, "train")
+        ckpt = c.checkpoint or run.output("checkpoint")
+        if not os.path.isdir(ckpt):
+            raise InputError(f"checkpoint {ckpt} does not exist on this host")
+        verifier = c.verifier or run.summary.get("verifier")
+        if not isinstance(verifier, str):
+            raise InputError(f"train run {run.run_id} does not name its verifier: pass --verifier")
+        info = inspect_verifier(verifier)
+        config = ck.read_config(ckpt)
+        keys = checks.header(ckpt)
+    except (InputError, VerifierError, ck.CheckpointError) as exc:
+        print(f"verify: {exc}", file=sys.stderr)
+        return 2
+    k = c.speculative_tokens or run.summary.get("speculative_tokens") or checks._speculative_tokens(config) or 3
+    identity = {"input_run": run.run_id, "checkpoint": os.path.realpath(ckpt), "verifier": info.path,
+                "speculative_tokens": k, "samples": c.samples, "seed": c.seed}
+    try:
+        run_dir = open_run_dir(c.work_dir, c.run_id, Manifest(stage=STAGE, run_id=c.run_id, identity=identity,
+                                                               settings={"vllm_endpoint": c.vllm_endpoint}),
+                               fresh=c.fresh)
+    except RunDirError as exc:
+        print(f"verify: {exc}", file=sys.stderr)
+        return 2
+    events = EventLog(run_dir.events_path, STAGE, c.run_id)
+    started = time.monotonic()
+    events.emit("start", total=c.samples, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed)
+    report: dict[str, Any] = {"stage": STAGE, "run_id": c.run_id, "checkpoint": os.path.realpath(ckpt),
+                              "train_run": run.run_id, "verifier": info.path, "k": k}
+    pre = PreflightReport()
+    checks.check_format(pre, ckpt, config, keys)
+    checks.check_layer_ids(pre, config, info, keys)
+    checks.check_vocab(pre, ckpt, config, info, keys)
+    checks.check_verifier(pre, ckpt, config, info)
+    error = None
+    if pre.ok:
+        try:
+            report["acceptance"] = measure(ckpt, info, run, k, c, events, pre, keys)
+        except InputError as exc:
+            error = str(exc)
+        except Exception as exc:  # a checkpoint that does not load is what this stage exists to catch
+            pre.add("weights_load", False, f"{type(exc).__name__}: {exc}", "retrain, or check the checkpoint files")
+    report["checks"] = [asdict(x) for x in pre.checks]
+    report["ok"] = pre.ok and error is None
+    if error:
+        report["error"] = error
+    elif not pre.ok:
+        report["error"] = pre.failures()
+    report["elapsed_s"] = round(time.monotonic() - started, 2)
+    report["outputs"] = {"report": run_dir.file(REPORT_FILE), "checkpoint": os.path.realpath(ckpt)}
+    write_json_atomic(run_dir.file(REPORT_FILE), report)
+    run_dir.write_summary(report)
+    status = "completed" if report["ok"] else "failed"
+    if not report["ok"]:
+        events.emit("error", message=report["error"], fatal=True)
+    events.emit("finish", status=status, summary=report)
+    events.close()
+    print(table(report))
+    return 0 if report["ok"] else 1
+
+
+def measure(ckpt: str, info: Any, run: CompletedRun, k: int, c: VerifyConfig, events: EventLog,
+            pre: PreflightReport, keys: dict[str, list[int]]) -> dict[str, Any]:
+    import torch
+
+    from backend.verify.acceptance import offline_acceptance
+    from backend.verify.draft import load_draft, saved_tensor_names, untrained_draft, verifier_head
+
+    trained = load_draft(ckpt, info)
+    missing = sorted(saved_tensor_names(trained) - set(keys))
+    if missing:
+        pre.add("weights_load", False, f"the checkpoint lacks {len(missing)} draft tensors ({', '.join(missing[:4])})",
+                "retrain: the save was incomplete")
+        raise InputError(f"checkpoint {ckpt} is incomplete")
+    bad = [n for n, t in trained.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    pre.add("weights_load", not bad, f"speculators loads it; all {len(keys)} tensors present"
+            + ("" if not bad else f"; non-finite values in {', '.join(bad[:4])}"), "retrain: the weights diverged")
+    if bad:
+        raise InputError(f"checkpoint {ckpt} has non-finite weights")
+    baseline = untrained_draft(ckpt, info, seed=c.seed)
+    head = verifier_head(trained, info)
+    samples = list(heldout_samples(run, info, c.samples, c.vllm_endpoint, c.served_model))
+    if not samples:
+        raise InputError(f"train run {run.run_id}: no held-out samples to measure on")
+    with torch.no_grad():
+        a = offline_acceptance(trained, head, samples, k)
+        events.emit("progress", done=len(samples), total=len(samples), phase="trained",
+                    mean_acceptance_length=round(a.mean_acceptance_length, 4))
+        b = offline_acceptance(baseline, head, samples, k)
+    return {"k": k, "trained": a.to_dict(), "untrained": b.to_dict()}

@@ -1,0 +1,122 @@
+"""The host-side pipeline chain (backend/chain): order, the first failure's reason, resume, SIGTERM.
+
+The stages here are small programs that keep the run-directory contract exactly as the real stage
+programs do (backend/runs.py, backend/events.py); the whole chain over the real stages runs in the
+pipeline's end-to-end test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from backend.chain.plan import PlanError, parse_plan
+from backend.pipeline import completed_run
+
+REPO = Path(__file__).resolve().parent.parent
+STAGE_PROGRAM = """
+import os, signal, sys, time
+from backend.events import EventLog
+from backend.runs import Manifest, open_run_dir
+stage, run_id, work = sys.argv[1:4]
+rd = open_run_dir(work, run_id, Manifest(stage=stage, run_id=run_id, identity={"stage": stage}))
+log = EventLog(rd.events_path, stage, run_id)
+log.emit("start", total=1)
+stop = []
+signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+behaviour = os.environ.get("E3_" + stage.upper(), "ok")
+if behaviour == "sleep":
+    while not stop:
+        time.sleep(0.05)
+    rd.write_summary({"status": "stopped"})
+    log.emit("finish", status="stopped", summary={"status": "stopped"})
+    sys.exit(0)
+if behaviour == "fail":
+    rd.write_summary({"status": "failed", "error": stage + " could not go on: disk full"})
+    log.emit("finish", status="failed", summary={"status": "failed", "error": stage + " could not go on: disk full"})
+    sys.exit(1)
+with open(os.path.join(work, "order.txt"), "a") as f:
+    f.write(stage + "\\n")
+summary = {"status": "completed", "outputs": {stage + "_out": rd.path}}
+rd.write_summary(summary)
+log.emit("finish", status="completed", summary=summary)
+"""
+
+
+def plan(tmp_path: Path, stages=("prepare", "extract", "train")) -> Path:
+    prog = tmp_path / "stage.py"
+    prog.write_text(STAGE_PROGRAM)
+    work = tmp_path / "work"
+    entries = [{"stage": s, "run_id": f"night-{s}", "argv": [sys.executable, str(prog), s, f"night-{s}", str(work)],
+                "env": {"PYTHONPATH": str(REPO)}} for s in stages]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"stages": entries}))
+    return path
+
+
+def chain(tmp_path: Path, plan_path: Path, env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "backend.chain", "--work-dir", str(tmp_path / "work"),
+                             "--run-id", "night", "--plan", str(plan_path)], cwd=REPO,
+                            env={**os.environ, **(env or {})}, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def events(tmp_path: Path) -> list[dict]:
+    return [json.loads(l) for l in (tmp_path / "work" / "runs" / "night" / "events.jsonl").read_text().splitlines()]
+
+
+def test_stages_run_in_order_and_the_last_outputs_are_the_chains(tmp_path):
+    proc = chain(tmp_path, plan(tmp_path))
+    assert proc.wait(60) == 0, proc.stderr.read()
+    assert (tmp_path / "work" / "order.txt").read_text().split() == ["prepare", "extract", "train"]
+    run = completed_run(str(tmp_path / "work"), "night", "pipeline")
+    assert run.outputs == {"train_out": str(tmp_path / "work" / "runs" / "night-train")}
+    progress = [(e["current"], e["done"]) for e in events(tmp_path) if e["kind"] == "progress"]
+    assert progress == [("prepare", 0), ("prepare", 1), ("extract", 1), ("extract", 2), ("train", 2), ("train", 3)]
+
+
+def test_stops_at_the_first_failure_with_its_reason_and_resumes_there(tmp_path):
+    path = plan(tmp_path)
+    proc = chain(tmp_path, path, {"E3_EXTRACT": "fail"})
+    assert proc.wait(60) == 1
+    assert "extract run night-extract failed: extract could not go on: disk full" in proc.stderr.read()
+    finish = events(tmp_path)[-1]
+    assert finish["status"] == "failed" and finish["summary"]["failed_stage"] == "extract"
+    assert (tmp_path / "work" / "order.txt").read_text().split() == ["prepare"]  # train never started
+    again = chain(tmp_path, path)  # the same run id: prepare is not run again, extract resumes
+    assert again.wait(60) == 0, again.stderr.read()
+    assert (tmp_path / "work" / "order.txt").read_text().split() == ["prepare", "extract", "train"]
+    assert [s.get("skipped", False) for s in events(tmp_path)[-1]["summary"]["stages"]] == [True, False, False]
+
+
+def test_sigterm_stops_the_running_stage_cleanly(tmp_path):
+    path = plan(tmp_path)
+    proc = chain(tmp_path, path, {"E3_EXTRACT": "sleep"})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(e.get("current") == "extract" for e in
+                                                  (events(tmp_path) if (tmp_path / "work/runs/night/events.jsonl").exists() else [])):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert events(tmp_path)[-1]["status"] == "stopped"
+    assert json.loads((tmp_path / "work/runs/night-extract/summary.json").read_text())["status"] == "stopped"
+    assert chain(tmp_path, path).wait(60) == 0  # and the same id goes on from there
+
+
+@pytest.mark.parametrize("data, message", [
+    ({}, "non-empty list `stages`"),
+    ({"stages": [{"stage": "nap", "run_id": "a", "argv": ["x"]}]}, "stages[0].stage: expected one of"),
+    ({"stages": [{"stage": "train", "run_id": "a\n", "argv": ["x"]}]}, "stages[0].run_id"),
+    ({"stages": [{"stage": "train", "run_id": "a", "argv": []}]}, "stages[0].argv"),
+    ({"stages": [{"stage": "train", "run_id": "a", "argv": ["x"]}, {"stage": "prepare", "run_id": "b", "argv": ["x"]}]},
+     "out of pipeline order"),
+])
+def test_bad_plans_are_named(data, message):
+    with pytest.raises(PlanError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_plan(data)

@@ -1,0 +1,194 @@
+"""The extraction swap plan built from the profile (console/control/extraction.py), read back by the stage
+(backend/extract/plan.py); the data stages' command lines; the disk estimate; the new profile sections.
+Pure: argv lists and numbers, no host."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from backend.extract import disk
+from backend.extract.plan import PlanError, plan_from_dict
+from console.control.data_stages import extract_argv, prepare_argv, verifier_path
+from console.control.extraction import (ExtractionPlanError, build_plan, describe_plan, extraction_flags,
+                                        extractor_unit, staging_dir)
+from console.profile import ProfileError, profile_from_dict
+
+AUX = [2, 30, 58]
+
+
+def profile(manager: str = "systemd", **server):
+    data = {"host": {"name": "gpu-host.example", "user": "ubuntu"},
+            "server": {"manager": manager, "unit": "vllm-kimi", "model_path": "/shared/kimi", "port": 8000,
+                       "served_model_name": "kimi", "reasoning_parser": "kimi_k2",
+                       "vllm_args": ["--tensor-parallel-size", "8", "--trust-remote-code"], **server},
+            "paths": {"work_dir": "/data/eagle3", "python": "/opt/venv/bin/python"},
+            "drafter": {"aux_layer_ids": AUX}}
+    return profile_from_dict(data)
+
+
+def flags(storage: str) -> list[str]:
+    return ["--speculative-config",
+            '{"method":"extract_hidden_states","num_speculative_tokens":1,"draft_model_config":'
+            '{"hf_config":{"eagle_aux_hidden_state_layer_ids":[2,30,58]}}}',
+            "--kv-transfer-config",
+            '{"kv_connector":"ExampleHiddenStatesConnector","kv_role":"kv_producer",'
+            f'"kv_connector_extra_config":{{"shared_storage_path":"{storage}"}}}}']
+
+
+BASELINE = ["vllm", "serve", "/shared/kimi", "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "kimi",
+            "--reasoning-parser", "kimi_k2", "--tensor-parallel-size", "8", "--trust-remote-code"]
+
+
+def test_systemd_plan_swaps_the_operators_unit_for_a_transient_extraction_unit():
+    p = profile()
+    plan = build_plan(p, "extract-1", AUX)
+    storage = "/data/eagle3/extract-staging/extract-1"
+    assert plan["storage_path"] == staging_dir(p, "extract-1") == storage
+    assert plan["extractor_unit"] == extractor_unit(p) == "vllm-kimi-extract"
+    assert plan["extractor_command"] == BASELINE + flags(storage)
+    assert plan["stop_baseline"] == ["systemctl", "stop", "vllm-kimi"]
+    assert plan["start_baseline"] == ["systemctl", "start", "vllm-kimi"]
+    assert plan["start_extractor"] == ["systemd-run", "--unit=vllm-kimi-extract", "--collect", "--quiet",
+                                       "--working-directory=/data/eagle3", "--property=KillSignal=SIGTERM",
+                                       "--property=TimeoutStopSec=120", *BASELINE, *flags(storage)]
+    assert plan["stop_extractor"] == ["systemctl", "stop", "vllm-kimi-extract"]
+    assert plan["extractor_alive"] == ["systemctl", "is-active", "--quiet", "vllm-kimi-extract"]
+    assert plan["extractor_log_tail"] == ["journalctl", "-u", "vllm-kimi-extract", "-n", "40", "--no-pager",
+                                          "-o", "cat"]
+    assert plan["endpoint"] == "http://127.0.0.1:8000"
+    assert plan["health_url"] == "http://127.0.0.1:8000/health"
+    assert plan["models_url"] == "http://127.0.0.1:8000/v1/models"
+    assert plan["ready_timeout_s"] == 3600.0 and plan["command_timeout_s"] == 180.0
+    assert [line.split(":", 1)[0] for line in describe_plan(plan)] == [
+        "stop_baseline", "start_extractor", "stop_extractor", "start_baseline"]
+    # what the stage reads back is the same plan
+    back = plan_from_dict(json.loads(json.dumps(plan)))
+    assert back.start_extractor == plan["start_extractor"] and back.aux_layer_ids == AUX
+    assert back.storage_path == storage and back.ready_timeout_s == 3600.0
+
+
+def test_the_extraction_server_gets_the_profiles_environment():
+    p = profile()
+    p.extract.server_env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "HF_HOME": "/data/hf"}
+    start = build_plan(p, "r1", AUX)["start_extractor"]
+    assert start[7:9] == ["--setenv=CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", "--setenv=HF_HOME=/data/hf"]
+    assert start[9:12] == BASELINE[:3]
+    tmux = profile("tmux", command=["python3", "-m", "sim.vllm_server"])
+    tmux.extract.server_env = {"HF_HOME": "/data/hf"}
+    assert "export HF_HOME=/data/hf; " in build_plan(tmux, "r1", AUX)["start_extractor"][2]
+
+
+def test_sudo_reaches_every_systemctl_and_journalctl():
+    plan = build_plan(profile(sudo=True), "r1", AUX)
+    for step in ("stop_baseline", "start_baseline", "start_extractor", "stop_extractor", "extractor_log_tail"):
+        assert plan[step][:2] == ["sudo", "-n"], step
+    assert plan["extractor_alive"][0] == "systemctl"  # is-active needs no privilege
+
+
+def test_tmux_plan_runs_the_extractor_in_its_own_session_with_the_servers_stop_timeout():
+    cmd = ["python3", "-m", "sim.vllm_server", "--port", "18000", "--text-backend", "tinylm"]
+    p = profile("tmux", command=cmd, stop_timeout_s=25.0)
+    plan = build_plan(p, "r1", AUX)
+    storage = "/data/eagle3/extract-staging/r1"
+    assert plan["extractor_command"] == cmd + flags(storage)
+    start = plan["start_extractor"]
+    assert start[:2] == ["sh", "-c"]
+    assert "tmux new-session -d -s vllm-kimi-extract" in start[2]
+    inner = shlex.split(shlex.split(start[2].splitlines()[-1])[-1])  # tmux respawn-pane ... 'bash -c ...'
+    assert inner[:2] == ["bash", "-c"] and inner[2].endswith("; exec " + shlex.join(cmd + flags(storage)))
+    assert "/data/eagle3/logs/vllm-kimi-extract.log" in start[2]
+    assert "did not exit in 25 s" in plan["stop_extractor"][2] and "=vllm-kimi-extract" in plan["stop_extractor"][2]
+    assert "=vllm-kimi" in plan["stop_baseline"][2] and "tmux new-session -d -s vllm-kimi " in plan["start_baseline"][2]
+    assert plan["extractor_alive"][:2] == ["sh", "-c"] and plan["extractor_alive"][-1] == "=vllm-kimi-extract"
+    assert plan["extractor_log_tail"] == ["tail", "-n", "40", "/data/eagle3/logs/vllm-kimi-extract.log"]
+
+
+def test_a_baseline_that_already_has_the_extraction_flags_is_refused():
+    with pytest.raises(ExtractionPlanError, match=r"already has --speculative-config.*server.vllm_args"):
+        build_plan(profile(vllm_args=["--speculative-config={\"method\": \"eagle3\"}"]), "r1", AUX)
+    with pytest.raises(ExtractionPlanError, match="no aux layer ids"):
+        build_plan(profile(), "r1", [])
+
+
+def test_extraction_flags_are_vllms_json():
+    spec, kv = json.loads(extraction_flags([1, 2], "/s")[1]), json.loads(extraction_flags([1, 2], "/s")[3])
+    assert spec == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}}
+    assert kv == {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                  "kv_connector_extra_config": {"shared_storage_path": "/s"}}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"version": 2}, "version 2 is not 1"),
+    ({"stop_baseline": "systemctl stop x"}, "stop_baseline must be a non-empty list of strings"),
+    ({"start_extractor": []}, "start_extractor must be a non-empty list"),
+    ({"endpoint": "127.0.0.1:8000"}, "endpoint must be an http"),
+    ({"ready_timeout_s": 0}, "ready_timeout_s must be a positive number"),
+    ({"storage_path": "relative/dir"}, "storage_path must be an absolute"),
+    ({"aux_layer_ids": []}, "aux_layer_ids must be a non-empty list"),
+])
+def test_a_bad_plan_names_the_key(change, message):
+    plan = {**build_plan(profile(), "r1", AUX), **change}
+    with pytest.raises(PlanError, match=message):
+        plan_from_dict(plan, "plan.json")
+
+
+def test_stage_command_lines_from_the_profile():
+    p = profile()
+    assert verifier_path(p) == "/shared/kimi"
+    argv = extract_argv(p, "ex1", "prep1", plan_file="/data/eagle3/plans/ex1.extract.json")
+    assert argv == ["/opt/venv/bin/python", "-m", "backend.extract", "--work-dir", "/data/eagle3", "--run-id", "ex1",
+                    "--input-run", "prep1", "--verifier", "/shared/kimi", "--concurrency", "8",
+                    "--request-timeout", "120", "--max-retries", "2", "--reserve-bytes", str(2**30),
+                    "--validate-outputs", "--aux-layer-ids", "2,30,58",
+                    "--plan", "/data/eagle3/plans/ex1.extract.json"]
+    assert extract_argv(p, "ex1", "prep1", plan_file=None, preflight_only=True)[-3:] == [
+        "--endpoint", "http://127.0.0.1:8000", "--preflight-only"]
+    assert prepare_argv(p, "pr1", "gen1", fresh=True) == [
+        "/opt/venv/bin/python", "-m", "backend.prepare", "--work-dir", "/data/eagle3", "--run-id", "pr1",
+        "--input-run", "gen1", "--verifier", "/shared/kimi", "--seq-length", "8192", "--heldout-fraction", "0.05",
+        "--heldout-min", "4", "--source", "auto", "--render-endpoint", "http://127.0.0.1:8000",
+        "--render-concurrency", "8", "--fresh"]
+
+
+def test_profile_sections_are_validated_with_the_key_named():
+    base = {"host": {"name": "h.example"}, "server": {"model_path": "/m"}, "paths": {"work_dir": "/w"}}
+    with pytest.raises(ProfileError) as err:
+        profile_from_dict({**base, "drafter": {"aux_layer_ids": [2, 2], "verifier": "relative/path"},
+                           "prepare": {"heldout_fraction": 0.7, "source": "guess"},
+                           "extract": {"layer_ids": [1], "reserve_gib": -1, "server_env": {"A B": "x"}}},
+                          file="p.toml")
+    text = str(err.value)
+    for expected in ("drafter.aux_layer_ids: expected distinct layer ids", "drafter.verifier: expected an absolute",
+                     "prepare.heldout_fraction: expected a number from 0 to 0.49",
+                     "prepare.source: expected one of 'auto', 'token_rows', 'records'",
+                     "extract.layer_ids: unknown key", "extract.reserve_gib: expected a number from 0 to",
+                     "extract.server_env: expected a table of environment variable names"):
+        assert expected in text, text
+    p = profile_from_dict({**base, "drafter": {"verifier": "/ckpt/kimi"}})
+    assert verifier_path(p) == "/ckpt/kimi" and p.drafter.aux_layer_ids == [] and p.prepare.seq_length == 8192
+
+
+def test_disk_estimate_is_tokens_times_layers_times_width_times_two_bytes():
+    # the states dominate: 3 aux layers + 1 of a 7168-wide verifier, bf16 = 57,344 bytes per token
+    assert disk.hidden_state_bytes(1000, 3, 7168) == 1000 * 4 * 7168 * 2 + 1000 * 8
+    assert disk.hidden_state_bytes(1000, 3, 7168, rows=10) == 1000 * (4 * 7168 * 2 + 8) + 10 * 256
+    # the issue's reference: 10K samples of a 1T-parameter model (about 1,445 tokens each) needed 828 GB
+    need = disk.hidden_state_bytes(14_440_000, 3, 7168, rows=10_000)
+    assert 820e9 < need < 835e9
+    with pytest.raises(ValueError):
+        disk.hidden_state_bytes(10, 0, 64)
+
+
+def test_disk_check_refuses_what_does_not_fit_and_offers_online_training():
+    e = disk.estimate(rows=10_000, tokens=14_440_000, aux_layers=3, hidden_size=7168, free_bytes=500 * 10**9,
+                      reserve_bytes=10 * 10**9, volume="/data/eagle3/runs/ex1")
+    assert not e.fits
+    assert "14,440,000 tokens x (3 aux layers + 1) x hidden 7,168 x 2 bytes) need 828.2 GB" in e.detail()
+    assert "500.0 GB free on the volume of /data/eagle3/runs/ex1" in e.detail()
+    assert e.refusal().startswith("it does not fit (338.2 GB short). Train online instead: set [extract] online")
+    ok = disk.estimate(rows=24, tokens=4284, aux_layers=3, hidden_size=64, free_bytes=10**9, reserve_bytes=0,
+                       volume="/w")
+    assert ok.fits and ok.to_dict()["fits"] is True and ok.need_bytes == 4284 * (4 * 64 * 2 + 8) + 24 * 256
