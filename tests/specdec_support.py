@@ -3,14 +3,13 @@
 - untrained: `speculators train --dry-run`, speculators' own CLI, which builds and saves an initialised
   EAGLE-3 draft (1 decoder layer, its default sliding window) and stops before its trainer, so it runs
   on CPU as it is.
-- trained: that checkpoint trained for a few seconds on the tiny verifier's hidden states of chat turns
-  like the ones it was trained on (rows from sim.tinycorpus with a seed of their own; states from
-  sim/hidden_states.py, the one definition), through speculators' own model and loss
-  (`Eagle3DraftModel.forward` with the verifier's last hidden states, kl_div, eager) under a plain AdamW
-  loop, then saved with `save_pretrained` as a training checkpoint is.
+- trained: the pipeline's own train stage (`python -m backend.train`, speculators' Trainer with the CPU
+  adapters) for a few epochs on a completed extract run of the tiny verifier's hidden states
+  (tests/train_support.Dataset: chat turns like the ones the verifier learned, states from
+  sim/hidden_states.py, the one definition); its best checkpoint is what vLLM would load.
 
-The loop stands in for the train stage (backend/train, speculators' Trainer with its CPU adapters) until
-that is merged; then this module should call the stage instead.
+`train()` is a plain AdamW loop over speculators' own model and loss on rows given in memory, for the GPU
+benchmark (benchmarks/bench_gpu_speedup.py), which trains on rows its generation run produced.
 
 The tiny verifier is the session's one build at `<basetemp>/xdg` (as tests/drafter_support.py and
 tests/train_support.py place it), so a merged suite builds it once.
@@ -135,6 +134,30 @@ def train(verifier: Path, start: Path, out: Path, *, rows: list[tuple[list[int],
     return out, tuple(losses)
 
 
+def stage_drafter(verifier: Path, root: Path, env_vars: dict[str, str], *, epochs: int = EPOCHS,
+                  rows: int = TRAIN_ROWS) -> tuple[Path, tuple[float, ...]]:
+    """A drafter trained by the train stage on a completed extract run; (its best checkpoint, the train
+    loss of the first and the last logged step)."""
+    import json
+
+    from tests import train_support as ts
+
+    data = ts.Dataset(root / "data", verifier, train=rows, heldout=8, layers=LAYERS)
+    work = root / "work"
+    data.extract_run(work)
+    proc = subprocess.run(ts.stage_cmd("backend.train", "--work-dir", str(work), "--verifier", str(verifier),
+                                       "--run-id", "train-1", "--epochs", str(epochs), "--seq-length", str(MAX_LEN),
+                                       "--lr", str(LR), "--optimizer", "adamw", "--speculative-tokens", str(K)),
+                          env=env_vars, cwd=REPO, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise AssertionError(f"the train stage failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-3000:]}")
+    summary = json.loads((work / "runs" / "train-1" / "summary.json").read_text())
+    losses = [e["loss"] for e in ts.read_events(work / "runs" / "train-1")
+              if e.get("kind") == "progress" and e.get("phase") == "train" and isinstance(e.get("loss"), float)]
+    return Path(summary["outputs"]["checkpoint"]), (losses[0], losses[-1]) if losses else ()
+
+
 def make_drafters(tmp_path_factory) -> Drafters:
     for mod in ("torch", "transformers", "tokenizers", "speculators"):
         pytest.importorskip(mod)
@@ -143,6 +166,6 @@ def make_drafters(tmp_path_factory) -> Drafters:
     verifier = tinylm.ensure_model(root=xdg_home(tmp_path_factory) / "eagle3-console" / "tiny-verifier")
     root = tmp_path_factory.mktemp("drafters")
     untrained = dry_run(verifier, root / "untrained", env(tmp_path_factory))
-    trained, losses = train(verifier, untrained, root / "trained")
+    trained, losses = stage_drafter(verifier, root / "trained", env(tmp_path_factory))
     return Drafters(verifier=verifier, untrained=untrained, trained=trained, xdg=xdg_home(tmp_path_factory),
                     losses=losses)
