@@ -398,8 +398,10 @@ class SimApi:
                     last = tokens[-1] == text.eos_id or end >= budget
                     if emit is not None:
                         await emit(builder.out, start, end, last)
-                    if dies and not last:
-                        self._die()
+                    if dies and emit is not None and not last:
+                        self._die()  # a stream dies midway, after a part of the answer went out
+                if dies:
+                    self._die()  # a plain answer (or a one-step stream) dies before it is sent
             except ConnectionResetError:  # the client went away: vLLM aborts the request
                 builder.out.finish_reason = "abort"
                 self._account_live(builder.out, len(prompt_ids), arrived, ttft, gaps, counts)
