@@ -422,11 +422,34 @@ class VerifySection:
     samples: int = knob(64, min=1, max=1_000_000)
 
 
+def check_levels(v: list[int]) -> str | None:
+    if not v or len(v) > 16 or any(c < 1 or c > 4096 for c in v) or len(set(v)) != len(v):
+        return "1 to 16 distinct concurrency levels from 1 to 4096"
+    return None
+
+
+@dataclass
+class ServeDrafterSection:
+    """Serving with the drafter: the profile's vLLM command plus --speculative-config (method eagle3, the
+    verified checkpoint, [drafter].num_speculative_tokens draft tokens per step)."""
+    draft_tensor_parallel_size: int = knob(1, min=1, max=1024,
+                                           doc="the draft's tensor-parallel size: 1, or the target's (vLLM "
+                                               "accepts nothing else)")
+
+
 @dataclass
 class BenchSection:
-    dataset: str | None = knob(None, check=check_path)
+    """python -m backend.bench: the same workload against the baseline and the drafter server."""
+    dataset: str | None = knob(None, check=check_path,
+                               doc="a file of prompts; default the held-out rows of the latest prepare run")
     num_prompts: int = knob(200, min=1, max=1_000_000)
-    max_concurrency: int = knob(16, min=1, max=4096)
+    concurrency: list[int] = knob([1, 4, 16], check=check_levels, doc="the concurrency levels measured")
+    max_tokens: int = knob(256, min=1, max=10_000_000, doc="output length per request")
+    temperature: float = knob(0.0, min=0, max=5)
+    seed: int = knob(0, min=0, max=2**31 - 1, doc="picks the prompts; request i samples with seed + i")
+    client: str = knob("auto", choices=("auto", "vllm", "ours"),
+                       doc="vllm: `vllm bench serve` on the host; ours: the built-in client; auto: vllm when "
+                           "installed")
 
 
 @dataclass
@@ -441,6 +464,7 @@ class Profile:
     extract: ExtractSection = knob(None)
     train: TrainSection = knob(None)
     verify: VerifySection = knob(None)
+    serve_drafter: ServeDrafterSection = knob(None)
     bench: BenchSection = knob(None)
     name: str = field(default="", metadata={"internal": True})
     source: str | None = field(default=None, metadata={"internal": True})

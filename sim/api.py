@@ -43,6 +43,11 @@ class SimApi:
         self.faults = cfg.faults
         self.metrics = ServerMetrics(cfg.served_name, num_spec_tokens=cfg.num_speculative_tokens if cfg.drafter else 0,
                                      old_cache_gauge=self.traits.old_cache_gauge)
+        # a backend that generates step by step (tinylm) is served live: each step's tokens are streamed as
+        # they come and timed for real; canned text is served whole after the simulated latencies
+        self.live = bool(getattr(self.text, "live", False))
+        # made-up acceptance only for the SIMULATED drafter (a path with no checkpoint behind it)
+        self.made_up_acceptance = cfg.acceptance if cfg.drafter_mode == "simulated" else ()
         self.kv_tokens = max(1, kv_tokens)
         self.slots = asyncio.Semaphore(cfg.max_num_seqs)
         self.running = self.waiting = 0
@@ -300,17 +305,28 @@ class SimApi:
         max_tokens = self._max_tokens(body, len(prompt_ids), None, prompt="chat")
         sampling = self._sampling(body)
         await self._before_generation()
-        out = await self.text.chat(messages, prompt_ids, thinking=thinking, max_tokens=max_tokens, sampling=sampling)
         with_ids = bool(body.get("return_token_ids"))
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        usage = chat.usage(len(prompt_ids), out, reasoning_detail=self.traits.reasoning_tokens_detail)
+        detail = self.traits.reasoning_tokens_detail
         if body.get("stream"):
             enc = chat.ChunkEncoder(request_id=rid, created=created, model=model, obj="chat.completion.chunk",
                                     reasoning_keys=self.traits.reasoning_keys, token_ids=with_ids)
             opts = body.get("stream_options") or {}
+            want_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+            if self.live:
+                return await self._live_stream(request, enc, prompt_ids, thinking, max_tokens, sampling,
+                                               prompt_ids if with_ids else None, want_usage, detail, enc.delta)
+            out = await self.text.chat(messages, prompt_ids, thinking=thinking, max_tokens=max_tokens,
+                                       sampling=sampling)
+            usage = chat.usage(len(prompt_ids), out, reasoning_detail=detail)
             return await self._stream(request, enc, out, len(prompt_ids), prompt_ids if with_ids else None,
-                                      usage if isinstance(opts, dict) and opts.get("include_usage") else None,
-                                      enc.delta)
+                                      usage if want_usage else None, enc.delta)
+        if self.live:
+            out = await self._generate_live(prompt_ids, thinking, max_tokens, sampling)
+        else:
+            out = await self.text.chat(messages, prompt_ids, thinking=thinking, max_tokens=max_tokens,
+                                       sampling=sampling)
+        usage = chat.usage(len(prompt_ids), out, reasoning_detail=detail)
         choice: dict[str, Any] = {"index": 0, "message": chat.message(out, self.traits.reasoning_keys),
                                   "logprobs": None, "finish_reason": out.finish_reason, "stop_reason": None}
         resp: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": model,
@@ -319,7 +335,8 @@ class SimApi:
         if with_ids:
             choice["token_ids"] = out.ids
             resp["prompt_token_ids"] = prompt_ids
-        await self._run(len(prompt_ids), out)
+        if not self.live:
+            await self._run(len(prompt_ids), out)
         return web.json_response(resp)
 
     async def completions(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
@@ -342,17 +359,25 @@ class SimApi:
                                       prompt="text" if isinstance(prompt, str) else "ids")
         sampling = self._sampling(body)
         await self._before_generation()
-        out = await self.text.complete(prompt_ids, max_tokens=max_tokens, sampling=sampling)
         with_ids = bool(body.get("return_token_ids"))
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        usage = chat.usage(len(prompt_ids), out, reasoning_detail=False)
         if body.get("stream"):
             enc = chat.ChunkEncoder(request_id=rid, created=created, model=model, obj="text_completion",
                                     reasoning_keys=(), token_ids=with_ids)
             opts = body.get("stream_options") or {}
-            return await self._stream(request, enc, out, len(prompt_ids), None,
-                                      usage if isinstance(opts, dict) and opts.get("include_usage") else None,
+            want_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+            if self.live:
+                return await self._live_stream(request, enc, prompt_ids, False, max_tokens, sampling, None,
+                                               want_usage, False, enc.text_delta)
+            out = await self.text.complete(prompt_ids, max_tokens=max_tokens, sampling=sampling)
+            usage = chat.usage(len(prompt_ids), out, reasoning_detail=False)
+            return await self._stream(request, enc, out, len(prompt_ids), None, usage if want_usage else None,
                                       enc.text_delta)
+        if self.live:
+            out = await self._generate_live(prompt_ids, False, max_tokens, sampling)
+        else:
+            out = await self.text.complete(prompt_ids, max_tokens=max_tokens, sampling=sampling)
+        usage = chat.usage(len(prompt_ids), out, reasoning_detail=False)
         choice: dict[str, Any] = {"index": 0, "text": "".join(out.pieces), "logprobs": None,
                                   "finish_reason": out.finish_reason, "stop_reason": None, "prompt_logprobs": None}
         resp: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
@@ -361,8 +386,102 @@ class SimApi:
         if with_ids:
             choice["token_ids"] = out.ids
             choice["prompt_token_ids"] = prompt_ids
-        await self._run(len(prompt_ids), out)
+        if not self.live:
+            await self._run(len(prompt_ids), out)
         return web.json_response(resp)
+
+    # ---- live generation (a step-by-step backend) ------------------------------------------------
+    async def _generate_live(self, prompt_ids: list[int], thinking: bool, max_tokens: int, sampling: Any,
+                             emit: Callable[[chat.Output, int, int, bool], Awaitable[None]] | None = None
+                             ) -> chat.Output:
+        """Generate under a batch slot, handing each step's new tokens to `emit(out, start, end, last)`;
+        TTFT (from arrival, queueing included), the gaps between steps and the spec-decode counters are
+        measured, then accounted in /metrics."""
+        text = self.text
+        builder = text.output_builder(thinking=thinking)
+        budget = text.budget(len(prompt_ids), max_tokens)
+        counts = text.new_counts()
+        arrived = time.monotonic()
+        ttft: float | None = None
+        gaps: list[float] = []
+        self.waiting += 1
+        async with self.slots:
+            self.waiting -= 1
+            self.running += 1
+            held = len(prompt_ids)
+            self.inflight_tokens += held
+            dies = self._dies_now()
+            try:
+                delay = self.cfg.latency + self.faults.slow_s
+                if delay:
+                    await asyncio.sleep(delay)
+                last_at = None
+                async for tokens in text.rounds(prompt_ids, max_tokens=max_tokens, sampling=sampling,
+                                                counts=counts, step_latency=self.cfg.latency_per_token):
+                    now = time.monotonic()
+                    if last_at is None:
+                        ttft = now - arrived
+                    else:
+                        gaps.append(now - last_at)
+                    last_at = now
+                    start = len(builder.out.ids)
+                    builder.feed(tokens)
+                    self.inflight_tokens += len(tokens)
+                    held += len(tokens)
+                    end = len(builder.out.ids)
+                    last = tokens[-1] == text.eos_id or end >= budget
+                    if emit is not None:
+                        await emit(builder.out, start, end, last)
+                    if dies and emit is not None and not last:
+                        self._die()  # a stream dies midway, after a part of the answer went out
+                if dies:
+                    self._die()  # a plain answer (or a one-step stream) dies before it is sent
+            except ConnectionResetError:  # the client went away: vLLM aborts the request
+                builder.out.finish_reason = "abort"
+                self._account_live(builder.out, len(prompt_ids), arrived, ttft, gaps, counts)
+                raise
+            finally:
+                self.running -= 1
+                self.inflight_tokens -= held
+        out = builder.finish()
+        self._account_live(out, len(prompt_ids), arrived, ttft, gaps, counts)
+        return out
+
+    def _account_live(self, out: chat.Output, prompt_tokens: int, arrived: float, ttft: float | None,
+                      gaps: list[float], counts: Any) -> None:
+        e2e = time.monotonic() - arrived
+        self.metrics.finished(reason=out.finish_reason, prompt_tokens=prompt_tokens, completion_tokens=len(out.ids),
+                              ttft=ttft if ttft is not None else e2e, e2e=e2e, spec=counts, itl=gaps,
+                              acceptance=self.made_up_acceptance)
+        self._after_generation()
+
+    async def _live_stream(self, request: web.Request, enc: chat.ChunkEncoder, prompt_ids: list[int], thinking: bool,
+                           max_tokens: int, sampling: Any, first_ids: list[int] | None, want_usage: bool,
+                           reasoning_detail: bool,
+                           encode: Callable[[chat.Output, int, int, str | None], bytes]) -> web.StreamResponse:
+        """A stream written step by step as the model computes: one delta per step (split where reasoning
+        turns into content), the finish reason on the last."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        async def emit(out: chat.Output, start: int, end: int, last: bool) -> None:
+            spans = chat.chunk_spans_between(out, start, end)
+            finish = ("stop" if out.ids[-1] == self.text.eos_id else "length") if last else None
+            # vLLM sends the role chunk with the first output, not before it (a client's TTFT is taken
+            # at the first chunk that carries a choice)
+            head = [enc.first(first_ids)] if start == 0 and encode == enc.delta else []
+            await resp.write(b"".join([*head, *(encode(out, a, b, finish if i == len(spans) - 1 else None)
+                                                for i, (a, b) in enumerate(spans))]))
+
+        try:
+            out = await self._generate_live(prompt_ids, thinking, max_tokens, sampling, emit)
+        except ConnectionResetError:
+            return resp  # nobody left to write to
+        tail = [enc.usage(chat.usage(len(prompt_ids), out, reasoning_detail=reasoning_detail))] if want_usage else []
+        await resp.write(b"".join([*tail, chat.DONE]))
+        await resp.write_eof()
+        return resp
 
     async def _hidden_states(self, request_id: str, prompt_ids: list[int], body: dict[str, Any]) -> dict | None:
         """Extraction mode: the prompt's hidden states written, and the kv_transfer_params naming them."""
@@ -391,7 +510,7 @@ class SimApi:
                 self.inflight_tokens -= held
             self.metrics.finished(reason=out.finish_reason, prompt_tokens=prompt_tokens,
                                   completion_tokens=len(out.ids), ttft=ttft, e2e=time.monotonic() - start,
-                                  acceptance=self.cfg.acceptance)
+                                  acceptance=self.made_up_acceptance)
         self._after_generation()
 
     async def _stream(self, request: web.Request, enc: chat.ChunkEncoder, out: chat.Output, prompt_len: int,
@@ -434,7 +553,7 @@ class SimApi:
                 self.running -= 1
                 self.inflight_tokens -= held
             self.metrics.finished(reason=out.finish_reason, prompt_tokens=prompt_len, completion_tokens=len(out.ids), ttft=ttft,
-                                  e2e=time.monotonic() - start, acceptance=self.cfg.acceptance)
+                                  e2e=time.monotonic() - start, acceptance=self.made_up_acceptance)
         self._after_generation()
         await resp.write_eof()
         return resp

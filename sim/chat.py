@@ -82,9 +82,13 @@ def message(out: Output, reasoning_keys: tuple[str, ...]) -> dict[str, Any]:
 def chunk_spans(out: Output, per_chunk: int) -> list[tuple[int, int]]:
     """[start, end) token spans for streaming: at most `per_chunk` tokens, never across the
     reasoning/content boundary (a delta carries one or the other, as vLLM's reasoning parser does)."""
+    return chunk_spans_between(out, 0, len(out.ids), per_chunk)
+
+
+def chunk_spans_between(out: Output, start: int, n: int, per_chunk: int | None = None) -> list[tuple[int, int]]:
+    """chunk_spans over out's tokens [start, n) (one live step's tokens: no size limit by default)."""
+    per_chunk = per_chunk or max(1, n - start)
     spans = []
-    start = 0
-    n = len(out.ids)
     while start < n:
         end = start + 1
         while end < n and end - start < per_chunk and out.kinds[end] == out.kinds[start]:

@@ -31,7 +31,12 @@ class SimConfig:
     weights_gib: float = 70.0
     gpu_memory_utilization: float = 0.9
     drafter: str | None = None
+    # "real": the drafter path holds a checkpoint (config.json), served by real EAGLE-3 decoding with the
+    # tinylm backend (sim/specdec.py); "simulated": a path with nothing there, served with the made-up
+    # per-position rates of --acceptance (canned text has no hidden states to draft from)
+    drafter_mode: str | None = None
     num_speculative_tokens: int = 3
+    draft_tensor_parallel_size: int | None = None
     aux_layers: tuple[int, ...] = (2, KIMI_LAYERS // 2, KIMI_LAYERS - 3)
     acceptance: tuple[float, ...] = (0.75, 0.57, 0.45)
     log_file: str | None = None
@@ -62,7 +67,7 @@ class SimConfig:
         if self.stream_tokens_per_chunk:
             return self.stream_tokens_per_chunk
         # with a drafter vLLM emits 1 + accepted tokens per step, so deltas come in small groups
-        return max(1, round(1 + sum(self.acceptance))) if self.drafter else 1
+        return max(1, round(1 + sum(self.acceptance))) if self.drafter_mode == "simulated" else 1
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -101,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="vLLM's JSON form; only ExampleHiddenStatesConnector (with extract_hidden_states) is served")
     a("--num-speculative-tokens", type=int, default=3)
     a("--aux-layers", type=_ints, help="e.g. 2,30,58 (default: the drafter's config.json, else 2,30,58)")
-    a("--acceptance", type=_floats, default=(0.75, 0.57, 0.45), help="per-position acceptance rates")
+    a("--acceptance", type=_floats, default=(0.75, 0.57, 0.45),
+      help="SIMULATED drafter only (a --drafter path with no checkpoint): made-up per-position acceptance "
+           "rates; a real checkpoint is always decoded for real")
     a("--log-file")
     a("--stats-interval", type=float, default=10.0)
     a("--response-tokens", type=int)
@@ -130,6 +137,40 @@ def _drafter_aux_layers(path: str) -> tuple[int, ...] | None:
         return None
     ids = raw.get("eagle_aux_hidden_state_layer_ids") if isinstance(raw, dict) else None
     return tuple(int(i) for i in ids) if isinstance(ids, list) and ids else None
+
+
+SPEC_METHODS = ("eagle3",)
+
+
+def _checkpoint_tokens(path: str) -> int | None:
+    """The K a speculators checkpoint was trained for, which vLLM uses when the config gives none."""
+    try:
+        with open(os.path.join(path, "config.json")) as fh:
+            methods = json.load(fh)["speculators_config"]["proposal_methods"]
+        k = methods[0]["speculative_tokens"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else None
+
+
+def parse_speculative(p: argparse.ArgumentParser, text: str, tp: int) -> tuple[str, int | None, int | None]:
+    """vLLM's --speculative-config for a drafter: (model, num_speculative_tokens, draft TP size), checked
+    as vLLM checks them (an EAGLE-3 method, K >= 1, a draft TP of 1 or the target's)."""
+    spec = _json_object(p, "--speculative-config", text)
+    if not isinstance(spec.get("model"), str) or not spec["model"]:
+        p.error('--speculative-config must be a JSON object with a "model" (the drafter checkpoint)')
+    method = spec.get("method")
+    if method is not None and method not in SPEC_METHODS:
+        p.error(f"--speculative-config: method {method!r} is not served by the stand-in (only "
+                f"{', '.join(SPEC_METHODS)})")
+    k = spec.get("num_speculative_tokens")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        p.error(f"--speculative-config: num_speculative_tokens must be an integer >= 1, got {k!r}")
+    draft_tp = spec.get("draft_tensor_parallel_size")
+    if draft_tp is not None and (not isinstance(draft_tp, int) or isinstance(draft_tp, bool) or draft_tp not in (1, tp)):
+        p.error(f"--speculative-config: draft_tensor_parallel_size can only be 1 or the same as the target's "
+                f"tensor_parallel_size ({tp}), got {draft_tp!r}")
+    return spec["model"], k, draft_tp
 
 
 EXTRACT_METHOD = "extract_hidden_states"
@@ -185,15 +226,12 @@ def parse_extraction(p: argparse.ArgumentParser, spec_text: str | None, kv_text:
 def parse_args(argv: list[str] | None = None) -> SimConfig:
     p = build_parser()
     ns = p.parse_args(argv)
-    drafter, spec_tokens = ns.drafter, ns.num_speculative_tokens
+    drafter, spec_tokens, draft_tp = ns.drafter, ns.num_speculative_tokens, None
     extraction = parse_extraction(p, ns.speculative_config, ns.kv_transfer_config)
     if ns.speculative_config and extraction is None:
-        try:
-            spec = json.loads(ns.speculative_config)
-            drafter = drafter or spec["model"]
-            spec_tokens = int(spec.get("num_speculative_tokens", spec_tokens))
-        except (ValueError, KeyError, TypeError) as exc:
-            p.error(f"--speculative-config must be JSON with a \"model\" key ({exc})")
+        model, k, draft_tp = parse_speculative(p, ns.speculative_config, ns.gpus)
+        drafter = drafter or model
+        spec_tokens = k if k is not None else (_checkpoint_tokens(drafter) or spec_tokens)
     faults = Faults()
     for spec_text in ns.fault:
         try:
@@ -213,7 +251,10 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         shards=ns.shards, max_model_len=ns.max_model_len, gpus=ns.gpus, gpu_state=ns.gpu_state,
         gpu_total_mib=ns.gpu_total_mib, weights_gib=ns.weights_gib,
         gpu_memory_utilization=ns.gpu_memory_utilization, drafter=drafter,
-        num_speculative_tokens=spec_tokens, aux_layers=tuple(aux), acceptance=tuple(ns.acceptance),
+        drafter_mode=(None if not drafter else
+                      "real" if os.path.isfile(os.path.join(drafter, "config.json")) else "simulated"),
+        num_speculative_tokens=spec_tokens, draft_tensor_parallel_size=draft_tp, aux_layers=tuple(aux),
+        acceptance=tuple(ns.acceptance),
         log_file=ns.log_file, stats_interval=ns.stats_interval, response_tokens=ns.response_tokens,
         latency=ns.latency, latency_per_token=ns.latency_per_token,
         stream_tokens_per_chunk=ns.stream_tokens_per_chunk, max_num_seqs=ns.max_num_seqs,

@@ -13,7 +13,7 @@ from sim import loadlog, tinylm
 from sim.config import SimConfig
 from sim.gpu_state import GpuState, write_state
 from sim.loadlog import API, ENGINE, WORKER, LogSink
-from sim.textbackend import Resolved, TextBackendError
+from sim.textbackend import Resolved, TextBackendError, in_daemon_thread
 
 CONTEXT_GIB = 0.5  # CUDA context + NCCL buffers before any weight
 ACTIVATION_GIB = 3.0  # peak activations vLLM reserves when profiling
@@ -69,6 +69,8 @@ class Loader:
         if cfg.drafter:
             args["speculative_config"] = {"method": "eagle3", "model": cfg.drafter,
                                           "num_speculative_tokens": cfg.num_speculative_tokens}
+            if cfg.draft_tensor_parallel_size is not None:
+                args["speculative_config"]["draft_tensor_parallel_size"] = cfg.draft_tensor_parallel_size
         sink.line(API, "utils.py:328", f"non-default args: {args}")
         sink.line(API, "model.py:1510", f"Using max model len {cfg.max_model_len}")
         await self._pause(0.01)
@@ -94,10 +96,7 @@ class Loader:
         weights_s = time.monotonic() - started
         sink.line(WORKER, "default_loader.py:267", f"Loading weights took {weights_s:.2f} seconds")
         if cfg.drafter:
-            sink.line(WORKER, "gpu_model_runner.py:2620", "Loading drafter model...")
-            await self._pause(0.02)
-            sink.line(WORKER, "eagle.py:1092", f"Using auxiliary layers from speculative config: {cfg.aux_layers}")
-            self._mem(self.used_gib + DRAFTER_GIB)
+            await self._drafter()
         loaded = self.used_gib - CONTEXT_GIB
         took = time.monotonic() - started
         if t.loading_took_new:
@@ -142,6 +141,45 @@ class Loader:
             loadlog.engine_init_failed(self.sink)
             raise LoadFailed("text backend") from None
         self.sink.line(WORKER, "sim_text.py:1", self.resolved.log_line())
+
+    async def _drafter(self) -> None:
+        """vLLM's drafter lines. A checkpoint is loaded for real (sim/specdec.py) and decodes with the tiny
+        verifier; a path with nothing behind it gets the SIMULATED drafter, which says so."""
+        cfg, sink = self.cfg, self.sink
+        sink.line(WORKER, "gpu_model_runner.py:2620", "Loading drafter model...")
+        if cfg.drafter_mode == "simulated":
+            rates = ", ".join(f"{r:g}" for r in cfg.acceptance)
+            sink.line(WORKER, "sim_text.py:1", f"SIMULATED drafter: nothing at {cfg.drafter}; acceptance is made up "
+                      f"(per position {rates}), no draft model runs", "WARNING")
+            await self._pause(0.02)
+            aux = cfg.aux_layers
+        else:
+            aux = await self._real_drafter()
+        sink.line(WORKER, "eagle.py:1092", f"Using auxiliary layers from speculative config: {tuple(aux)}")
+        self._mem(self.used_gib + DRAFTER_GIB)
+
+    async def _real_drafter(self) -> tuple[int, ...]:
+        from sim.specdec import DrafterError, Eagle3Drafter
+
+        cfg, sink = self.cfg, self.sink
+        text = self.resolved.backend if self.resolved else None
+        try:
+            if getattr(text, "name", None) != "tinylm":
+                raise DrafterError(f"the EAGLE-3 checkpoint {cfg.drafter} needs the tiny verifier to draft for "
+                                   f"(--text-backend tinylm); the {getattr(text, 'name', 'canned')} text has no "
+                                   f"hidden states")
+            drafter = await in_daemon_thread(
+                lambda: Eagle3Drafter.load(cfg.drafter, text.model_dir, text.model.config), "drafter-load")
+        except Exception as exc:  # a bad checkpoint is vLLM's engine failing to start, with the reason
+            why = str(exc) if isinstance(exc, DrafterError) else f"{type(exc).__name__}: {exc}"
+            sink.line(WORKER, "eagle.py:1080", f"Failed to load the drafter: {why}", "ERROR")
+            sink.line(ENGINE, "core.py:708", "EngineCore failed to start.", "ERROR")
+            loadlog.engine_init_failed(sink)
+            raise LoadFailed("drafter") from None
+        text.use_drafter(drafter, cfg.num_speculative_tokens)
+        sink.line(WORKER, "sim_text.py:1", f"SIMULATED GPUs: the EAGLE-3 drafter decodes for real on CPU with the "
+                  f"tiny verifier ({cfg.num_speculative_tokens} speculative tokens per step)")
+        return drafter.aux_layer_ids
 
     def _extraction(self) -> None:
         """extract_hidden_states: the connector's start-up lines, or vLLM's failure when the model cannot

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from sim.specdec import SpecCounts
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -85,7 +87,11 @@ class ServerMetrics:
             self.old_kv_usage.set(fraction)
 
     def finished(self, *, reason: str, prompt_tokens: int, completion_tokens: int, ttft: float, e2e: float,
-                 acceptance: tuple[float, ...] = ()) -> None:
+                 acceptance: tuple[float, ...] = (), spec: SpecCounts | None = None,
+                 itl: list[float] | None = None) -> None:
+        """Account one finished request. `spec`: the request's real spec-decode counters (a real drafter);
+        `acceptance`: made-up per-position rates (the SIMULATED drafter, no checkpoint); `itl`: the
+        measured gaps between its steps (else the mean gap is observed once)."""
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(completion_tokens)
         self.window_prompt += prompt_tokens
@@ -93,27 +99,36 @@ class ServerMetrics:
         self.success.get(reason, self.success["error"]).inc()
         self.ttft.observe(ttft)
         self.e2e.observe(e2e)
-        if completion_tokens > 1:
+        if itl is not None:
+            for gap in itl:
+                self.itl.observe(gap)
+        elif completion_tokens > 1:
             self.itl.observe(max(0.0, e2e - ttft) / (completion_tokens - 1))
-        if self.spec is not None and completion_tokens > 0:
+        if self.spec is None:
+            return
+        if spec is not None:
+            self._record(spec.drafts, spec.draft_tokens, spec.accepted, spec.per_pos)
+        elif completion_tokens > 0 and acceptance:
             self._spec(completion_tokens, acceptance)
 
     def _spec(self, tokens: int, acceptance: tuple[float, ...]) -> None:
-        # per-position rates p_i: each step emits 1 + sum(p_i) tokens on average
+        # SIMULATED drafter only. Per-position rates p_i: each step emits 1 + sum(p_i) tokens on average
         rates = [acceptance[i] if i < len(acceptance) else 0.0 for i in range(self.num_spec_tokens)]
         drafts = max(1, math.ceil(tokens / (1 + sum(rates))))
         accepted_pos = [round(drafts * p) for p in rates]
-        accepted = sum(accepted_pos)
+        self._record(drafts, drafts * self.num_spec_tokens, sum(accepted_pos), accepted_pos)
+
+    def _record(self, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]) -> None:
         self.spec["drafts"].inc(drafts)
-        self.spec["draft_tokens"].inc(drafts * self.num_spec_tokens)
+        self.spec["draft_tokens"].inc(draft_tokens)
         self.spec["accepted"].inc(accepted)
-        for counter, n in zip(self.spec_per_pos, accepted_pos):
+        for counter, n in zip(self.spec_per_pos, per_pos):
             counter.inc(n)
         w = self.window_spec
         w.drafts += drafts
-        w.draft_tokens += drafts * self.num_spec_tokens
+        w.draft_tokens += draft_tokens
         w.accepted += accepted
-        w.per_pos = [a + b for a, b in zip(w.per_pos, accepted_pos)]
+        w.per_pos = [a + b for a, b in zip(w.per_pos, per_pos)]
 
     def take_window(self) -> tuple[int, int, SpecWindow]:
         out = (self.window_prompt, self.window_generation, self.window_spec)

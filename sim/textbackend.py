@@ -11,11 +11,12 @@ import asyncio
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from sim import chat, textgen, tinylm
 
 MODES = ("canned", "tinylm", "auto")
+T = TypeVar("T")
 
 
 class TextBackend(Protocol):
@@ -111,15 +112,21 @@ def resolve(mode: str, *, response_tokens: int | None = None, model_dir: Path | 
 
 
 def start_resolve(mode: str, *, response_tokens: int | None = None) -> "asyncio.Future[Resolved]":
-    """`resolve` on a daemon thread, as a future of the running loop. Not `to_thread`: the executor
-    is joined at exit, so a SIGTERM during a first build would wait for the build to finish."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Resolved] = loop.create_future()
+    """`resolve` on a daemon thread, as a future of the running loop."""
     if mode == "canned":  # nothing to import or build: no thread
+        fut: asyncio.Future[Resolved] = asyncio.get_running_loop().create_future()
         fut.set_result(resolve(mode, response_tokens=response_tokens))
         return fut
+    return in_daemon_thread(lambda: resolve(mode, response_tokens=response_tokens), "text-backend")
 
-    def settle(result: Resolved | None, error: BaseException | None) -> None:
+
+def in_daemon_thread(fn: Callable[[], T], name: str) -> "asyncio.Future[T]":
+    """`fn()` on a daemon thread, as a future of the running loop. Not `to_thread`: the executor is
+    joined at exit, so a SIGTERM during a first build (or a slow import) would wait for it to finish."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
         if fut.done():
             return
         if error is not None:
@@ -129,7 +136,7 @@ def start_resolve(mode: str, *, response_tokens: int | None = None) -> "asyncio.
 
     def work() -> None:
         try:
-            result = resolve(mode, response_tokens=response_tokens)
+            result = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
             if not loop.is_closed():
                 loop.call_soon_threadsafe(settle, None, exc)
@@ -137,5 +144,5 @@ def start_resolve(mode: str, *, response_tokens: int | None = None) -> "asyncio.
         if not loop.is_closed():
             loop.call_soon_threadsafe(settle, result, None)
 
-    threading.Thread(target=work, name="text-backend", daemon=True).start()
+    threading.Thread(target=work, name=name, daemon=True).start()
     return fut

@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from sim import tinylm
 from sim.chat import CONTENT, REASONING, Output
@@ -82,6 +83,8 @@ class TinyText:
         self.layers = int(self.model.config.num_hidden_layers)
         self.max_model_len: int | None = self.max_positions
         self._lock = threading.Lock()
+        self.drafter: Any = None  # sim/specdec.Eagle3Drafter when served with --speculative-config
+        self.spec_k = 0
 
     def describe(self) -> str:
         return f"{self.model_dir}, {self.layers} layers, vocab {self.vocab_size}"
@@ -99,6 +102,30 @@ class TinyText:
         return self._fast.encode(text, add_special_tokens=False).ids
 
     # ---- generation ------------------------------------------------------------------------------
+    # The stand-in serves this backend live: api.py streams each verifier step's tokens as they come
+    # (one token per step, or 1 + accepted with a drafter), so TTFT and inter-token latency are measured.
+    live = True
+
+    def use_drafter(self, drafter: Any, k: int) -> None:
+        """Decode speculatively with `drafter` (sim/specdec.py), proposing `k` tokens per step."""
+        self.drafter, self.spec_k = drafter, k
+
+    def budget(self, prompt_len: int, max_tokens: int) -> int:
+        """Tokens a request may get: max_tokens, cut where RoPE would run past the trained length (nothing
+        is learned there: vLLM stops at its max_model_len the same way)."""
+        return max(0, min(max_tokens, self.max_positions - prompt_len))
+
+    def output_builder(self, *, thinking: bool) -> "OutputBuilder":
+        return OutputBuilder(self, thinking=thinking)
+
+    def new_counts(self) -> Any:
+        """Spec-decode counters for one request, or None without a drafter."""
+        if self.drafter is None:
+            return None
+        from sim.specdec import SpecCounts
+
+        return SpecCounts(self.spec_k)
+
     async def chat(self, messages: list[dict[str, Any]], prompt_ids: list[int], *, thinking: bool, max_tokens: int,
                    sampling: Sampling) -> Output:
         ids = await asyncio.to_thread(self._generate, prompt_ids, max_tokens, sampling)
@@ -108,11 +135,66 @@ class TinyText:
         ids = await asyncio.to_thread(self._generate, prompt_ids, max_tokens, sampling)
         return self.to_output(ids, thinking=False)
 
-    def _generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling) -> list[int]:
+    def _generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, counts: Any = None) -> list[int]:
+        out: list[int] = []
+        self.drive(prompt_ids, max_tokens, sampling, out.extend, counts=counts)
+        return out
+
+    async def rounds(self, prompt_ids: list[int], *, max_tokens: int, sampling: Sampling, counts: Any = None,
+                     step_latency: float = 0.0) -> AsyncIterator[list[int]]:
+        """The tokens of each verifier step as they are computed (in a worker thread). `step_latency`
+        seconds are spent after each step outside the model lock: the simulated GPU's forward pass, which
+        costs the same for one token or for 1 + K (a memory-bound decode step), and which concurrent
+        requests share as a batch would."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        stop = threading.Event()
+        done = object()
+
+        def put(item: Any) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> None:
+            try:
+                self.drive(prompt_ids, max_tokens, sampling, put, counts=counts, step_latency=step_latency,
+                           stop=stop)
+                put(done)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                put(exc)
+
+        threading.Thread(target=work, name="tinylm-request", daemon=True).start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()  # a client that went away stops the computation at the next step
+
+    def drive(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, emit: Callable[[list[int]], None],
+              *, counts: Any = None, step_latency: float = 0.0, stop: threading.Event | None = None) -> None:
+        """Generate, handing each step's tokens to `emit`. The model lock is held for one step at a time,
+        so concurrent requests take turns step by step (as a batch advances together), not request by
+        request."""
         torch = self._torch
-        # RoPE would run past the trained length, but nothing is learned there: stop as vLLM would at
-        # its max_model_len
-        budget = min(max_tokens, self.max_positions - len(prompt_ids))
+        steps = self._steps(prompt_ids, max_tokens, sampling, counts)
+        while stop is None or not stop.is_set():
+            with self._lock, torch.inference_mode():
+                torch.set_num_threads(1)
+                tokens = next(steps, None)
+            if tokens is None:
+                return
+            emit(tokens)
+            if step_latency:
+                time.sleep(step_latency)
+
+    def _steps(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, counts: Any) -> Iterator[list[int]]:
+        torch = self._torch
+        budget = self.budget(len(prompt_ids), max_tokens)
         temperature = sampling.temperature if sampling.temperature is not None else self.default_temperature
         top_p = sampling.top_p if sampling.top_p is not None else self.default_top_p
         gen = torch.Generator()
@@ -120,18 +202,32 @@ class TinyText:
             gen.manual_seed(sampling.seed)
         else:
             gen.seed()
-        out: list[int] = []
-        with self._lock, torch.inference_mode():
-            torch.set_num_threads(1)
-            step = self.model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
-            while len(out) < budget:
-                token = self._pick(step.logits[0, -1], temperature, top_p, sampling.top_k, gen)
-                out.append(token)
-                if token == self.eos_id:
-                    break
-                step = self.model(input_ids=torch.tensor([[token]]), past_key_values=step.past_key_values,
-                                  use_cache=True)
-        return out
+        if budget <= 0:
+            return
+
+        def probs(logits: Any) -> Any:
+            return self._probs(logits, temperature, top_p, sampling.top_k)
+
+        if self.drafter is not None:
+            from sim import specdec
+
+            verifier = specdec.Verifier(self.model, self.eos_id, self.max_positions)
+            yield from specdec.speculative_rounds(verifier, self.drafter, prompt_ids, budget=budget, k=self.spec_k,
+                                                  probs=None if temperature == 0 else probs, generator=gen,
+                                                  counts=counts if counts is not None else self.new_counts())
+            return
+        step = self.model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
+        made = 0
+        while made < budget:
+            logits = step.logits[0, -1]
+            token = int(torch.argmax(logits)) if temperature == 0 else int(torch.multinomial(probs(logits), 1,
+                                                                                            generator=gen))
+            made += 1
+            yield [token]
+            if token == self.eos_id:
+                return
+            step = self.model(input_ids=torch.tensor([[token]]), past_key_values=step.past_key_values,
+                              use_cache=True)
 
     def hidden_states(self, prompt_ids: list[int], layer_ids: Any) -> Any:
         """The prompt's hidden states in speculators' layout (sim/hidden_states.py), computed under the
@@ -142,11 +238,11 @@ class TinyText:
             self._torch.set_num_threads(1)
             return hidden_states.compute(self.model, prompt_ids, layer_ids)
 
-    def _pick(self, logits: Any, temperature: float, top_p: float, top_k: int | None, gen: Any) -> int:
+    def _probs(self, logits: Any, temperature: float, top_p: float, top_k: int | None) -> Any:
+        """The sampling distribution at temperature > 0 after top-k and top-p (what a sample is drawn from,
+        and what the rejection sampler accepts a draft token against)."""
         torch = self._torch
-        if temperature == 0:
-            return int(torch.argmax(logits))
-        logits = logits / temperature
+        logits = logits.float() / temperature
         if top_k is not None and top_k > 0:
             kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -155,32 +251,53 @@ class TinyText:
             sorted_p, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_p, dim=0) - sorted_p < top_p  # always keeps the most likely
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-        return int(torch.multinomial(probs, 1, generator=gen))
+        return probs
 
     # ---- output ----------------------------------------------------------------------------------
     def pieces(self, ids: list[int]) -> list[str]:
         """Text per token: concatenated, the decoded text. A token that ends inside a multi-byte
         character gets "" and the character goes out with the token that completes it."""
-        out: list[str] = []
-        pending: list[int] = []
-        for tid in ids:
-            if tid in self.special_ids:
-                out.append("")
-                continue
-            pending.append(tid)
-            text = self._fast.decode(pending, skip_special_tokens=False)
-            if text.endswith("\ufffd") and len(pending) < 4:
-                out.append("")
-                continue
-            out.append(text)
-            pending = []
-        return out
+        return OutputBuilder(self, thinking=False).feed(ids).pieces
 
     def to_output(self, ids: list[int], *, thinking: bool) -> Output:
-        if thinking:
-            end = ids.index(self.end_think_id) + 1 if self.end_think_id in ids else len(ids)
-        else:
-            end = 0
-        kinds = [REASONING] * end + [CONTENT] * (len(ids) - end)
-        finished = bool(ids) and ids[-1] == self.eos_id
-        return Output(kinds, self.pieces(ids), list(ids), "stop" if finished else "length")
+        return OutputBuilder(self, thinking=thinking).feed(ids).finish()
+
+
+class OutputBuilder:
+    """An Output grown token by token, as a live stream produces it. Kinds: with thinking on, everything
+    up to and including `</think>` is reasoning (all of it while `</think>` has not come); pieces as
+    TinyText.pieces. Feeding the ids in any number of slices gives the same Output."""
+
+    def __init__(self, text: TinyText, *, thinking: bool):
+        self._text = text
+        self._in_reasoning = thinking
+        self._pending: list[int] = []
+        self.out = Output([], [], [], "length")
+
+    @property
+    def pieces(self) -> list[str]:
+        return self.out.pieces
+
+    def feed(self, ids: list[int]) -> "OutputBuilder":
+        t, out = self._text, self.out
+        for tid in ids:
+            out.ids.append(tid)
+            out.kinds.append(REASONING if self._in_reasoning else CONTENT)
+            if tid == t.end_think_id:
+                self._in_reasoning = False
+            if tid in t.special_ids:
+                out.pieces.append("")
+                continue
+            self._pending.append(tid)
+            piece = t._fast.decode(self._pending, skip_special_tokens=False)
+            if piece.endswith("\ufffd") and len(self._pending) < 4:
+                out.pieces.append("")
+                continue
+            out.pieces.append(piece)
+            self._pending = []
+        return self
+
+    def finish(self) -> Output:
+        out = self.out
+        out.finish_reason = "stop" if out.ids and out.ids[-1] == self._text.eos_id else "length"
+        return out

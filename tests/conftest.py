@@ -72,3 +72,11 @@ async def rig_ssh(systemd_rig):
                    identity_file=systemd_rig.identity_file, known_hosts=systemd_rig.known_hosts)
     yield host
     await host.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_drafters(tmp_path_factory):
+    """The tiny verifier with an untrained and a trained EAGLE-3 drafter (tests/specdec_support.py)."""
+    from tests.specdec_support import make_drafters
+
+    return make_drafters(tmp_path_factory)

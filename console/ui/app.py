@@ -25,6 +25,7 @@ from console.session import ActionResult, Controller, JournalLine
 from console.parsers.text import clean_block
 from console.ui.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
 from console.telemetry.snapshot import Snapshot
+from console.ui.panes.bench import BenchPane
 from console.ui.panes.command_log import CommandLogPane
 from console.ui.panes.generation import GenerationPane
 from console.ui.panes.gpus import GpusPane
@@ -89,6 +90,7 @@ class ConsoleApp(App[None]):
                 yield GpusPane(id="gpus").data_bind(bound)
                 yield GenerationPane(id="generation").data_bind(bound)
                 yield TrainingPane(id="training").data_bind(bound)
+                yield BenchPane(id="bench").data_bind(bound)
         with Horizontal(id="bottom"):
             yield JournalPane(id="journal")
             yield CommandLogPane(id="commands")

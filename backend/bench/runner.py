@@ -1,0 +1,303 @@
+"""The bench run: check the server, warm it up, measure each concurrency level, compare, finish.
+
+Writes `<work dir>/runs/<run id>/`: manifest.json, events.jsonl (start, progress per request, finish),
+`bench.json` (the BenchResult, rewritten after each level, so a restart with the same run id measures
+only the levels still missing) and summary.json (the result, and with --baseline-run the comparison).
+Acceptance per level comes from two /metrics scrapes around it (or from vllm bench serve's own
+spec_decode_* keys when it has them); the stage never makes up a figure it did not measure.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+
+from backend.bench import client as cl
+from backend.bench import vllm_cli, workload
+from backend.bench.compare import EXIT_SLOWER, Comparison, compare, format_table, load_run_result
+from backend.bench.config import BenchConfig
+from backend.bench.results import (OUR_CLIENT, VLLM_BENCH, BenchResult, BenchResultError, LevelResult, figures,
+                                   parse_vllm_bench_result)
+from backend.bench.scrape import acceptance_between
+from backend.events import EventLog
+from backend.runs import Manifest, RunDir, RunDirError, open_run_dir, write_json_atomic
+
+STAGE = "bench"
+RESULT_FILE = "bench.json"
+VLLM_DIR = "vllm-bench"
+
+
+class StageFailed(Exception):
+    """The bench cannot finish; the message says why."""
+
+
+def identity_of(c: BenchConfig, w: workload.Workload, client: str) -> dict[str, Any]:
+    return {"endpoint": c.endpoint, "model": c.model, "label": c.label, "workload": w.describe(),
+            "levels": list(c.levels), "max_tokens": c.max_tokens, "temperature": c.temperature, "top_p": c.top_p,
+            "seed": c.seed, "client": client, "ignore_eos": c.ignore_eos}
+
+
+class BenchRun:
+    def __init__(self, c: BenchConfig, w: workload.Workload, client: str, references: list[BenchResult]):
+        self.c, self.w, self.client, self.references = c, w, client, references
+        self.headers = {"Content-Type": "application/json"}
+        if c.api_key_file:
+            with open(c.api_key_file, encoding="utf-8") as f:
+                self.headers["Authorization"] = f"Bearer {f.read().strip()}"
+        self.log: EventLog | None = None
+        self.done = self.failed = 0
+        self.total = len(c.levels) * len(w.prompts)
+        self.started = time.monotonic()
+        self.stopping = False
+
+    # -- events ---------------------------------------------------------------------------------------
+    def emit(self, kind: str, **data: Any) -> None:
+        if self.log is not None:
+            self.log.emit(kind, **data)
+
+    def _progress(self, level: int) -> None:
+        elapsed = max(1e-9, time.monotonic() - self.started)
+        self.emit("progress", done=self.done, total=self.total, failed=self.failed, level=level,
+                  rate=round(self.done / elapsed, 3))
+
+    # -- the run --------------------------------------------------------------------------------------
+    async def run(self, run_dir: RunDir) -> int:
+        c = self.c
+        result_path = run_dir.file(RESULT_FILE)
+        result = self._resume(result_path)
+        self.log = EventLog(run_dir.events_path, STAGE, c.run_id)
+        self.emit("start", total=self.total, manifest=run_dir.manifest.to_dict())
+        self.done = sum(lv.completed + lv.failed for lv in result.levels)
+        status, error = "completed", None
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, task)
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                server = await self._check_server(session)
+                result = replace(result, server=server)
+                await self._warm_up(session)
+                for level in c.levels:
+                    if result.level(level) is not None:
+                        continue  # measured before a restart
+                    lv = await self._level(session, run_dir, level)
+                    result = replace(result, levels=tuple(sorted((*result.levels, lv), key=lambda x: x.concurrency)))
+                    write_json_atomic(result_path, result.to_dict())
+                    if lv.completed == 0:
+                        raise StageFailed(f"every request failed at concurrency {level}; see the errors above")
+        except asyncio.CancelledError:
+            status, error = "stopped", "stopped by a signal before every level was measured"
+        except StageFailed as exc:
+            status, error = "failed", str(exc)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        write_json_atomic(result_path, result.to_dict())
+        return self._finish(run_dir, result, status, error, result_path)
+
+    def _on_signal(self, task: asyncio.Task | None) -> None:
+        if not self.stopping and task is not None:
+            self.stopping = True
+            self.emit("error", fatal=False, message="received a stop signal: ending the bench")
+            task.cancel()
+
+    def _resume(self, path: str) -> BenchResult:
+        fresh = BenchResult(label=self.c.label, model=self.c.model, endpoint=self.c.endpoint, client=self.client,
+                            workload={**self.w.describe(), "max_tokens": self.c.max_tokens,
+                                      "temperature": self.c.temperature, "top_p": self.c.top_p, "seed": self.c.seed,
+                                      "ignore_eos": self.c.ignore_eos})
+        if not os.path.exists(path):
+            return fresh
+        try:
+            with open(path, encoding="utf-8") as f:
+                old = BenchResult.from_dict(json.load(f))
+        except (OSError, ValueError, BenchResultError):
+            return fresh  # a result we cannot read is measured again, never trusted
+        return replace(fresh, levels=tuple(lv for lv in old.levels if lv.concurrency in self.c.levels))
+
+    async def _check_server(self, session: aiohttp.ClientSession) -> dict[str, Any]:
+        """The server answers and serves the model; what it says about itself goes in the result."""
+        c = self.c
+        deadline = time.monotonic() + c.ready_timeout_s
+        last = "no answer"
+        while True:
+            try:
+                async with session.get(f"{c.endpoint}/v1/models", headers=self.headers,
+                                       timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    body = json.loads(await resp.content.read(2**20)) if resp.status == 200 else None
+                    last = f"/v1/models answered HTTP {resp.status}"
+                if isinstance(body, dict) and isinstance(body.get("data"), list):
+                    ids = [m.get("id") for m in body["data"] if isinstance(m, dict)]
+                    if c.model not in ids:
+                        raise StageFailed(f"{c.endpoint} serves {', '.join(map(str, ids)) or 'no model'}, not "
+                                          f"{c.model}")
+                    break
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > deadline:
+                raise StageFailed(f"{c.endpoint} did not answer within {c.ready_timeout_s:g} s ({last}); start the "
+                                  f"server (and wait until it is ready) before benching it")
+            await asyncio.sleep(1.0)
+        version = None
+        try:
+            async with session.get(f"{c.endpoint}/version", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status == 200:
+                    version = (json.loads(await resp.content.read(4096)) or {}).get("version")
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError, AttributeError):
+            pass
+        spec = await cl.scrape(session, c.endpoint, c.model)
+        return {"version": version if isinstance(version, str) else None, "spec_decode": spec is not None}
+
+    async def _warm_up(self, session: aiohttp.ClientSession) -> None:
+        """One request first, as vllm bench serve's initial test run: a server that fails it fails the bench."""
+        c = self.c
+        body = cl.request_body(c.model, self.w.prompts[0], cl.Sampling(min(c.max_tokens, 16), c.temperature,
+                                                                        c.top_p, c.seed), 0)
+        out = await cl.send(session, f"{c.endpoint}/v1/chat/completions", body, self.headers, c.request_timeout_s)
+        if not out.success:
+            raise StageFailed(f"the warm-up request failed: {out.error}")
+
+    async def _level(self, session: aiohttp.ClientSession, run_dir: RunDir, level: int) -> LevelResult:
+        c = self.c
+        before = await cl.scrape(session, c.endpoint, c.model)
+        if self.client == VLLM_BENCH:
+            lv = await self._vllm_level(run_dir, level)
+        else:
+            def done(outcome: Any) -> None:
+                self.done += 1
+                self.failed += 0 if outcome.success else 1
+                if not outcome.success:
+                    self.emit("error", fatal=False, message=f"request failed: {outcome.error[:300]}")
+                self._progress(level)
+
+            sampling = cl.Sampling(c.max_tokens, c.temperature, c.top_p, c.seed, c.ignore_eos)
+            outcomes, wall = await cl.run_prompts(session, f"{c.endpoint}/v1/chat/completions", c.model,
+                                                  self.w.prompts, sampling, level, self.headers,
+                                                  c.request_timeout_s, done)
+            lv = figures(outcomes, wall, level, None)
+        after = await cl.scrape(session, c.endpoint, c.model)
+        if lv.acceptance is None:  # ours, or a vllm bench serve older than 0.15.1
+            lv = replace(lv, acceptance=acceptance_between(before, after))
+        self.emit("progress", done=self.done, total=self.total, failed=self.failed, level=level,
+                  level_done={"concurrency": level, "output_throughput": round(lv.output_throughput, 3),
+                              "acceptance_length": round(lv.acceptance.length, 4) if lv.acceptance else None})
+        return lv
+
+    async def _vllm_level(self, run_dir: RunDir, level: int) -> LevelResult:
+        c = self.c
+        vllm = vllm_cli.find_vllm()
+        if vllm is None:
+            raise StageFailed("vllm is no longer on PATH")
+        out_dir = run_dir.file(VLLM_DIR)
+        os.makedirs(out_dir, exist_ok=True)
+        dataset = os.path.join(out_dir, "prompts.jsonl")
+        vllm_cli.write_custom_dataset(self.w.prompts, dataset)
+        name = f"c{level}.json"
+        argv = vllm_cli.bench_serve_argv(vllm, endpoint=c.endpoint, model=c.model, tokenizer=c.tokenizer,
+                                         dataset=dataset, num_prompts=len(self.w.prompts), concurrency=level,
+                                         max_tokens=c.max_tokens, temperature=c.temperature, top_p=c.top_p,
+                                         seed=c.seed, result_dir=out_dir, result_file=name, label=c.label,
+                                         trust_remote_code=c.trust_remote_code, ignore_eos=c.ignore_eos)
+        self.emit("progress", done=self.done, total=self.total, failed=self.failed, level=level,
+                  command=argv)
+        env = {"OPENAI_API_KEY": self.headers["Authorization"][7:]} if "Authorization" in self.headers else None
+        rc, tail = await vllm_cli.run(argv, c.request_timeout_s * max(1, len(self.w.prompts)), env)
+        path = os.path.join(out_dir, name)
+        if rc != 0 or not os.path.exists(path):
+            raise StageFailed(f"vllm bench serve exited {rc} at concurrency {level}: {tail[-1500:]}")
+        try:
+            with open(path, encoding="utf-8") as f:
+                lv = parse_vllm_bench_result(json.load(f), level)
+        except (OSError, ValueError, BenchResultError) as exc:
+            raise StageFailed(f"cannot read vllm bench serve's result {path}: {exc}") from None
+        self.done += lv.completed + lv.failed
+        self.failed += lv.failed
+        return lv
+
+    # -- the end --------------------------------------------------------------------------------------
+    def _finish(self, run_dir: RunDir, result: BenchResult, status: str, error: str | None, path: str) -> int:
+        comparison: Comparison | None = None
+        table = None
+        if status == "completed" and self.references:
+            comparison = compare([self.references[0], result, *self.references[1:]], self.references[0].label)
+            table = format_table(comparison)
+        summary: dict[str, Any] = {
+            "stage": STAGE, "run_id": self.c.run_id, "status": status, "label": self.c.label,
+            "done": self.done, "total": self.total, "failed": self.failed, "client": self.client,
+            "outputs": {"results": path}, "result": result.to_dict(),
+            "elapsed_s": round(time.monotonic() - self.started, 3),
+        }
+        if comparison is not None:
+            summary["comparison"] = comparison.to_dict()
+            summary["slower"] = comparison.slower
+        if error:
+            summary["error"] = error
+        if status == "completed":
+            run_dir.write_summary(summary)
+        self.emit("finish", status=status, summary=summary)
+        if self.log is not None:
+            self.log.close()
+        print(table or _levels_text(result))
+        if error:
+            print(f"bench {status}: {error}")
+        if status == "failed":
+            return 1
+        if comparison is not None and comparison.slower:
+            return EXIT_SLOWER
+        return 0
+
+
+def _levels_text(result: BenchResult) -> str:
+    lines = [f"{result.label}: {result.model} at {result.endpoint} ({result.client})"]
+    for lv in result.levels:
+        acc = (f", acceptance length {lv.acceptance.length:.2f} ({lv.acceptance.rate:.0%} of drafts)"
+               if lv.acceptance and lv.acceptance.rate is not None else "")
+        lines.append(f"  concurrency {lv.concurrency}: {lv.output_throughput:.1f} out tok/s, "
+                     f"{lv.request_throughput:.2f} req/s, TPOT p50 {lv.stat('tpot', 'median') or 0:.1f} ms, "
+                     f"TTFT p50 {lv.stat('ttft', 'median') or 0:.1f} ms, failed {lv.failed}{acc}")
+    return "\n".join(lines)
+
+
+def choose_client(c: BenchConfig) -> str:
+    if c.client == "ours":
+        return OUR_CLIENT
+    found = vllm_cli.find_vllm()
+    if c.client == "vllm" and not found:
+        raise RunDirError("--client vllm: `vllm` is not on this host's PATH (install vLLM, or use --client ours)")
+    return VLLM_BENCH if found else OUR_CLIENT
+
+
+def main(c: BenchConfig) -> int:
+    """Everything that can be refused is refused before the run directory is touched (exit 2)."""
+    try:
+        client = choose_client(c)
+        if c.input_run:
+            w = workload.from_run(c.work_dir, c.input_run, c.num_prompts, c.seed)
+        else:
+            w = workload.from_file(str(c.prompts), c.num_prompts, c.seed)
+        refs = [load_run_result(c.work_dir, r) for r in (c.baseline_run, c.third_run) if r]
+        labels = [r.label for r in refs] + [c.label]
+        if len(set(labels)) != len(labels):
+            raise RunDirError(f"--label {c.label!r} is already the label of a run it is compared with; give each "
+                              f"contender its own label")
+        if c.api_key_file and not os.path.isfile(c.api_key_file):
+            raise RunDirError(f"--api-key-file {c.api_key_file}: no such file")
+        manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, w, client),
+                            settings={"request_timeout_s": c.request_timeout_s, "baseline_run": c.baseline_run,
+                                      "third_run": c.third_run})
+        run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
+    except RunDirError as exc:
+        print(f"bench: {exc}")
+        return 2
+    try:
+        return asyncio.run(BenchRun(c, w, client, refs).run(run_dir))
+    except StageFailed as exc:  # before the events log exists
+        print(f"bench failed: {exc}")
+        return 1

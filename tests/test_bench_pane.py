@@ -1,0 +1,122 @@
+"""The bench pane on real bench results: the demo's trained tiny drafter against its baseline (SVG
+snapshot), the untrained one flagged slower in red, a running bench, hostile labels shown literally, and
+the pane hidden in the console until the host has a bench run."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from textual.app import App, ComposeResult
+
+from console.telemetry.bench_view import bench_view
+from console.telemetry.sanitize import sanitized
+from console.telemetry.snapshot import RunInfo, Snapshot
+from console.ui.app import ConsoleApp
+from console.ui.panes.bench import BenchPane, bench_markup
+from tests.fake_controller import FakeController, base_snapshot, generation_run, stage_unit
+from tests.polling import until
+
+pytestmark = pytest.mark.timeout(60)
+SAMPLES = Path(__file__).parent / "samples" / "bench"
+NOW = 1_700_000_030.0
+
+
+def finished(sample: str, run_id: str) -> RunInfo:
+    summary = json.loads((SAMPLES / sample).read_text())
+    event = {"ts": NOW - 5, "kind": "finish", "stage": "bench", "run_id": run_id, "status": "completed",
+             "summary": summary}
+    return RunInfo("bench", run_id, "done", stage_unit("bench"), summary["done"], summary["total"], 0, None, None,
+                   event)
+
+
+def with_runs(*runs: RunInfo) -> Snapshot:
+    # through the collector's boundary, as every snapshot the panes see
+    return sanitized(dataclasses.replace(base_snapshot(taken_at=NOW), runs=runs))
+
+
+def test_view_of_the_trained_drafter_against_its_baseline():
+    view = bench_view(finished("demo_bench_summary.json", "bench-drafter"))
+    assert (view.label, view.baseline, view.state, view.slower, view.error) == ("drafter", "baseline", "done",
+                                                                               False, None)
+    drafter = [r for r in view.rows if r.label == "drafter"]
+    assert [r.concurrency for r in drafter] == [1, 2] and all(r.ratio > 1 for r in drafter)
+    assert all(r.acceptance_length > 2.2 for r in drafter)
+    text = bench_markup(view).plain
+    assert "drafter against baseline" in text and "1.65x" in text and "SLOWER" not in text
+
+
+def test_a_slower_drafter_is_red():
+    view = bench_view(finished("demo_bench_untrained_summary.json", "bench-untrained"))
+    assert view.slower
+    content = bench_markup(view)
+    row = next(line for line in content.markup.splitlines() if "0.33x" in line)
+    assert row.startswith("[b red]") and "0.33x" in row and "SLOWER" in row and "1.02" in row
+    assert "do not serve it" in content.plain
+    assert "concurrency 2: not measured by untrained" in content.plain
+
+
+def test_running_bench_and_baseline_only_run():
+    event = {"ts": NOW, "kind": "progress", "stage": "bench", "run_id": "b", "done": 7, "total": 12, "level": 2}
+    running = bench_view(RunInfo("bench", "b", "running", None, 7, 12, 0, 3.0, None, event))
+    assert "measuring: concurrency 2, 7/12 requests" in bench_markup(running).plain
+    summary = json.loads((SAMPLES / "demo_bench_summary.json").read_text())
+    del summary["comparison"]
+    own = bench_view(RunInfo("bench", "b", "done", None, 12, 12, 0, None, None,
+                             {"kind": "finish", "summary": summary}))
+    assert [r.label for r in own.rows] == ["drafter", "drafter"] and all(r.ratio is None for r in own.rows)
+
+
+@pytest.mark.parametrize("label", ["[red]x[/]", "[@click=app.quit]q[/]", "$label", "a\\[b]"])
+def test_hostile_labels_shown_literally_and_garbage_summaries_said(label):
+    run = finished("demo_bench_untrained_summary.json", "r")
+    summary = json.loads(json.dumps(run.last_event["summary"]))
+    summary["label"] = label
+    for row in summary["comparison"]["rows"]:
+        if row["label"] != "baseline":
+            row["label"] = label
+    view = bench_view(dataclasses.replace(run, last_event={"kind": "finish", "summary": summary}))
+    assert label in bench_markup(view).plain  # literally, never as markup
+    broken = bench_view(dataclasses.replace(run, last_event={"kind": "finish", "summary": {"comparison": {"rows": 5}}}))
+    assert broken.error and "unreadable bench summary" in broken.error and not broken.rows
+
+
+class PaneApp(App[None]):
+    """The bench pane alone, bound like the console binds it."""
+
+    def __init__(self, snapshot: Snapshot):
+        super().__init__()
+        self.snapshot = snapshot
+
+    def compose(self) -> ComposeResult:
+        yield BenchPane(id="bench")
+
+    def on_mount(self) -> None:
+        self.query_one(BenchPane).snapshot = self.snapshot
+
+
+def test_bench_pane_snapshot(snap_compare):
+    snap = with_runs(finished("demo_bench_summary.json", "bench-drafter"))
+    assert snap_compare(PaneApp(snap), terminal_size=(100, 12))
+
+
+def test_bench_pane_slower_snapshot(snap_compare):
+    snap = with_runs(finished("demo_bench_untrained_summary.json", "bench-untrained"))
+    assert snap_compare(PaneApp(snap), terminal_size=(100, 10))
+
+
+async def test_console_shows_the_pane_only_with_a_bench_run():
+    plain = with_runs(generation_run())
+    benched = with_runs(generation_run(), finished("demo_bench_summary.json", "bench-drafter"))
+    fake = FakeController([plain, benched], journal={}, simulated=True)
+    app = ConsoleApp(fake, clock=lambda: NOW)
+    async with app.run_test(size=(150, 60)) as pilot:
+        await until(lambda: app.last_snapshot is not None, "a snapshot", timeout=10, pause=pilot.pause)
+        pane = app.query_one("#bench", BenchPane)
+        if app.last_snapshot is plain:
+            assert not pane.has_class("-shown") and pane.display is False
+        await until(lambda: app.last_snapshot is benched, "the bench snapshot", timeout=10, pause=pilot.pause)
+        await pilot.pause(0.2)
+        assert pane.has_class("-shown") and pane.error is None
+        assert "1.65x" in pane.query_one("#bench-body").plain

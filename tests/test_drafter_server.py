@@ -1,0 +1,140 @@
+"""The drafter server's command line and unit (console/control/drafter_server.py) and the bench stage's
+command line (console/control/bench_stage.py): exact argv for systemd and tmux hosts, the refusals, and
+one real start in a private tmux server: the stand-in with the trained tiny drafter, found by its log."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+
+import pytest
+
+from console.control.bench_stage import bench_argv
+from console.control.drafter_server import (DrafterServerError, drafter_command, drafter_start_command,
+                                            drafter_stop_command, drafter_unit)
+from console.control.units import tmux_start_argv, tmux_stop_argv
+from console.profile import profile_from_dict
+
+CKPT = "/data/eagle3/runs/train-1/checkpoints/checkpoint_best"
+SPEC = '{"method":"eagle3","model":"%s","num_speculative_tokens":3,"draft_tensor_parallel_size":1}' % CKPT
+
+
+def systemd_profile(**server):
+    return profile_from_dict({
+        "host": {"name": "gpu-host.example"},
+        "server": {"model_path": "/shared/kimi-k2.5-int4", "unit": "vllm-kimi", "served_model_name": "kimi-k2.5",
+                   "port": 8000, "reasoning_parser": "kimi_k2",
+                   "vllm_args": ["-tp", "8", "--trust-remote-code", "--max-model-len", "262144"], **server},
+        "paths": {"work_dir": "/data/eagle3", "python": "/opt/venv/bin/python"},
+        "drafter": {"num_speculative_tokens": 3}})
+
+
+def test_systemd_drafter_unit_argv():
+    p = systemd_profile()
+    assert drafter_unit(p) == "vllm-kimi-drafter"
+    assert drafter_command(p, CKPT) == [
+        "vllm", "serve", "/shared/kimi-k2.5-int4", "--host", "127.0.0.1", "--port", "8000", "--served-model-name",
+        "kimi-k2.5", "--reasoning-parser", "kimi_k2", "-tp", "8", "--trust-remote-code", "--max-model-len", "262144",
+        "--speculative-config", SPEC]
+    start = drafter_start_command(p, CKPT, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
+    assert start.argv == [
+        "systemd-run", "--unit=vllm-kimi-drafter", "--collect", "--quiet", "--working-directory=/data/eagle3",
+        "--property=KillSignal=SIGTERM", "--property=TimeoutStopSec=120", "--setenv=CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7",
+        *drafter_command(p, CKPT)]
+    assert start.shown == shlex.join(start.argv)
+    assert drafter_stop_command(p).argv == ["systemctl", "stop", "vllm-kimi-drafter"]
+    sudo = systemd_profile(sudo=True)
+    assert drafter_start_command(sudo, CKPT).argv[:3] == ["sudo", "-n", "systemd-run"]
+    assert drafter_stop_command(sudo).argv == ["sudo", "-n", "systemctl", "stop", "vllm-kimi-drafter"]
+
+
+def test_tmux_drafter_session_argv():
+    p = profile_from_dict({
+        "host": {"name": "localhost", "transport": "local"},
+        "server": {"model_path": "/m", "manager": "tmux", "unit": "demo-vllm", "port": 18000, "stop_timeout_s": 20,
+                   "command": ["python3", "-m", "sim.vllm_server", "--tensor-parallel-size", "8"]},
+        "paths": {"work_dir": "/tmp/demo"}, "drafter": {"num_speculative_tokens": 4},
+        "serve_drafter": {"draft_tensor_parallel_size": 8}})
+    program = ["python3", "-m", "sim.vllm_server", "--tensor-parallel-size", "8", "--speculative-config",
+               '{"method":"eagle3","model":"/ck","num_speculative_tokens":4,"draft_tensor_parallel_size":8}']
+    assert drafter_command(p, "/ck") == program
+    start = drafter_start_command(p, "/ck")
+    # the stage builders' own tmux session: refuses a live one, fresh log beside the stages' logs
+    assert start.argv == tmux_start_argv("demo-vllm-drafter", program, "/tmp/demo/logs/demo-vllm-drafter.log",
+                                         cwd="/tmp/demo", env={})
+    assert "tmux new-session -d -s demo-vllm-drafter" in start.argv[2]
+    assert start.shown == f"tmux start session demo-vllm-drafter: {shlex.join(program)}"
+    # the server's own stop timeout (20 s), not a stage's
+    assert drafter_stop_command(p).argv == tmux_stop_argv("demo-vllm-drafter", 20)
+
+
+@pytest.mark.parametrize("change, ckpt, why", [
+    ({}, "relative/ckpt", "an absolute path"),
+    ({}, "/ck\nrm -rf /", "a path of letters"),
+    ({"vllm_args": ["--speculative-config", "{}"]}, CKPT, "already has --speculative-config"),
+    ({"vllm_args": ["--speculative_config={}"]}, CKPT, "already has --speculative_config"),
+])
+def test_refusals(change, ckpt, why):
+    with pytest.raises(DrafterServerError, match=why):
+        drafter_command(systemd_profile(**change), ckpt)
+
+
+def test_draft_tp_is_one_or_the_targets():
+    p = profile_from_dict({"host": {"name": "gpu-host.example"},
+                           "server": {"model_path": "/m", "vllm_args": ["--tensor-parallel-size=8"]},
+                           "paths": {"work_dir": "/w"}, "serve_drafter": {"draft_tensor_parallel_size": 2}})
+    with pytest.raises(DrafterServerError, match=r"takes 1 or the target's tensor-parallel size \(8\)"):
+        drafter_command(p, CKPT)
+    p.serve_drafter.draft_tensor_parallel_size = 8
+    assert json.loads(drafter_command(p, CKPT)[-1])["draft_tensor_parallel_size"] == 8
+
+
+def test_bench_argv():
+    p = systemd_profile()
+    assert bench_argv(p, "bench-2", label="drafter", input_run="prepare-1", baseline_run="bench-1") == [
+        "/opt/venv/bin/python", "-m", "backend.bench", "--work-dir", "/data/eagle3", "--run-id", "bench-2",
+        "--endpoint", "http://127.0.0.1:8000", "--model", "kimi-k2.5", "--input-run", "prepare-1",
+        "--label", "drafter", "--concurrency", "1,4,16", "--num-prompts", "200", "--max-tokens", "256",
+        "--temperature", "0", "--seed", "0", "--client", "auto", "--ready-timeout", "3600",
+        "--tokenizer", "/shared/kimi-k2.5-int4", "--trust-remote-code", "--baseline-run", "bench-1"]
+    with pytest.raises(ValueError, match="no prompts"):
+        bench_argv(p, "b", label="baseline")
+
+
+# ---- one real start: the demo's way, a private tmux server --------------------------------------------------
+def test_drafter_session_starts_the_stand_in_with_the_drafter(tiny_drafters, tmp_path):
+    from tests.sim_support import PYTHON, free_port
+
+    work = tmp_path / "w"
+    (work / "tmux").mkdir(parents=True)
+    os.chmod(work / "tmux", 0o700)
+    port = free_port()
+    p = profile_from_dict({
+        "host": {"name": "localhost", "transport": "local"},
+        "server": {"model_path": "/shared/tiny", "manager": "tmux", "unit": "e3t-vllm", "port": port,
+                   "served_model_name": "tiny", "stop_timeout_s": 20,
+                   "command": [*PYTHON, "-m", "sim.vllm_server", "--host", "127.0.0.1", "--port", str(port),
+                               "--model", "/shared/tiny", "--served-model-name", "tiny", "--load-seconds", "0.3",
+                               "--shards", "2", "--text-backend", "tinylm"]},
+        "paths": {"work_dir": str(work)}})
+    env = {**os.environ, "TMUX_TMPDIR": str(work / "tmux"), "XDG_CACHE_HOME": str(tiny_drafters.xdg),
+           "HF_HUB_OFFLINE": "1"}
+    env.pop("TMUX", None)
+    start = drafter_start_command(p, str(tiny_drafters.trained))
+    assert subprocess.run(start.argv, env=env, capture_output=True, text=True, timeout=60).returncode == 0
+    log = work / "logs" / "e3t-vllm-drafter.log"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            text = log.read_text() if log.exists() else ""
+            if "Application startup complete." in text or "EngineCore failed" in text:
+                break
+            time.sleep(0.2)
+        assert "Loading drafter model..." in text and "Using auxiliary layers from speculative config: (1, 2, 3)" in text
+        assert "Application startup complete." in text, text[-3000:]
+    finally:
+        stop = subprocess.run(drafter_stop_command(p).argv, env=env, capture_output=True, text=True, timeout=60)
+        subprocess.run(["tmux", "kill-server"], env=env, capture_output=True, timeout=30)
+    assert stop.returncode == 0 and "[shutdown]" in log.read_text()
