@@ -21,11 +21,16 @@ from console.session import Session
 from console.telemetry.snapshot import RunInfo
 
 NO_EVENTS_S = 120.0  # a started run that writes no event in this long is dead on arrival
+SERVE = ("serve-drafter", "serve-baseline")  # switch the server: not a run, an action on the host
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="start a pipeline stage on the host (detached: it survives the console)")
-    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline"))
+    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline", *SERVE),
+                   help="a stage, a pipeline run, or a server switch: serve-drafter stops the baseline and serves "
+                        "the verified drafter (--input: a verify run, or a train run a verify run verified; default "
+                        "the latest completed verify run); serve-baseline stops the drafter server and starts the "
+                        "baseline again")
     p.add_argument("--profile", required=True)
     p.add_argument("--input", dest="input_run", metavar="RUN",
                    help="the run whose output the stage consumes (default: the latest completed run of the "
@@ -38,8 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-id", help="default: STAGE-YYYYmmdd-HHMMSS; reuse one to resume it")
     p.add_argument("--fresh", action="store_true", help="archive an existing run dir of that id and start over")
     p.add_argument("--yes", action="store_true",
-                   help="do not ask before a stage that stops the baseline server (extract)")
-    p.add_argument("--wait", action="store_true", help="follow the run; exit 0 only when it completed")
+                   help="do not ask before a stage or switch that stops a server (extract, serve-drafter, "
+                        "serve-baseline)")
+    p.add_argument("--wait", action="store_true", help="follow the run; exit 0 only when it completed (serve-*: "
+                                                       "wait until the server answers, at most "
+                                                       "[server].load_timeout_s)")
     p.add_argument("--interval", type=float, default=2.0)
     p.set_defaults(func=cmd_run)
 
@@ -56,8 +64,74 @@ def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
     return input(question).strip().lower() in ("y", "yes")
 
 
+def confirmed_switch(a: argparse.Namespace, profile) -> bool:
+    """A server switch stops the running server: ask, default No."""
+    if a.yes:
+        return True
+    if a.stage == "serve-drafter":
+        question = (f"serve-drafter stops {profile.server.unit} (the baseline) on {profile.host.name} and serves the "
+                    f"verified drafter in {profile.server.unit}-drafter. Go on? [y/N] ")
+    else:
+        question = (f"serve-baseline stops {profile.server.unit}-drafter (the drafter server) on {profile.host.name} "
+                    f"and starts {profile.server.unit} again. Go on? [y/N] ")
+    if not sys.stdin.isatty():
+        print(f"error: {a.stage} stops a running server; pass --yes to confirm", file=sys.stderr)
+        return False
+    return input(question).strip().lower() in ("y", "yes")
+
+
+async def switch_server(a: argparse.Namespace, profile) -> int:
+    which = "drafter" if a.stage == "serve-drafter" else "baseline"
+    async with Session(profile, interval=a.interval) as session:
+        snap = await session.settle()
+        if not snap.host.reachable:
+            print(f"error: {snap.host.error}", file=sys.stderr)
+            return 1
+        result = await (session.serve_drafter(a.input_run) if which == "drafter" else session.serve_baseline())
+        for cmd in result.commands:
+            print(f"$ {cmd}", file=sys.stderr)
+        if not result.ok:
+            print(f"error: {result.message}", file=sys.stderr)
+            return 1
+        print(result.message)
+        if not a.wait:
+            return 0
+        return await wait_server(session, which, profile.server.load_timeout_s)
+
+
+async def wait_server(session: Session, which: str, timeout: float) -> int:
+    """Until the server switched to answers (0), fails (1) or `timeout` passes (2); a line per phase."""
+    loop = asyncio.get_running_loop()
+    deadline, last = loop.time() + timeout, None
+    async for snap in session.snapshots(connecting=False):
+        srv = snap.server
+        on_it = (srv.drafter is not None) == (which == "drafter")
+        line = f"{which} server ({snap.service.unit}): {srv.phase if on_it else 'switching'}"
+        if line != last:
+            print(line, flush=True)
+            last = line
+        if on_it and srv.phase == "ready" and not srv.error:
+            if srv.drafter is not None:
+                d = srv.drafter
+                aux = ", ".join(map(str, d.aux_layers)) if d.aux_layers else "not logged"
+                print(f"ready with the drafter: {'drafter loaded' if d.loaded else 'drafter load not logged'}, "
+                      f"auxiliary layers {aux}")
+            else:
+                print(f"ready: {srv.model_id}")
+            return 0
+        if on_it and srv.phase == "failed":
+            print(f"error: the {which} server failed: {clean_block(srv.error or 'see its log')}", file=sys.stderr)
+            return 1
+        if loop.time() > deadline:
+            print(f"error: the {which} server is not ready after {timeout:g} s (phase {srv.phase})", file=sys.stderr)
+            return 2
+    return 1
+
+
 async def run_stage(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
+    if a.stage in SERVE:
+        return await switch_server(a, profile) if confirmed_switch(a, profile) else 2
     req = StageRequest(a.stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
                        limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage)
     if not confirmed(a, req, profile):

@@ -33,7 +33,7 @@ from backend.pipeline import STAGES as PIPELINE_STAGES
 from console.control import stage_argv
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
-                                   stage_stop_command, stage_unit_name)
+                                   stage_stop_command, stage_unit_name, tmux_target)
 
 # The upload is the installed `backend` package and nothing else: host code only, never the console or the
 # demo's stand-in, and the same files whether the console runs from a wheel or a checkout.
@@ -214,7 +214,7 @@ async def stage_ended(host: Host, profile: Profile, unit: str) -> str | None:
             how = f"result {props.get('Result') or 'unknown'}, exit status {props.get('ExecMainStatus') or '?'}"
         log = await host.run(["journalctl", "-u", unit, "-n", "20", "-o", "cat", "--no-pager"], timeout=30)
     else:
-        res = await host.run(["tmux", "list-panes", "-t", f"={unit}", "-F", "#{pane_dead}"], timeout=30)
+        res = await host.run(["tmux", "list-panes", "-t", tmux_target(unit), "-F", "#{pane_dead}"], timeout=30)
         if res.ok and "0" in res.stdout.split():
             return None
         path = stage_log_path(profile, unit)
