@@ -64,6 +64,7 @@ class ServerMetrics:
     spec_acceptance_rate: float | None = None  # accepted / drafted tokens, drafter only
     spec_mean_acceptance_length: float | None = None
     spec_per_position: tuple[float, ...] | None = None
+    spec_window_s: float | None = None  # the window (between two scrapes) the spec_* figures cover
 
 
 @dataclass(frozen=True)
