@@ -319,6 +319,8 @@ class Session:
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
             busy = ["pipeline", *pipeline_range(req)] if stage == "pipeline" else [stage, "pipeline"]
+            if stage == "bench":
+                busy.append("extract")  # it swaps the servers too
         except StageError as e:
             return ActionResult(False, f"start {stage} failed: {e}"), None
         for name in busy:

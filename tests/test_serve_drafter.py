@@ -181,3 +181,47 @@ def test_a_gone_session_is_never_mistaken_for_a_longer_named_one(tmp_path):
         assert alive.returncode == 0
     finally:
         subprocess.run(["tmux", "kill-server"], env=env, capture_output=True, timeout=30)
+
+
+def test_bench_pair_on_the_demo_host(demo):
+    """`run bench --wait`: one detached program benches the baseline, swaps to the drafter server, benches
+    it against the baseline, and swaps back; the table and the exit status say whether it is slower."""
+    from console.profile import write_profile
+
+    work, path = demo
+    profile = load_profile(path)
+    profile.bench.dataset = str(work / "data" / "demo-prompts.jsonl")
+    profile.bench.num_prompts, profile.bench.concurrency, profile.bench.max_tokens = 4, [1], 24
+    write_profile(profile, Path(path), overwrite=True)
+    if not (work / "runs" / "verify-1").exists():  # the switch test made it; alone, make it here
+        ckpt = work / "runs-ck" / "checkpoint_best"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        finished_run(work, "verify", "verify-1", {"checkpoint": str(ckpt)})
+    asked = cli("run", "bench", "--profile", path)
+    assert asked.returncode == 2 and "pass --yes" in asked.stderr
+    done = cli("run", "bench", "--profile", path, "--run-id", "pair", "--yes", "--wait", timeout=600)
+    summary = json.loads((work / "runs" / "pair" / "summary.json").read_text())
+    assert done.returncode == (3 if summary["slower"] else 0), done.stdout[-3000:] + done.stderr[-3000:]
+    assert summary["status"] == "completed" and summary["runs"] == {"baseline": "pair-baseline",
+                                                                     "drafter": "pair-drafter"}
+    assert [s["step"] for s in summary["steps"]] == ["baseline serving", "bench baseline", "swap to the drafter",
+                                                     "bench drafter", "back to the baseline"]
+    assert all(s["ok"] for s in summary["steps"])
+    drafter = json.loads((work / "runs" / "pair-drafter" / "summary.json").read_text())
+    assert drafter["result"]["server"]["spec_decode"] is True and summary["comparison"] == drafter["comparison"]
+    baseline = json.loads((work / "runs" / "pair-baseline" / "summary.json").read_text())
+    assert baseline["result"]["server"]["spec_decode"] is False
+    assert "vs baseline" in done.stdout and "drafter" in done.stdout  # the table
+    # back to the baseline: its session runs the baseline's own command line, the drafter's is gone
+    assert session_argv(work, f"{profile.server.unit}-drafter") is None
+    assert session_argv(work, profile.server.unit) == server_command(profile)[2:]
+    # the console shows the pair run as a bench: the comparison side by side (the bench pane's view)
+    from console.telemetry.bench_view import bench_view
+    from console.telemetry.snapshot import RunInfo
+
+    status = json.loads(cli("status", "--profile", path, "--json").stdout)
+    run = next(RunInfo(**r) for r in status["runs"] if r["run_id"] == "pair")
+    view = bench_view(run)
+    assert view.state == "done" and view.baseline == "baseline" and view.error is None
+    assert [(r.concurrency, r.label) for r in view.rows] == [(1, "baseline"), (1, "drafter")]
+    assert view.slower == summary["slower"] and status["server"]["drafter"] is None

@@ -16,6 +16,7 @@ from console.control.units import stage_unit_name
 from backend.pipeline import STAGES as PIPELINE_STAGES
 from console.control.launch import StageRequest, stops_baseline
 from backend.verify.report import table
+from backend.bench.compare import CompareError, comparison_from_dict, format_table
 from console.parsers.text import clean, clean_block
 from console.session import Session
 from console.telemetry.snapshot import RunInfo
@@ -26,11 +27,13 @@ SERVE = ("serve-drafter", "serve-baseline")  # switch the server: not a run, an 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="start a pipeline stage on the host (detached: it survives the console)")
-    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline", *SERVE),
+    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline", *SERVE, "bench"),
                    help="a stage, a pipeline run, or a server switch: serve-drafter stops the baseline and serves "
                         "the verified drafter (--input: a verify run, or a train run a verify run verified; default "
                         "the latest completed verify run); serve-baseline stops the drafter server and starts the "
-                        "baseline again")
+                        "baseline again; bench benches the baseline, swaps to the drafter server, benches it, "
+                        "compares (exit 3 with --wait when the drafter is slower) and swaps back, as one detached "
+                        "program on the host (--input: the verify run whose drafter to bench)")
     p.add_argument("--profile", required=True)
     p.add_argument("--input", dest="input_run", metavar="RUN",
                    help="the run whose output the stage consumes (default: the latest completed run of the "
@@ -56,8 +59,9 @@ def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
     """Extraction stops the baseline server: say so, and go on only when the operator agrees."""
     if not stops_baseline(req) or a.yes:
         return True
-    question = (f"{req.stage} stops {profile.server.unit} on {profile.host.name} while the hidden states are "
-                f"extracted, and starts it again afterwards. Go on? [y/N] ")
+    why = ("the drafter server is benched" if req.stage == "bench" else "the hidden states are extracted")
+    question = (f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
+                f"again afterwards. Go on? [y/N] ")
     if not sys.stdin.isatty():
         print(f"error: {req.stage} stops the baseline server; pass --yes to confirm", file=sys.stderr)
         return False
@@ -180,11 +184,18 @@ async def follow_run(session: Session, stage: str, run_id: str) -> int:
                 print(f"error: {clean_block(ev['error'])}", file=sys.stderr)
             for text in results(run, snap.runs):
                 print(text)
+            if run.state == "done" and stage == "bench" and ev.get("slower"):
+                print("the drafter is SLOWER than the baseline at some concurrency level: do not serve it",
+                      file=sys.stderr)
+                return 3
             return 0 if run.state == "done" else 1
     return 1  # the session ended: the host refused us (said in the last snapshot)
 
 
 def progress_line(run: RunInfo, runs: tuple[RunInfo, ...]) -> str:
+    ev = run.last_event or {}
+    if run.stage == "bench" and isinstance(ev.get("current"), str):  # the pair program: one line per step
+        return f"{run.state}: {run.done}/{run.total} steps, {ev['current']}"
     if run.stage != "pipeline":
         line = f"{run.state}: {run.done}/{run.total} done, {run.failed} failed"
         return line + (f", {run.rate:.1f}/s" if run.rate else "")
@@ -208,6 +219,12 @@ def results(run: RunInfo, runs: tuple[RunInfo, ...]) -> list[str]:
             return [clean_block(table(verify.last_event))]
         except (KeyError, TypeError, ValueError):
             pass  # an unexpected report: its outputs below are still worth printing
+    summary = run.last_event or {}  # a finished run's summary, merged into its last event (telemetry/runs.py)
+    if run.stage == "bench" and isinstance(summary.get("comparison"), dict):
+        try:
+            return [clean_block(format_table(comparison_from_dict(summary["comparison"])))]
+        except (CompareError, TypeError, ValueError):
+            pass
     outputs = (run.last_event or {}).get("outputs")
     return [clean(f"{name}: {path}") for name, path in outputs.items()] if isinstance(outputs, dict) else []
 

@@ -17,9 +17,9 @@ import shlex
 from typing import Any, Sequence
 
 from backend.extract.plan import PLAN_VERSION
-from console.control.units import (_sudo, tmux_target, server_command, server_log_path, server_start_argv, server_stop_argv,
+from console.control.units import (_sudo, server_command, server_log_path, server_start_argv, server_stop_argv,
                                    stage_log_path, stage_start_argv,
-                                   stage_stop_argv, tmux_stop_argv)
+                                   stage_stop_argv, tmux_stop_argv, tmux_target)
 from console.profile import Profile
 
 EXTRACT_METHOD = "extract_hidden_states"
