@@ -4,6 +4,7 @@ host. On the demo host for real (its tmux sessions and the processes in them), w
 choice of checkpoint (backend/servable.py) and the parsers of the service manager's answer."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -107,6 +108,16 @@ def session_argv(work: Path, session: str) -> list[str] | None:
     return None
 
 
+async def baseline_actions(profile):
+    from console.control.launch import StageRequest
+    from console.session import Session
+
+    async with Session(profile) as session:
+        await session.settle()
+        started, _ = await session.launch_stage(StageRequest("serve"))
+        return [started, await session.restart_server()]
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     work = tmp_path_factory.mktemp("serve") / "demo"
@@ -149,6 +160,10 @@ def test_switch_to_the_drafter_and_back(demo):
 
     again = cli("run", "serve-drafter", "--profile", path, "--yes")
     assert again.returncode == 1 and "already running" in again.stderr
+    # one server at a time: the baseline is not started (nor restarted) beside the drafter server
+    refused = asyncio.run(baseline_actions(profile))
+    assert all(not r.ok and "the drafter server runs in" in r.message for r in refused), refused
+    assert session_argv(work, unit) is None
 
     off = cli("run", "serve-baseline", "--profile", path, "--yes", "--wait")
     assert off.returncode == 0, off.stdout + off.stderr
