@@ -443,7 +443,7 @@ class Session:
                 return ActionResult(True, f"the baseline server is already running in {self.profile.server.unit}",
                                     tuple(shown))
             result = await self._run_all([server_start_command(self.profile)], "start the baseline server")
-        except HostError as e:
+        except (HostError, ValueError) as e:  # ValueError: a unit name the service manager must not get
             return ActionResult(False, clean_block(f"serve the baseline failed: {e}"), tuple(shown))
         shown.extend(result.commands)
         if not result.ok:
@@ -462,7 +462,7 @@ class Session:
         """One server at a time on the GPUs: the baseline never starts beside the drafter server."""
         try:
             live = await self.live_servers()
-        except HostError as e:
+        except (HostError, ValueError) as e:
             return ActionResult(False, clean_block(f"cannot tell which server runs: {e}"))
         if "drafter" in live:
             return ActionResult(False, f"the drafter server runs in {ds.drafter_unit(self.profile)}: serve the "

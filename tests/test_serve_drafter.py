@@ -240,3 +240,65 @@ def test_bench_pair_on_the_demo_host(demo):
     assert view.state == "done" and view.baseline == "baseline" and view.error is None
     assert [(r.concurrency, r.label) for r in view.rows] == [(1, "baseline"), (1, "drafter")]
     assert view.slower == summary["slower"] and status["server"]["drafter"] is None
+
+
+# ---- the trained drafter, for real on the demo host -----------------------------------------------------------
+async def live_drafter_snapshot(profile, seconds: float = 40.0):
+    """Follow the demo host while a few chats run on its server: the snapshot once /metrics acceptance (two
+    scrapes) and a SpecDecoding metrics log line are both in, or the last one."""
+    import httpx
+
+    from console.session import Session
+
+    async def chats() -> None:
+        from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
+
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{profile.server.port}", timeout=60) as http:
+            for i in range(60):
+                body = {"model": profile.server.model_id, "max_tokens": 48, "temperature": 0,
+                        "messages": [{"role": "user", "content": DEMO_ASKS[i % len(DEMO_ASKS)].format(
+                            t=DEMO_TOPICS[i % len(DEMO_TOPICS)])}]}
+                (await http.post("/v1/chat/completions", json=body)).raise_for_status()
+
+    snap = None
+    async with Session(profile, interval=1.0) as session:
+        load = asyncio.create_task(chats())
+        try:
+            deadline = asyncio.get_running_loop().time() + seconds
+            async for snap in session.snapshots(connecting=False):
+                m, d = snap.server.metrics, snap.server.drafter
+                if (m is not None and m.spec_mean_acceptance_length is not None and d is not None
+                        and d.log_stats is not None) or asyncio.get_running_loop().time() > deadline:
+                    break
+        finally:
+            load.cancel()
+    return snap
+
+
+def test_the_trained_drafter_served_on_the_demo_host(tiny_drafters, tmp_path_factory):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tiny_drafters.xdg), "HF_HUB_OFFLINE": "1"}
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL, env=env)
+
+    work = tmp_path_factory.mktemp("served") / "demo"
+    started = run("demo-host", "start", "--dir", str(work), "--speed", "10")
+    assert started.returncode == 0, started.stderr
+    path = started.stdout.strip()
+    try:
+        assert run("wait-ready", "--profile", path, "--timeout", "120").returncode == 0
+        finished_run(work, "verify", "verify-trained", {"checkpoint": str(tiny_drafters.trained)})
+        on = run("run", "serve-drafter", "--profile", path, "--yes", "--wait")
+        assert on.returncode == 0, on.stdout + on.stderr
+        assert "ready with the drafter: drafter loaded, auxiliary layers 1, 2, 3" in on.stdout, on.stdout
+        snap = asyncio.run(live_drafter_snapshot(load_profile(path)))
+        assert snap.server.drafter is not None and snap.server.drafter.loaded
+        m, logged = snap.server.metrics, snap.server.drafter.log_stats
+        # measured, not made up: the trained drafter is accepted well, in /metrics and in the log alike
+        assert m.spec_mean_acceptance_length > 1.8 and m.spec_acceptance_rate > 0.25, m
+        assert len(m.spec_per_position) == 3 and m.spec_window_s > 0
+        assert logged is not None and logged.mean_acceptance_length > 1.8 and len(logged.per_position) == 3
+        assert run("run", "serve-baseline", "--profile", path, "--yes", "--wait").returncode == 0
+    finally:
+        run("demo-host", "stop", "--dir", str(work))
