@@ -68,6 +68,9 @@ def test_the_drafter_load_and_acceptance_in_the_snapshot():
                                                       "per_position": [0.751, 0.567, 0.453],
                                                       "accepted_tokens": 123, "drafted_tokens": 345}}
     assert doc["server"]["metrics"]["spec_window_s"] == 5.0
+    from console.commands.server_cmd import human
+    text = human(Snapshot(host=c.host_info(), service=c.service, server=c.server_info()))
+    assert "(with drafter)" in text and "drafter loaded, auxiliary layers 2, 30, 58" in text
     # and back to the baseline: nothing of the drafter remains
     c.follow_server("baseline")
     assert c.drafter_info() is None and c.metrics.current is None and c.service.unit == "vllm-kimi"
