@@ -300,5 +300,17 @@ def test_the_trained_drafter_served_on_the_demo_host(tiny_drafters, tmp_path_fac
         assert len(m.spec_per_position) == 3 and m.spec_window_s > 0
         assert logged is not None and logged.mean_acceptance_length > 1.8 and len(logged.per_position) == 3
         assert run("run", "serve-baseline", "--profile", path, "--yes", "--wait").returncode == 0
+        # and the bench of it against the baseline, as one detached program: measured acceptance in the table
+        from console.profile import write_profile
+        profile = load_profile(path)
+        profile.bench.dataset = str(work / "data" / "demo-prompts.jsonl")
+        profile.bench.num_prompts, profile.bench.concurrency, profile.bench.max_tokens = 4, [1], 32
+        write_profile(profile, Path(path), overwrite=True)
+        bench = run("run", "bench", "--profile", path, "--run-id", "real", "--yes", "--wait", timeout=600)
+        summary = json.loads((work / "runs" / "real" / "summary.json").read_text())
+        assert bench.returncode == (3 if summary["slower"] else 0), bench.stdout[-3000:] + bench.stderr[-3000:]
+        row = next(r for r in summary["comparison"]["rows"] if r["label"] == "drafter")
+        assert row["acceptance_length"] > 1.8 and row["acceptance_rate"] > 0.25, row
+        assert "accept len" in bench.stdout
     finally:
         run("demo-host", "stop", "--dir", str(work))
