@@ -22,7 +22,7 @@ from sim import tinylm
 from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
 from console.host.base import CommandResult
 from console.host.factory import env_prefix
-from console.control.units import server_log_path, server_start_argv, server_stop_argv
+from console.control.units import server_log_path, server_start_argv, server_stop_argv, tmux_target
 
 # Where `sim` was imported from (site-packages, or a checkout): the stand-in, started under tmux, must
 # import that same copy.
@@ -118,7 +118,7 @@ async def running(work_dir: Path) -> Profile | None:
     except ProfileError:
         return None
     panes = await _run(env_prefix(profile.paths.work_dir)
-                       + ["tmux", "list-panes", "-t", f"={profile.server.unit}", "-F", "#{pane_dead}"])
+                       + ["tmux", "list-panes", "-t", tmux_target(profile.server.unit), "-F", "#{pane_dead}"])
     return profile if panes.ok and "0" in panes.stdout.split() else None
 
 

@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from console.control import launch
+from console.control import drafter_server as ds
 from console.control.launch import Launch, StageError, StageRequest, pipeline_range
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
-                                   server_log_path, server_restart_commands, server_start_command,
+                                   server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
 from console.host.base import AuthenticationFailed, HostError, HostKeyError
 from console.host.factory import host_for_profile
@@ -68,6 +70,10 @@ class Controller(Protocol):
 
     async def restart_server(self) -> ActionResult: ...
 
+    async def serve_drafter(self, input_run: str | None = None) -> ActionResult: ...
+
+    async def serve_baseline(self) -> ActionResult: ...
+
     async def deep_check(self) -> ActionResult: ...
 
     async def close(self) -> None: ...
@@ -89,6 +95,7 @@ class Session:
         self.collector = Collector(profile, self.host, readonly=readonly, clock=clock)
         self._connected = False
         self._server_stream: asyncio.Task | None = None
+        self._stream_unit: str | None = None
         self._subscribers: set[asyncio.Queue] = set()
         self._refresh: asyncio.Task | None = None
         self._waiting_since: float | None = None
@@ -144,7 +151,9 @@ class Session:
             self._connected = await self.collector.try_connect()
         if self._connected and self.final_error is None:
             self._ensure_server_stream()
-            return await self.collector.refresh()
+            snap = await self.collector.refresh()
+            self._ensure_server_stream()  # the refresh may have switched servers: stream the one followed now
+            return snap
         return self.collector.snapshot()
 
     async def settle(self, *, deep: bool = False, rounds: int = 4) -> Snapshot:
@@ -163,13 +172,18 @@ class Session:
     # -- logs ---------------------------------------------------------------------------------------
 
     def _ensure_server_stream(self) -> None:
-        if self._server_stream is None and self.profile.server.manager == "systemd":
-            self._server_stream = asyncio.create_task(self._follow_server_unit())
+        if self.profile.server.manager != "systemd":
+            return
+        if self._server_stream is not None and self._stream_unit != self.collector.server_unit:
+            self._server_stream.cancel()  # the other server is followed now (its log was primed)
+            self._server_stream = None
+        if self._server_stream is None:
+            self._stream_unit = self.collector.server_unit
+            self._server_stream = asyncio.create_task(self._follow_server_unit(self._stream_unit))
 
-    async def _follow_server_unit(self) -> None:
-        """The server unit's one journal stream: every entry goes to the load tracker and to each view
-        following the server's log."""
-        unit = self.profile.server.unit
+    async def _follow_server_unit(self, unit: str) -> None:
+        """The followed server unit's one journal stream: every entry goes to the load tracker and to
+        each view following the server's log."""
         async for entry in self._follow_unit(unit, lambda: self.collector.log.cursor):
             if self.collector.log.feed_entry(entry) is not None:  # None: a duplicate
                 line = JournalLine(clean(entry.message), unit, entry.ts)
@@ -204,18 +218,19 @@ class Session:
 
     def journal(self, unit: str) -> AsyncIterator[JournalLine]:
         """Follow a unit's log (the server's, or a stage run's) with its recent past first."""
+        servers = {ds.server_unit(self.profile, w): w for w in ds.SERVERS}
         if self.profile.server.manager != "systemd":
-            path = server_log_path(self.profile) if unit == self.profile.server.unit \
+            path = ds.server_log(self.profile, servers[unit]) if unit in servers \
                 else stage_log_path(self.profile, unit)
             return self._journal_file(unit, path)
-        if unit == self.profile.server.unit:
+        if unit == self.collector.server_unit:
             return self._journal_shared()
         return self._journal_stage(unit)
 
     async def _journal_shared(self) -> AsyncIterator[JournalLine]:
         queue: asyncio.Queue = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
         self._subscribers.add(queue)  # before the backlog is read: no line can fall between the two
-        unit = self.profile.server.unit
+        unit = self.collector.server_unit
         for entry in list(self.collector.log.recent):
             yield JournalLine(clean(entry.message), unit, entry.ts)
         try:
@@ -299,9 +314,13 @@ class Session:
         if refused := self._refused():
             return refused, None
         if stage == "serve":
+            if refused := await self._drafter_running():
+                return refused, None
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
             busy = ["pipeline", *pipeline_range(req)] if stage == "pipeline" else [stage, "pipeline"]
+            if stage == "bench":
+                busy.append("extract")  # it swaps the servers too
         except StageError as e:
             return ActionResult(False, f"start {stage} failed: {e}"), None
         for name in busy:
@@ -330,6 +349,8 @@ class Session:
         if refused := self._refused():
             return refused
         if stage == "serve":
+            if self.collector.active == "drafter":  # the server followed is the one the operator sees
+                return await self._run_all([ds.drafter_stop_command(self.profile)], "stop the drafter server")
             return await self._run_all([server_stop_command(self.profile)], "stop server")
         running = self.running(stage)
         if not running:
@@ -340,10 +361,113 @@ class Session:
             return ActionResult(False, clean_block(str(e)))
         return ActionResult(True, f"stopped {running[-1].unit}", tuple(shown))
 
+    # -- which server: the baseline or the drafter server (one at a time on the GPUs) ----------------
+
+    async def live_servers(self) -> set[str]:
+        """Which servers (drafter_server.SERVERS) the service manager says run now."""
+        res = await self.host.run(ds.live_servers_argv(self.profile), timeout=30)
+        return ds.parse_live_servers(self.profile, res.stdout)
+
+    async def _swap_refused(self) -> ActionResult | None:
+        """A server swap while an extraction (its own swap) is going would fight over the GPUs."""
+        for name in ("extract", "pipeline"):
+            live = [r.unit or r.run_id for r in self.running(name)] or await self._live_units(name)
+            if live:
+                return ActionResult(False, f"{name} is running in {', '.join(live)} and swaps the servers "
+                                           f"itself: wait for it, or stop it first")
+        return None
+
+    async def _stop_server(self, which: str, shown: list[str]) -> ActionResult | None:
+        """Stop `which` and check it is down; an ActionResult when it is not."""
+        cmd = ds.drafter_stop_command(self.profile) if which == "drafter" else server_stop_command(self.profile)
+        res = await self._run_all([cmd], f"stop the {which} server")
+        shown.extend(res.commands)
+        if not res.ok:
+            return ActionResult(False, res.message, tuple(shown))
+        if which in await self.live_servers():
+            return ActionResult(False, f"the {which} server ({ds.server_unit(self.profile, which)}) is still "
+                                       f"running after its stop: nothing else started", tuple(shown))
+        return None
+
+    async def serve_drafter(self, input_run: str | None = None) -> ActionResult:
+        """Stop the baseline and serve the verified drafter (`input_run`: a verify run, or a train run a
+        verify run verified; default the latest completed verify run) as `<server unit>-drafter`."""
+        if refused := self._refused():
+            return refused
+        shown: list[str] = []
+        try:
+            if refused := await self._swap_refused():
+                return refused
+            live = await self.live_servers()
+            if "drafter" in live:
+                return ActionResult(False, f"the drafter server is already running in "
+                                           f"{ds.drafter_unit(self.profile)} (serve the baseline to stop it)")
+            code_dir = await launch.ensure_backend(self.host, self.profile, shown)
+            query = ["env", f"PYTHONPATH={code_dir}", *ds.servable_argv(self.profile, input_run)]
+            res = await self.host.run(query, timeout=120)
+            if not res.ok:
+                why = clean_block((res.stderr or res.stdout).strip()) or f"exit {res.returncode}"
+                return ActionResult(False, f"no drafter to serve: {why}", tuple(shown))
+            found = json.loads(res.stdout.strip().splitlines()[-1])
+            checkpoint, verify_run = str(found["checkpoint"]), str(found["run_id"])
+            no_expand = self.profile.server.manager == "systemd" and await launch.systemd_run_expands(self.host)
+            start = ds.drafter_start_command(self.profile, checkpoint, no_expand_option=no_expand)
+            if "baseline" in live and (failed := await self._stop_server("baseline", shown)):
+                return failed
+            result = await self._run_all([start], "start the drafter server")
+        except ds.DrafterServerError as e:
+            return ActionResult(False, f"serve the drafter failed: {e}", tuple(shown))
+        except (HostError, launch.StageError, ValueError, KeyError) as e:
+            return ActionResult(False, clean_block(f"serve the drafter failed: {e}"), tuple(shown))
+        shown.extend(result.commands)
+        if not result.ok:
+            return ActionResult(False, result.message + " (the baseline is stopped: serve the baseline to bring "
+                                                        "it back)", tuple(shown))
+        self.collector.follow_server("drafter")
+        return ActionResult(True, clean(f"drafter server starting in {ds.drafter_unit(self.profile)} with "
+                                        f"{checkpoint} (verified by {verify_run})"), tuple(shown))
+
+    async def serve_baseline(self) -> ActionResult:
+        """Stop the drafter server (when it runs) and start the baseline again."""
+        if refused := self._refused():
+            return refused
+        shown: list[str] = []
+        try:
+            if refused := await self._swap_refused():
+                return refused
+            live = await self.live_servers()
+            if "drafter" in live and (failed := await self._stop_server("drafter", shown)):
+                return failed
+            if "baseline" in live:
+                self.collector.follow_server("baseline")
+                return ActionResult(True, f"the baseline server is already running in {self.profile.server.unit}",
+                                    tuple(shown))
+            result = await self._run_all([server_start_command(self.profile)], "start the baseline server")
+        except (HostError, ValueError) as e:  # ValueError: a unit name the service manager must not get
+            return ActionResult(False, clean_block(f"serve the baseline failed: {e}"), tuple(shown))
+        shown.extend(result.commands)
+        if not result.ok:
+            return ActionResult(False, result.message, tuple(shown))
+        self.collector.follow_server("baseline")
+        return ActionResult(True, f"baseline server starting in {self.profile.server.unit}", tuple(shown))
+
     async def restart_server(self) -> ActionResult:
         if refused := self._refused():
             return refused
+        if refused := await self._drafter_running():
+            return refused
         return await self._run_all(server_restart_commands(self.profile), "restart server")
+
+    async def _drafter_running(self) -> ActionResult | None:
+        """One server at a time on the GPUs: the baseline never starts beside the drafter server."""
+        try:
+            live = await self.live_servers()
+        except (HostError, ValueError) as e:
+            return ActionResult(False, clean_block(f"cannot tell which server runs: {e}"))
+        if "drafter" in live:
+            return ActionResult(False, f"the drafter server runs in {ds.drafter_unit(self.profile)}: serve the "
+                                       f"baseline (it stops the drafter server first)")
+        return None
 
     async def deep_check(self) -> ActionResult:
         try:

@@ -110,6 +110,14 @@ class FakeController:
         self.calls.append(("restart_server",))
         return self._result("restart_server", ["systemctl", "--user", "restart", SERVER_UNIT])
 
+    async def serve_drafter(self) -> ActionResult:
+        self.calls.append(("serve_drafter",))
+        return self._result("serve_drafter", ["systemd-run", "--unit=eagle3-vllm-drafter", "vllm", "serve"])
+
+    async def serve_baseline(self) -> ActionResult:
+        self.calls.append(("serve_baseline",))
+        return self._result("serve_baseline", ["systemctl", "--user", "start", SERVER_UNIT])
+
     async def deep_check(self) -> ActionResult:
         self.calls.append(("deep_check",))
         return self._result("deep_check", ["curl", "-sf", "http://127.0.0.1:8000/v1/models"])

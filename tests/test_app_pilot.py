@@ -323,3 +323,40 @@ async def test_log_view_follows_the_newest_run_of_the_stage():
         await wait_for(pilot, lambda: journal.unit == "e3-generate-old" and list(journal.buffer) == ["old run"])
         fake.push(dataclasses.replace(base_snapshot(), runs=(old, new)))
         await wait_for(pilot, lambda: journal.unit == "e3-generate-new" and list(journal.buffer) == ["new run"])
+
+
+async def test_server_switch_and_bench_keys_ask_first_and_no_is_the_default():
+    app, fake = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        shown = {b.binding.action for b in app.active_bindings.values() if b.enabled}
+        assert {"serve_drafter", "serve_baseline", "bench"} <= shown
+        for key in ("v", "b", "m"):
+            await pilot.press(key)
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen) and app.screen.focused.id == "no"
+            await pilot.press("enter")
+            await pilot.pause()
+        assert fake.calls == []
+        for key, count in (("v", 1), ("b", 2), ("m", 3)):
+            await pilot.press(key)
+            await pilot.pause()
+            app.screen.query_one("#yes", Button).press()
+            await actions_done(app, pilot, count)
+        assert fake.calls == [("serve_drafter",), ("serve_baseline",), ("start_stage", "bench")]
+        assert [name for name, _ in app.results] == ["serve drafter", "serve baseline", "start bench"]
+
+
+async def test_readonly_hides_the_server_switch_and_bench_keys():
+    app, fake = make_app(readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("v", "b", "m")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen) and fake.calls == []
+        shown = {b.binding.action for b in app.active_bindings.values() if b.enabled}
+        assert not shown & {"serve_drafter", "serve_baseline", "bench"}
+        app.action_serve_drafter()
+        app.action_serve_baseline()
+        app.action_bench()
+        await pilot.pause()
+        assert fake.calls == [] and not isinstance(app.screen, ConfirmScreen)

@@ -20,7 +20,7 @@ import pytest
 from console.control.extraction import build_plan
 from console.control.units import server_start_argv
 from console.profile import profile_from_dict
-from console.telemetry.collector import server_log_path
+from console.control.units import server_log_path
 from tests.drafter_support import PREPARED_ROWS as ROWS
 from tests.drafter_support import REPO, copy_runs, prepared_work, stage_env, tiny_verifier
 from tests.rig.availability import rig_unavailable

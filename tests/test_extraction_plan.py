@@ -102,7 +102,7 @@ def test_tmux_plan_runs_the_extractor_in_its_own_session_with_the_servers_stop_t
     assert "/data/eagle3/logs/vllm-kimi-extract.log" in start[2]
     assert "did not exit in 25 s" in plan["stop_extractor"][2] and "=vllm-kimi-extract" in plan["stop_extractor"][2]
     assert "=vllm-kimi" in plan["stop_baseline"][2] and "-s vllm-kimi -x" in plan["start_baseline"][2]
-    assert plan["extractor_alive"][:2] == ["sh", "-c"] and plan["extractor_alive"][-1] == "=vllm-kimi-extract"
+    assert plan["extractor_alive"][:2] == ["sh", "-c"] and plan["extractor_alive"][-1] == "=vllm-kimi-extract:"
     assert plan["extractor_log_tail"] == ["tail", "-n", "40", "/data/eagle3/logs/vllm-kimi-extract.log"]
 
 

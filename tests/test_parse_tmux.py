@@ -8,7 +8,7 @@ from console.parsers.tmux import (PANE_FORMAT, PaneState, has_session_argv, list
 
 def test_argv():
     assert has_session_argv("e3-serve") == ["tmux", "has-session", "-t", "=e3-serve"]
-    assert list_panes_argv("e3-serve") == ["tmux", "list-panes", "-s", "-t", "=e3-serve", "-F", PANE_FORMAT]
+    assert list_panes_argv("e3-serve") == ["tmux", "list-panes", "-s", "-t", "=e3-serve:", "-F", PANE_FORMAT]
     assert PANE_FORMAT == "#{pane_pid} #{pane_dead} #{pane_dead_status}"
 
 

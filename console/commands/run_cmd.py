@@ -16,16 +16,24 @@ from console.control.units import stage_unit_name
 from backend.pipeline import STAGES as PIPELINE_STAGES
 from console.control.launch import StageRequest, stops_baseline
 from backend.verify.report import table
+from backend.bench.compare import CompareError, comparison_from_dict, format_table
 from console.parsers.text import clean, clean_block
 from console.session import Session
 from console.telemetry.snapshot import RunInfo
 
 NO_EVENTS_S = 120.0  # a started run that writes no event in this long is dead on arrival
+SERVE = ("serve-drafter", "serve-baseline")  # switch the server: not a run, an action on the host
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="start a pipeline stage on the host (detached: it survives the console)")
-    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline"))
+    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline", *SERVE, "bench"),
+                   help="a stage, a pipeline run, or a server switch: serve-drafter stops the baseline and serves "
+                        "the verified drafter (--input: a verify run, or a train run a verify run verified; default "
+                        "the latest completed verify run); serve-baseline stops the drafter server and starts the "
+                        "baseline again; bench benches the baseline, swaps to the drafter server, benches it, "
+                        "compares (exit 3 with --wait when the drafter is slower) and swaps back, as one detached "
+                        "program on the host (--input: the verify run whose drafter to bench)")
     p.add_argument("--profile", required=True)
     p.add_argument("--input", dest="input_run", metavar="RUN",
                    help="the run whose output the stage consumes (default: the latest completed run of the "
@@ -38,8 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-id", help="default: STAGE-YYYYmmdd-HHMMSS; reuse one to resume it")
     p.add_argument("--fresh", action="store_true", help="archive an existing run dir of that id and start over")
     p.add_argument("--yes", action="store_true",
-                   help="do not ask before a stage that stops the baseline server (extract)")
-    p.add_argument("--wait", action="store_true", help="follow the run; exit 0 only when it completed")
+                   help="do not ask before a stage or switch that stops a server (extract, serve-drafter, "
+                        "serve-baseline)")
+    p.add_argument("--wait", action="store_true", help="follow the run; exit 0 only when it completed (serve-*: "
+                                                       "wait until the server answers, at most "
+                                                       "[server].load_timeout_s)")
     p.add_argument("--interval", type=float, default=2.0)
     p.set_defaults(func=cmd_run)
 
@@ -48,16 +59,83 @@ def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
     """Extraction stops the baseline server: say so, and go on only when the operator agrees."""
     if not stops_baseline(req) or a.yes:
         return True
-    question = (f"{req.stage} stops {profile.server.unit} on {profile.host.name} while the hidden states are "
-                f"extracted, and starts it again afterwards. Go on? [y/N] ")
+    why = ("the drafter server is benched" if req.stage == "bench" else "the hidden states are extracted")
+    question = (f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
+                f"again afterwards. Go on? [y/N] ")
     if not sys.stdin.isatty():
         print(f"error: {req.stage} stops the baseline server; pass --yes to confirm", file=sys.stderr)
         return False
     return input(question).strip().lower() in ("y", "yes")
 
 
+def confirmed_switch(a: argparse.Namespace, profile) -> bool:
+    """A server switch stops the running server: ask, default No."""
+    if a.yes:
+        return True
+    if a.stage == "serve-drafter":
+        question = (f"serve-drafter stops {profile.server.unit} (the baseline) on {profile.host.name} and serves the "
+                    f"verified drafter in {profile.server.unit}-drafter. Go on? [y/N] ")
+    else:
+        question = (f"serve-baseline stops {profile.server.unit}-drafter (the drafter server) on {profile.host.name} "
+                    f"and starts {profile.server.unit} again. Go on? [y/N] ")
+    if not sys.stdin.isatty():
+        print(f"error: {a.stage} stops a running server; pass --yes to confirm", file=sys.stderr)
+        return False
+    return input(question).strip().lower() in ("y", "yes")
+
+
+async def switch_server(a: argparse.Namespace, profile) -> int:
+    which = "drafter" if a.stage == "serve-drafter" else "baseline"
+    async with Session(profile, interval=a.interval) as session:
+        snap = await session.settle()
+        if not snap.host.reachable:
+            print(f"error: {snap.host.error}", file=sys.stderr)
+            return 1
+        result = await (session.serve_drafter(a.input_run) if which == "drafter" else session.serve_baseline())
+        for cmd in result.commands:
+            print(f"$ {cmd}", file=sys.stderr)
+        if not result.ok:
+            print(f"error: {result.message}", file=sys.stderr)
+            return 1
+        print(result.message)
+        if not a.wait:
+            return 0
+        return await wait_server(session, which, profile.server.load_timeout_s)
+
+
+async def wait_server(session: Session, which: str, timeout: float) -> int:
+    """Until the server switched to answers (0), fails (1) or `timeout` passes (2); a line per phase."""
+    loop = asyncio.get_running_loop()
+    deadline, last = loop.time() + timeout, None
+    async for snap in session.snapshots(connecting=False):
+        srv = snap.server
+        on_it = (srv.drafter is not None) == (which == "drafter")
+        line = f"{which} server ({snap.service.unit}): {srv.phase if on_it else 'switching'}"
+        if line != last:
+            print(line, flush=True)
+            last = line
+        if on_it and srv.phase == "ready" and not srv.error:
+            if srv.drafter is not None:
+                d = srv.drafter
+                aux = ", ".join(map(str, d.aux_layers)) if d.aux_layers else "not logged"
+                print(f"ready with the drafter: {'drafter loaded' if d.loaded else 'drafter load not logged'}, "
+                      f"auxiliary layers {aux}")
+            else:
+                print(f"ready: {srv.model_id}")
+            return 0
+        if on_it and srv.phase == "failed":
+            print(f"error: the {which} server failed: {clean_block(srv.error or 'see its log')}", file=sys.stderr)
+            return 1
+        if loop.time() > deadline:
+            print(f"error: the {which} server is not ready after {timeout:g} s (phase {srv.phase})", file=sys.stderr)
+            return 2
+    return 1
+
+
 async def run_stage(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
+    if a.stage in SERVE:
+        return await switch_server(a, profile) if confirmed_switch(a, profile) else 2
     req = StageRequest(a.stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
                        limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage)
     if not confirmed(a, req, profile):
@@ -106,11 +184,18 @@ async def follow_run(session: Session, stage: str, run_id: str) -> int:
                 print(f"error: {clean_block(ev['error'])}", file=sys.stderr)
             for text in results(run, snap.runs):
                 print(text)
+            if run.state == "done" and stage == "bench" and ev.get("slower"):
+                print("the drafter is SLOWER than the baseline at some concurrency level: do not serve it",
+                      file=sys.stderr)
+                return 3
             return 0 if run.state == "done" else 1
     return 1  # the session ended: the host refused us (said in the last snapshot)
 
 
 def progress_line(run: RunInfo, runs: tuple[RunInfo, ...]) -> str:
+    ev = run.last_event or {}
+    if run.stage == "bench" and isinstance(ev.get("current"), str):  # the pair program: one line per step
+        return f"{run.state}: {run.done}/{run.total} steps, {ev['current']}"
     if run.stage != "pipeline":
         line = f"{run.state}: {run.done}/{run.total} done, {run.failed} failed"
         return line + (f", {run.rate:.1f}/s" if run.rate else "")
@@ -134,6 +219,12 @@ def results(run: RunInfo, runs: tuple[RunInfo, ...]) -> list[str]:
             return [clean_block(table(verify.last_event))]
         except (KeyError, TypeError, ValueError):
             pass  # an unexpected report: its outputs below are still worth printing
+    summary = run.last_event or {}  # a finished run's summary, merged into its last event (telemetry/runs.py)
+    if run.stage == "bench" and isinstance(summary.get("comparison"), dict):
+        try:
+            return [clean_block(format_table(comparison_from_dict(summary["comparison"])))]
+        except (CompareError, TypeError, ValueError):
+            pass
     outputs = (run.last_event or {}).get("outputs")
     return [clean(f"{name}: {path}") for name, path in outputs.items()] if isinstance(outputs, dict) else []
 

@@ -110,7 +110,11 @@ def human(snap: Snapshot) -> str:
         extra += f" {v.fraction:.0%}"
     if v.eta_s is not None:
         extra += f" ETA {int(v.eta_s)} s ({v.eta_source})"
-    lines.append(f"server   {v.phase}{extra}")
+    lines.append(f"server   {v.phase}{extra}" + (" (with drafter)" if v.drafter is not None else ""))
+    if v.drafter is not None:
+        d = v.drafter
+        aux = ", ".join(map(str, d.aux_layers)) if d.aux_layers else "not logged"
+        lines.append(f"         drafter {'loaded' if d.loaded else 'load not logged yet'}, auxiliary layers {aux}")
     if v.model_id:
         lines.append(f"         model {v.model_id}, max_model_len {v.max_model_len}, vLLM {v.version}")
     if v.deep_check:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from console.control.units import (HostCommand, server_command, stage_log_path, stage_start_command,
-                                   stage_stop_command, tmux_stop_argv)
+from console.control.units import (HostCommand, checked_session, checked_unit, server_command, server_log_path,
+                                   stage_log_path, stage_start_command, stage_stop_command, tmux_stop_argv)
 from console.profile import Profile, check_path
 
 METHOD = "eagle3"
@@ -30,6 +30,56 @@ def drafter_unit(profile: Profile) -> str:
 
 def drafter_log_path(profile: Profile) -> str:
     return stage_log_path(profile, drafter_unit(profile))
+
+
+# Which server: the baseline (the profile's own unit) or the drafter server (its `-drafter` unit).
+SERVERS = ("baseline", "drafter")
+
+
+def server_unit(profile: Profile, which: str) -> str:
+    return drafter_unit(profile) if which == "drafter" else profile.server.unit
+
+
+def server_log(profile: Profile, which: str) -> str:
+    """tmux manager: where that server writes its output."""
+    return drafter_log_path(profile) if which == "drafter" else server_log_path(profile)
+
+
+def live_servers_argv(profile: Profile) -> list[str]:
+    """Asks the service manager which of the two servers runs now (whatever the console last saw)."""
+    if profile.server.manager == "systemd":
+        units = [checked_unit(server_unit(profile, w)) for w in SERVERS]
+        return ["systemctl", "show", *units, "-p", "Id,ActiveState"]
+    for w in SERVERS:
+        checked_session(server_unit(profile, w))
+    return ["tmux", "list-panes", "-a", "-F", "#{session_name} #{pane_dead}"]
+
+
+def parse_live_servers(profile: Profile, text: str) -> set[str]:
+    """The servers (of SERVERS) the answer to live_servers_argv says are running or starting."""
+    names = {server_unit(profile, w): w for w in SERVERS}
+    live: set[str] = set()
+    if profile.server.manager == "systemd":
+        unit = None
+        for line in text.splitlines():
+            key, _, value = line.strip().partition("=")
+            if key == "Id":
+                unit = value.removesuffix(".service")
+            elif key == "ActiveState" and unit in names and value in ("active", "activating", "reloading"):
+                live.add(names[unit])
+        return live
+    for line in text.splitlines():
+        bits = line.split()
+        if len(bits) == 2 and bits[0] in names and bits[1] == "0":
+            live.add(names[bits[0]])
+    return live
+
+
+def servable_argv(profile: Profile, run: str | None = None) -> list[str]:
+    """Asks the host for the verified checkpoint to serve (backend/servable.py): the latest completed
+    verify run's, or that of `run` (a verify run, or a train run a verify run verified)."""
+    argv = [profile.paths.python, "-m", "backend.servable", "--work-dir", profile.paths.work_dir]
+    return argv + (["--run", run] if run else [])
 
 
 def speculative_config(checkpoint: str, num_speculative_tokens: int, draft_tp: int) -> dict[str, Any]:
@@ -70,10 +120,12 @@ def drafter_command(profile: Profile, checkpoint: str) -> list[str]:
     return base + ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
 
 
-def drafter_start_command(profile: Profile, checkpoint: str, env: Mapping[str, str] | None = None) -> HostCommand:
+def drafter_start_command(profile: Profile, checkpoint: str, env: Mapping[str, str] | None = None, *,
+                          no_expand_option: bool = False) -> HostCommand:
+    """`no_expand_option`: the host's systemd-run knows --expand-environment (launch.systemd_run_expands)."""
     unit = drafter_unit(profile)
     return stage_start_command(profile, unit, drafter_command(profile, checkpoint), log_path=drafter_log_path(profile),
-                               cwd=profile.paths.work_dir, env=dict(env or {}))
+                               cwd=profile.paths.work_dir, env=dict(env or {}), no_expand_option=no_expand_option)
 
 
 def drafter_stop_command(profile: Profile) -> HostCommand:

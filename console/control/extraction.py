@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from backend.extract.plan import PLAN_VERSION
 from console.control.units import (_sudo, server_command, server_log_path, server_start_argv, server_stop_argv,
                                    stage_log_path, stage_start_argv,
-                                   stage_stop_argv, tmux_stop_argv)
+                                   stage_stop_argv, tmux_stop_argv, tmux_target)
 from console.profile import Profile
 
 EXTRACT_METHOD = "extract_hidden_states"
@@ -76,7 +76,7 @@ def _alive_argv(profile: Profile, unit: str) -> list[str]:
         return ["systemctl", "is-active", "--quiet", unit]
     # tmux: the pane's program is the server; remain-on-exit keeps a dead pane, so ask whether it is dead
     script = '[ "$(tmux list-panes -t "$1" -F "#{pane_dead}" 2>/dev/null | head -n 1)" = 0 ]'
-    return ["sh", "-c", script, "sh", f"={unit}"]
+    return ["sh", "-c", script, "sh", tmux_target(unit)]
 
 
 def _log_tail_argv(profile: Profile, unit: str, log_path: str) -> list[str]:

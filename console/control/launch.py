@@ -31,9 +31,11 @@ from backend.chain.plan import PlannedStage, chain_stage_run_id, dumps_plan
 from backend.pipeline import INPUT_STAGE
 from backend.pipeline import STAGES as PIPELINE_STAGES
 from console.control import stage_argv
+from console.control import drafter_server as ds
+from console.control.bench_pair import pair_argv, pair_plan
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
-                                   stage_stop_command, stage_unit_name)
+                                   stage_stop_command, stage_unit_name, tmux_target)
 
 # The upload is the installed `backend` package and nothing else: host code only, never the console or the
 # demo's stand-in, and the same files whether the console runs from a wheel or a checkout.
@@ -214,7 +216,7 @@ async def stage_ended(host: Host, profile: Profile, unit: str) -> str | None:
             how = f"result {props.get('Result') or 'unknown'}, exit status {props.get('ExecMainStatus') or '?'}"
         log = await host.run(["journalctl", "-u", unit, "-n", "20", "-o", "cat", "--no-pager"], timeout=30)
     else:
-        res = await host.run(["tmux", "list-panes", "-t", f"={unit}", "-F", "#{pane_dead}"], timeout=30)
+        res = await host.run(["tmux", "list-panes", "-t", tmux_target(unit), "-F", "#{pane_dead}"], timeout=30)
         if res.ok and "0" in res.stdout.split():
             return None
         path = stage_log_path(profile, unit)
@@ -264,10 +266,11 @@ def pipeline_range(req: StageRequest) -> list[str]:
 
 
 def stops_baseline(req: StageRequest) -> bool:
-    """Starting this stops the baseline server for a while (extraction needs the GPUs): ask first."""
+    """Starting this stops the baseline server for a while (extraction needs the GPUs, a bench serves the
+    drafter for its second half): ask first."""
     if req.stage == "pipeline":
         return "extract" in pipeline_range(req)
-    return req.stage == "extract"
+    return req.stage in ("extract", "bench")
 
 
 class _Launcher:
@@ -320,6 +323,29 @@ class _Launcher:
             raise StageError(str(exc)) from None
         raise StageError(f"stage {stage!r} cannot be started from this version of the console")
 
+    async def bench_pair(self, run_id: str, req: StageRequest) -> list[str]:
+        """The bench of the baseline against the verified drafter (backend/benchpair.py): its plan uploaded,
+        its command line returned. `req.input_run`: the verify (or train) run whose checkpoint to bench."""
+        p = self.profile
+        found = json.loads(await self.host_query(ds.servable_argv(p, req.input_run), "no drafter to bench"))
+        prompts_run = None
+        if not p.bench.dataset:
+            prompts_run = await self.host_query(stage_argv.latest_argv(p, "prepare"),
+                                                "no prompts for the bench (set [bench].dataset, or run prepare)")
+        key = await upload_api_key(self.host, p)
+        no_expand = p.server.manager == "systemd" and await systemd_run_expands(self.host)
+        try:
+            plan = pair_plan(p, run_id, str(found["checkpoint"]), input_run=prompts_run, api_key_path=key,
+                             no_expand_option=no_expand)
+        except (ds.DrafterServerError, ValueError) as exc:
+            raise StageError(str(exc)) from None
+        plan_file = f"{p.paths.work_dir}/plans/{run_id}.json"
+        await self.host.run(["mkdir", "-p", f"{p.paths.work_dir}/plans"], timeout=30, check=True)
+        await self.host.upload(json.dumps(plan, indent=2).encode(), plan_file)
+        self.shown.append(f"(bench) drafter {found['checkpoint']} (verified by {found['run_id']})")
+        self.shown.extend(f"(bench {k}) {shlex.join(plan[k]['argv'])}" for k in ("baseline", "drafter"))
+        return pair_argv(p, run_id, plan_file, fresh=req.fresh)
+
     async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int]) -> str:
         plan = build_plan(self.profile, run_id, aux_layer_ids)
         path = plan_path(self.profile, run_id)
@@ -359,7 +385,11 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
     env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1", UNIT_ENV: unit}
     launcher = _Launcher(host, profile, env, shown)
     stop_timeout = 120.0
-    if stage == "pipeline":
+    if stage == "bench":
+        argv = await launcher.bench_pair(run_id, req)
+        # on SIGTERM the bench stops, then the drafter server stops and the baseline starts again
+        stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
+    elif stage == "pipeline":
         plan = await launcher.pipeline_plan(run_id, req)
         plan_file = f"{profile.paths.work_dir}/plans/{run_id}.json"
         await host.run(["mkdir", "-p", f"{profile.paths.work_dir}/plans"], timeout=30, check=True)

@@ -96,6 +96,14 @@ echo $r > "$s.tmp" && mv -f -- "$s.tmp" "$s"
 exit $r"""
 
 
+def tmux_target(session: str) -> str:
+    """The exact target of a session's current window for list-panes and kill-session: `=NAME:`. A bare
+    `=NAME` that matches no session falls back to a prefix match as a window target (tmux 3.3a:
+    `list-panes -t =vllm` lists the panes of `vllm-drafter` when `vllm` is gone), so a stop would kill,
+    and a probe would report, another program's session."""
+    return f"={session}:"
+
+
 def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: str | None = None,
                     env: Mapping[str, str] | None = None) -> list[str]:
     """One `sh -c` that refuses a live session, clears a dead one, and starts `argv` in a fresh one.
@@ -108,7 +116,7 @@ def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: st
     env_argv = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
     # tmux runs this with sh -c, in the session's environment: "$E3_WRAPPER" is the script above
     pane = 'bash -c "$E3_WRAPPER" ' + shlex.join(["e3-wrapper", log_path, status, cwd or "", *env_argv, *argv])
-    t = f"={session}"
+    t = tmux_target(session)
     # Sessions are addressed by their unique id ($N) once found, never again by name: a stop still
     # running must not remove the session this start creates under the same name, nor this start a
     # session another start just created.
@@ -140,7 +148,7 @@ def tmux_stop_argv(session: str, timeout_s: float) -> list[str]:
     "That one" is the session id together with the pane's pid: the operator may start the program
     again the moment its pane is dead, while this stop still runs, and a new tmux server (the old one
     exits with its last session) hands out the same session ids again."""
-    t = shlex.quote(f"={checked_session(session)}")
+    t = shlex.quote(tmux_target(checked_session(session)))
     # "exited" is tmux's pane_dead, not `kill -0`: the exited program can linger as a zombie; a pane
     # that is gone, or holds another process, counts as exited too
     ours = "\"$(tmux list-panes -t \"$sid\" -F '#{pane_pid} #{pane_dead}' 2>/dev/null | head -n 1)\""

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from backend.bench.scrape import SpecCounters, acceptance_between
+
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -129,6 +131,7 @@ def spec_decode_window(prev: VllmMetrics | None, cur: VllmMetrics) -> SpecWindow
     """Acceptance over (prev, cur]; None without a drafter or when nothing was drafted in between.
 
     Counters that went down mean the server restarted: the window is then everything since restart.
+    The arithmetic is the bench's own (backend/bench/scrape.py: acceptance_between), one definition.
     """
     if cur is None or cur.spec_drafts is None or cur.spec_draft_tokens is None:
         return None
@@ -136,20 +139,13 @@ def spec_decode_window(prev: VllmMetrics | None, cur: VllmMetrics) -> SpecWindow
     if base is not None and (cur.spec_drafts < base.spec_drafts
                              or (cur.spec_draft_tokens or 0) < (base.spec_draft_tokens or 0)):
         base = None
-    drafts = cur.spec_drafts - (base.spec_drafts if base else 0.0)
-    draft_tokens = cur.spec_draft_tokens - ((base.spec_draft_tokens or 0.0) if base else 0.0)
-    accepted = (cur.spec_accepted_tokens or 0.0) - ((base.spec_accepted_tokens or 0.0) if base else 0.0)
-    if drafts <= 0:
+    a = acceptance_between(_counters(base) if base else None, _counters(cur))
+    if a is None:
         return None
-    per_pos = []
-    for pos in sorted(cur.spec_accepted_per_pos):
-        before = base.spec_accepted_per_pos.get(pos, 0.0) if base else 0.0
-        per_pos.append(max(0.0, cur.spec_accepted_per_pos[pos] - before) / drafts)
-    return SpecWindow(
-        drafts=drafts,
-        draft_tokens=draft_tokens,
-        accepted_tokens=accepted,
-        acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
-        mean_acceptance_length=1.0 + accepted / drafts,
-        per_position=tuple(per_pos),
-    )
+    return SpecWindow(drafts=a.drafts, draft_tokens=a.draft_tokens, accepted_tokens=a.accepted,
+                      acceptance_rate=a.rate, mean_acceptance_length=a.length, per_position=a.per_position)
+
+
+def _counters(m: VllmMetrics) -> SpecCounters:
+    return SpecCounters(drafts=m.spec_drafts or 0.0, draft_tokens=m.spec_draft_tokens or 0.0,
+                        accepted=m.spec_accepted_tokens or 0.0, per_pos=dict(m.spec_accepted_per_pos))

@@ -21,7 +21,7 @@ def has_session_argv(session: str) -> list[str]:
 
 
 def list_panes_argv(session: str) -> list[str]:
-    return ["tmux", "list-panes", "-s", "-t", f"={session}", "-F", PANE_FORMAT]
+    return ["tmux", "list-panes", "-s", "-t", f"={session}:", "-F", PANE_FORMAT]
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class LoadTracker:
 
     def _reset_load(self) -> None:
         self.progress: Progress | None = None
+        self.drafter_loaded = False  # "Loading drafter model": this load serves a drafter
         self.shard_eta_s: float | None = None
         self.graph_progress: Progress | None = None
         self.weights_gib: float | None = None
@@ -117,6 +118,8 @@ class LoadTracker:
             self.shard_eta_s = event.remaining_s
             if self.shard_eta_s is None and event.seconds_per_item is not None:
                 self.shard_eta_s = (event.total - (event.done or 0)) * event.seconds_per_item
+        elif kind == v.WEIGHTS_START and event.message.startswith("Loading drafter model"):
+            self.drafter_loaded = True
         elif kind == v.GRAPH_PROGRESS and event.total:
             self.graph_progress = Progress(done=event.done or 0, total=event.total)
         elif kind == v.WEIGHTS_READ:

@@ -57,9 +57,9 @@ def bench_view(run: RunInfo) -> BenchView:
         base = replace(base, level=level)
     if event.get("kind") != "finish":
         return base
-    summary = event.get("summary")
-    if not isinstance(summary, dict):
-        return base
+    # the RunBook merges a finished run's summary into its last event (telemetry/runs.py); a finish event
+    # as the stage wrote it holds it under "summary"
+    summary = event.get("summary") if isinstance(event.get("summary"), dict) else event
     label = summary.get("label") if isinstance(summary.get("label"), str) else None
     error = summary.get("error") if isinstance(summary.get("error"), str) else None
     try:

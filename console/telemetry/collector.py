@@ -18,7 +18,7 @@ import time
 
 import httpx
 
-from console.control.units import server_log_path
+from console.control import drafter_server as ds
 from console.host.base import AuthenticationFailed, Host, HostError, HostKeyError
 from console.parsers.journal import parse_journal_json
 from console.parsers.nvidia_smi import classify_gpu_error, parse_gpu_csv
@@ -35,7 +35,8 @@ from console.telemetry.probe import SERVER_LOG_READ_MAX, build_probe, parse_df, 
 from console.telemetry.runs import RunBook
 from console.telemetry.sanitize import sanitized
 from console.telemetry.server_log import JOURNAL_BACKLOG, ServerLog
-from console.telemetry.snapshot import GpuInfo, HostInfo, RunInfo, ServerInfo, ServiceInfo, Snapshot
+from console.telemetry.snapshot import (DrafterInfo, GpuInfo, HostInfo, RunInfo, ServerInfo, ServiceInfo, Snapshot,
+                                        SpecLogStats)
 
 PRIME_LOG_BYTES = 4 * SERVER_LOG_READ_MAX  # tmux: how much of the log's tail is read at connect
 PROBE_TIMEOUT_S = 30.0
@@ -57,6 +58,10 @@ class Collector:
         self.error: str | None = None
         self.rtt_ms: float | None = None
         self.sim_text: str | None = None
+        # which server the telemetry follows: the baseline, or the drafter server when that is the one
+        # running (drafter_server.SERVERS); the log, metrics and checks are of that server only
+        self.active = "baseline"
+        self._primed = True  # connect() primes the log; a switch of server primes it again
         self.service = ServiceInfo(manager=profile.server.manager, unit=profile.server.unit)
         self.gpus: tuple[GpuInfo, ...] = ()
         self.gpu_error: str | None = None
@@ -75,6 +80,23 @@ class Collector:
     @property
     def tracker(self):
         return self.log.tracker
+
+    @property
+    def server_unit(self) -> str:
+        return ds.server_unit(self.profile, self.active)
+
+    def follow_server(self, which: str) -> None:
+        """Follow `which` server from now on: its unit, its log from its current run, its metrics."""
+        if which == self.active:
+            return
+        self.active = which
+        self.log = ServerLog()
+        self.metrics = MetricsWindow()
+        self.http = HttpState()
+        self.deep = self.reasoning_field = None
+        self._baseline_mib = None
+        self.service = ServiceInfo(manager=self.profile.server.manager, unit=self.server_unit)
+        self._primed = False
 
     # -- connection ---------------------------------------------------------------------------------
 
@@ -150,7 +172,8 @@ class Collector:
     # -- server log ---------------------------------------------------------------------------------
 
     async def _prime_server_log(self) -> None:
-        unit = self.profile.server.unit
+        self._primed = True
+        unit = self.server_unit
         if self.profile.server.manager == "systemd":
             # the unit's current invocation first, so only its lines reach the load tracker
             script = ('inv=$(systemctl show "$1" -p InvocationID --value 2>/dev/null); echo "$inv"; '
@@ -162,7 +185,7 @@ class Collector:
             if self.log.cursor is None:
                 await self._journal_tail_cursor()
         else:
-            path = server_log_path(self.profile)
+            path = ds.server_log(self.profile, self.active)
             head = await self.host.run(["stat", "-L", "-c", "%i %s", path], timeout=30)
             inode, size = _inode_size(head.stdout if head.ok else "")
             start = max(0, size - PRIME_LOG_BYTES)
@@ -189,7 +212,11 @@ class Collector:
 
     async def refresh(self) -> Snapshot:
         try:
+            if not self._primed:
+                await self._prime_server_log()
             elapsed = await self._probe()
+            if not self._primed:  # the probe found the other server running: its log from its start
+                await self._prime_server_log()
             self.reachable, self.error = True, None
             # the probe's own round trip: reconnecting or waiting for a channel is not the link's speed
             self.rtt_ms = round(elapsed * 1000, 1) if elapsed is not None else None
@@ -214,14 +241,20 @@ class Collector:
         pending_units = self.runbook.pending_units()
         log = None
         if self.profile.server.manager == "tmux" and self.log.log_offset is not None:
-            log = (server_log_path(self.profile), self.log.log_read_from())
+            log = (ds.server_log(self.profile, self.active), self.log.log_read_from())
         if self._use_nvml:
             self._read_nvml()
+        other = "drafter" if self.active == "baseline" else "baseline"
         argv, plan = build_probe(self.profile, events=events, stage_units=pending_units,
-                                 server_log=log, listen_port=self.profile.server.port, gpus=not self._use_nvml)
+                                 server_log=log, listen_port=self.profile.server.port, gpus=not self._use_nvml,
+                                 server=(self.server_unit, ds.server_log(self.profile, self.active)),
+                                 other_server=(ds.server_unit(self.profile, other), ds.server_log(self.profile, other)))
         res = await self.host.run(argv, timeout=PROBE_TIMEOUT_S, errors="surrogateescape")
         sections = split_sections(res.stdout, plan)
-        self._apply_service(sections.get("service"))
+        if self._other_took_over(sections.get("service"), sections.get("other_service"), other):
+            sections.pop("server_log", None)  # the other server's log is read from its start instead
+        else:
+            self._apply_service(sections.get("service"))
         # the server's last log lines before deciding it is down: once the tracker hears "down" it
         # ignores failure lines as teardown noise, so the root cause must be in first
         if "server_log" in sections:
@@ -246,18 +279,33 @@ class Collector:
             self.runbook.apply_listing(parse_runs_listing(sections["runs"].text))
         return res.elapsed_s
 
+    def _service_info(self, sec, unit: str) -> ServiceInfo:
+        if self.profile.server.manager == "systemd":
+            info = parse_systemctl_show(sec.text)
+            return dataclasses.replace(info, unit=unit, since_ts=parse_systemd_timestamp(info.since))
+        ok = sec.rc == 0
+        return tmux_status(unit, sec.rc, "" if ok else sec.text, sec.text if ok else None).service
+
+    def _other_took_over(self, sec, other_sec, other: str) -> bool:
+        """The server not followed runs and the followed one does not (it was swapped outside this
+        console, or by an earlier one): follow the other from now on. Both down: stay (a failed
+        drafter server keeps showing its failure)."""
+        if sec is None or other_sec is None:
+            return False
+        mine = self._service_info(sec, self.server_unit)
+        theirs = self._service_info(other_sec, ds.server_unit(self.profile, other))
+        if theirs.active_state not in phases.ACTIVE_STATES or mine.active_state in phases.ACTIVE_STATES:
+            return False
+        self.follow_server(other)
+        self.service = theirs
+        return True
+
     def _apply_service(self, sec) -> None:
         if sec is None:
             return
-        unit = self.profile.server.unit
-        if self.profile.server.manager == "systemd":
-            info = parse_systemctl_show(sec.text)
-            info = dataclasses.replace(info, unit=unit, since_ts=parse_systemd_timestamp(info.since))
-            if self.log.begin_invocation(info.invocation):
-                self.deep = self.reasoning_field = None  # a new run of the server: the check is void
-        else:
-            ok = sec.rc == 0
-            info = tmux_status(unit, sec.rc, "" if ok else sec.text, sec.text if ok else None).service
+        info = self._service_info(sec, self.server_unit)
+        if self.profile.server.manager == "systemd" and self.log.begin_invocation(info.invocation):
+            self.deep = self.reasoning_field = None  # a new run of the server: the check is void
         self.service = info
 
     def _down_without_cause(self) -> bool:
@@ -269,7 +317,7 @@ class Collector:
         see the exit first): read what journald holds now, so a failed load keeps its root cause."""
         if self.profile.server.manager != "systemd":
             return
-        argv = ["journalctl", "-u", self.profile.server.unit, "-a", "-o", "json", "--no-pager"]
+        argv = ["journalctl", "-u", self.server_unit, "-a", "-o", "json", "--no-pager"]
         argv += [f"--after-cursor={self.log.cursor}"] if self.log.cursor else ["-n", str(JOURNAL_BACKLOG)]
         res = await self.host.run(argv, timeout=30)
         for line in res.stdout.splitlines():
@@ -353,10 +401,23 @@ class Collector:
         info = ServerInfo(phase=decision.phase, error=decision.error, progress=t.progress,
                           model_id=self.http.model_id, max_model_len=self.http.max_model_len,
                           version=self.http.version or t.version, reasoning_field=self.reasoning_field,
-                          deep_check=self.deep, metrics=self.metrics.current if decision.serving else None)
+                          deep_check=self.deep, metrics=self.metrics.current if decision.serving else None,
+                          drafter=self.drafter_info())
         if decision.estimate_load:
             info = self._estimate(info)
         return info
+
+    def drafter_info(self) -> DrafterInfo | None:
+        if self.active != "drafter":
+            return None
+        t = self.tracker
+        st = t.spec_stats
+        log_stats = None if st is None else SpecLogStats(
+            mean_acceptance_length=st.mean_acceptance_length, acceptance_pct=st.acceptance_pct,
+            per_position=tuple(st.per_position), accepted_tokens=st.accepted_tokens,
+            drafted_tokens=st.drafted_tokens)
+        return DrafterInfo(unit=self.server_unit, loaded=t.drafter_loaded, aux_layers=t.aux_layers,
+                           log_stats=log_stats)
 
     def _estimate(self, info: ServerInfo) -> ServerInfo:
         t = self.tracker

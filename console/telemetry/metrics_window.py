@@ -39,7 +39,7 @@ class MetricsWindow:
             if window is not None:
                 rates.update(spec_acceptance_rate=window.acceptance_rate,
                              spec_mean_acceptance_length=window.mean_acceptance_length,
-                             spec_per_position=tuple(window.per_position))
+                             spec_per_position=tuple(window.per_position), spec_window_s=round(dt, 1))
         out = ServerMetrics(
             requests_running=int(cur.requests_running) if cur.requests_running is not None else None,
             requests_waiting=int(cur.requests_waiting) if cur.requests_waiting is not None else None,

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from console.control.units import exit_status_path, server_log_path
+from console.control.units import exit_status_path, server_log_path, tmux_target
 from console.parsers.systemd import SYSTEMCTL_SHOW_PROPS
 from console.parsers.tmux import EXIT_STATUS_PREFIX, PANE_FORMAT
 from console.profile import Profile
@@ -44,16 +44,17 @@ class ProbePlan:
     sections: list[str] = field(default_factory=list)
 
 
-def service_argv(profile: Profile) -> list[list[str]]:
-    unit = profile.server.unit
+def service_argv(profile: Profile, unit: str | None = None, log_path: str | None = None) -> list[list[str]]:
+    """The state of a server's unit (default the baseline's; the drafter server's with its unit and log)."""
+    unit = unit or profile.server.unit
     if profile.server.manager == "systemd":
         return [["systemctl", "show", unit, "-p", ",".join(SYSTEMCTL_SHOW_PROPS)]]
     # `=NAME` makes tmux match the session name exactly rather than by prefix; then the exit status
     # the pane's wrapper recorded (tmux's own can be empty), keeping list-panes' status as the section's
     script = ('tmux list-panes -t "$1" -F "$2"; rc=$?; '
               'if [ -r "$3" ]; then printf "%s %s\\n" "$4" "$(head -c 16 -- "$3")"; fi; exit $rc')
-    return [["sh", "-c", script, "sh", f"={unit}", PANE_FORMAT,
-             exit_status_path(server_log_path(profile)), EXIT_STATUS_PREFIX]]
+    return [["sh", "-c", script, "sh", tmux_target(unit), PANE_FORMAT,
+             exit_status_path(log_path or server_log_path(profile)), EXIT_STATUS_PREFIX]]
 
 
 def _read_bytes(path: str, offset: int, limit: int, *, identity: bool = False) -> str:
@@ -87,9 +88,12 @@ def parse_listen(text: str) -> bool | None:
 
 def build_probe(profile: Profile, *, events: Sequence[EventsRead] = (), stage_units: Sequence[str] = (),
                 server_log: tuple[str, int] | None = None, listen_port: int | None = None,
-                gpus: bool = True, marker: str | None = None) -> tuple[list[str], ProbePlan]:
+                gpus: bool = True, marker: str | None = None, server: tuple[str, str] | None = None,
+                other_server: tuple[str, str] | None = None) -> tuple[list[str], ProbePlan]:
     """Return (argv, plan). `events` asks for new bytes of each run's events.jsonl from an offset;
-    `listen_port` asks whether that port listens (section `listen`)."""
+    `listen_port` asks whether that port listens (section `listen`). `server`: (unit, tmux log) of the
+    server followed (default the baseline); `other_server`: the other one, whose state is section
+    `other_service` (the console follows whichever of the two runs)."""
     marker = marker or f"@@E3PROBE-{secrets.token_hex(6)}"
     plan = ProbePlan(marker=marker)
     parts: list[str] = []
@@ -102,7 +106,9 @@ def build_probe(profile: Profile, *, events: Sequence[EventsRead] = (), stage_un
         # rc is the status of the section's last command; stderr is folded in so errors are visible
         parts.append(f"echo {shlex.quote(marker + ' ' + name)}; {{ {cmd} ; }} 2>&1; echo {shlex.quote(marker)} rc=$?")
 
-    section("service", service_argv(profile))
+    section("service", service_argv(profile, *(server or ())))
+    if other_server is not None:
+        section("other_service", service_argv(profile, *other_server))
     if gpus:  # off when the console reads NVML itself (it runs on the GPU host)
         section("gpus", [list(profile.gpus.command)])
     runs_dir = f"{profile.paths.work_dir}/runs"

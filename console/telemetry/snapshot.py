@@ -64,6 +64,26 @@ class ServerMetrics:
     spec_acceptance_rate: float | None = None  # accepted / drafted tokens, drafter only
     spec_mean_acceptance_length: float | None = None
     spec_per_position: tuple[float, ...] | None = None
+    spec_window_s: float | None = None  # the window (between two scrapes) the spec_* figures cover
+
+
+@dataclass(frozen=True)
+class SpecLogStats:
+    """The server's last `SpecDecoding metrics:` log line (vLLM prints one per stats interval)."""
+    mean_acceptance_length: float | None = None
+    acceptance_pct: float | None = None  # "Avg Draft acceptance rate", percent
+    per_position: tuple[float, ...] = ()
+    accepted_tokens: int | None = None
+    drafted_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class DrafterInfo:
+    """The server being followed is the drafter server (`<server unit>-drafter`), not the baseline."""
+    unit: str
+    loaded: bool = False  # this load's log said "Loading drafter model"
+    aux_layers: tuple[int, ...] | None = None  # "Using auxiliary layers from speculative config: (...)"
+    log_stats: SpecLogStats | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +100,7 @@ class ServerInfo:
     reasoning_field: str | None = None  # set by the deep check
     deep_check: str | None = None
     metrics: ServerMetrics | None = None
+    drafter: DrafterInfo | None = None  # None: the baseline server is the one followed
 
 
 @dataclass(frozen=True)

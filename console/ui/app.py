@@ -238,6 +238,12 @@ class ConsoleApp(App[None]):
         if self._refused("start_stage"):
             return
         stage = self.selected_stage
+        if stage == "serve_drafter":
+            self.action_serve_drafter()
+            return
+        if stage == "bench":
+            self.action_bench()
+            return
         if stops_baseline(StageRequest(stage)):
             self._confirm(f"Start {stage}? It stops the vLLM server for a while.",
                           f"Extraction needs the GPUs: it stops the server on {self.controller.host_name}, serves "
@@ -260,6 +266,31 @@ class ConsoleApp(App[None]):
         self._confirm("Restart the vLLM server?",
                       f"The model reloads on {self.controller.host_name}; requests fail until it is ready.",
                       "restart server", self.controller.restart_server)
+
+    def action_serve_drafter(self) -> None:
+        if self._refused("serve_drafter"):
+            return
+        self._confirm("Serve the drafter? It stops the baseline vLLM server.",
+                      f"Stops the baseline server on {self.controller.host_name} and starts vLLM with the latest "
+                      f"verified drafter checkpoint as its own unit (<server unit>-drafter); requests fail until it "
+                      f"is ready. `b` serves the baseline again.", "serve drafter", self.controller.serve_drafter)
+
+    def action_serve_baseline(self) -> None:
+        if self._refused("serve_baseline"):
+            return
+        self._confirm("Serve the baseline? It stops the drafter server.",
+                      f"Stops the drafter server (when it runs) on {self.controller.host_name} and starts the "
+                      f"baseline server again; requests fail until it is ready.", "serve baseline",
+                      self.controller.serve_baseline)
+
+    def action_bench(self) -> None:
+        if self._refused("bench"):
+            return
+        self._confirm("Bench baseline against drafter? It swaps the servers.",
+                      f"One detached program on {self.controller.host_name} benches the baseline server, stops it, "
+                      f"serves the verified drafter, benches that, and serves the baseline again at the end (also "
+                      f"after a failure). It survives closing the console.", "start bench",
+                      lambda: self.controller.start_stage("bench"))
 
     def action_deep_check(self) -> None:
         self._run("deep check", self.controller.deep_check)

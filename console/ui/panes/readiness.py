@@ -5,7 +5,7 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import ProgressBar
 
-from console.telemetry.snapshot import ServerInfo, Snapshot
+from console.telemetry.snapshot import DrafterInfo, ServerInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import duration, num
 
@@ -14,9 +14,25 @@ _ETA_SOURCES = {"shards": "from shard progress", "gpu_memory": "from GPU memory 
                 "previous_load": "from the previous load"}
 
 
+def drafter_lines(d: DrafterInfo) -> list[Content]:
+    """That the drafter was really loaded (its log lines) and its acceptance as the server logs it."""
+    loaded = "[green]drafter loaded[/]" if d.loaded else "[yellow]no 'Loading drafter model' line yet[/]"
+    aux = ", ".join(str(i) for i in d.aux_layers) if d.aux_layers else "not logged"
+    out = [markup(f"server   [b]with drafter[/b] ($unit): {loaded}, auxiliary layers $aux", unit=d.unit, aux=aux)]
+    st = d.log_stats
+    if st is not None and st.mean_acceptance_length is not None:
+        rate = f"{st.acceptance_pct:.1f}%" if st.acceptance_pct is not None else "N/A"
+        pos = " ".join(f"{p:.2f}" for p in st.per_position) or "N/A"
+        out.append(markup("log      acceptance length $length, $rate [dim](per position $pos; SpecDecoding "
+                          "metrics line)[/]", length=f"{st.mean_acceptance_length:.2f}", rate=rate, pos=pos))
+    return out
+
+
 def readiness_markup(srv: ServerInfo) -> Content:
     colour = _PHASE_COLOUR.get(srv.phase, "yellow")
     out = [markup(f"phase    [{colour}][b]$phase[/b][/]", phase=srv.phase)]
+    if srv.drafter is not None:
+        out.extend(drafter_lines(srv.drafter))
     if srv.phase not in ("ready", "failed", "stopped") and (srv.eta_s is not None or srv.progress):
         source = _ETA_SOURCES.get(srv.eta_source or "", srv.eta_source or "source unknown")
         out.append(markup("ETA      $eta [dim]($source)[/]", eta=duration(srv.eta_s), source=source))
@@ -35,8 +51,10 @@ def readiness_markup(srv: ServerInfo) -> Content:
         if m.spec_mean_acceptance_length is not None:
             rate = f"{m.spec_acceptance_rate:.0%}" if m.spec_acceptance_rate is not None else "N/A"
             pos = " ".join(f"{p:.2f}" for p in (m.spec_per_position or []))
-            out.append(markup("drafter  acceptance length $length, $rate [dim](per position $pos)[/]",
-                              length=f"{m.spec_mean_acceptance_length:.2f}", rate=rate, pos=pos))
+            window = f"last {m.spec_window_s:g} s" if m.spec_window_s is not None else "last window"
+            out.append(markup("drafter  acceptance length $length, $rate [dim](per position $pos; /metrics, "
+                              "$window)[/]", length=f"{m.spec_mean_acceptance_length:.2f}", rate=rate, pos=pos,
+                              window=window))
     if srv.deep_check:
         out.append(markup("deep     $deep", deep=srv.deep_check))
     if srv.error:

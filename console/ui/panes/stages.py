@@ -34,7 +34,10 @@ def stage_rows(snapshot: Snapshot) -> list[StageRow]:
     svc, srv = snapshot.service, snapshot.server
     rows = []
     for stage in STAGES:
-        if stage == "serve":
+        if stage in ("serve", "serve_drafter"):
+            if (stage == "serve_drafter") != (srv.drafter is not None):  # the other server is the one followed
+                rows.append(StageRow(stage, "idle", None))
+                continue
             if srv.phase == "failed" or svc.active_state == "failed":
                 state = "failed"
             elif svc.active_state in ("active", "activating", "reloading"):

@@ -1,0 +1,213 @@
+"""The bench, baseline against drafter, as one detached program that survives the console closing.
+
+`python -m backend.benchpair --work-dir W --run-id R --plan PLAN.json`; the plan (written by the console,
+console/control/bench_pair.py) holds the two bench command lines (`python -m backend.bench`, run ids
+`R-baseline` and `R-drafter`, the second with `--baseline-run R-baseline`) and the service manager's
+commands to start, stop and check each server. Steps:
+
+    1. the baseline serves: the drafter server stopped if it runs, the baseline started if it does not
+    2. bench the baseline
+    3. swap: stop the baseline (checked down), start the drafter server
+    4. bench the drafter server (its bench waits for it to answer, and compares with step 2)
+    5. always, also after a failure or SIGTERM: stop the drafter server, start the baseline again
+
+The run directory R holds its events (progress per step) and a summary with the drafter bench's
+comparison, so the console shows it as a bench run. Exit 0 done, 3 done and the drafter is slower, 1
+failed, 2 bad plan or run directory; a stop (SIGTERM) ends as stopped, exit 0, after step 5.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from backend.events import EventLog
+from backend.pipeline import InputError, completed_run, last_finish
+from backend.runs import Manifest, RunDirError, open_run_dir, run_path, write_json_atomic
+
+STAGE = "bench"
+PLAN_FILE = "benchpair-plan.json"
+STEPS = ("baseline serving", "bench baseline", "swap to the drafter", "bench drafter", "back to the baseline")
+_COMMANDS = ("stop_baseline", "start_baseline", "baseline_alive", "stop_drafter", "start_drafter", "drafter_alive")
+STOP_CHECK_S = 30.0  # after a stop command returned, how long the unit may take to be seen gone
+
+
+class PlanError(ValueError):
+    pass
+
+
+def load_plan(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"{path}: cannot read the plan: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{path}: expected a JSON object")
+    for key in _COMMANDS:
+        v = data.get(key)
+        if not (isinstance(v, list) and v and all(isinstance(a, str) for a in v)):
+            raise PlanError(f"{path}: {key!r} must be a non-empty list of strings (a command line)")
+    for key in ("baseline", "drafter"):
+        b = data.get(key)
+        if not (isinstance(b, dict) and isinstance(b.get("run_id"), str) and isinstance(b.get("argv"), list)
+                and b["argv"] and all(isinstance(a, str) for a in b["argv"])):
+            raise PlanError(f"{path}: {key!r} must be {{\"run_id\": str, \"argv\": [str, ...]}}")
+    return data
+
+
+class BenchPair:
+    def __init__(self, work_dir: str, run_id: str, plan: dict[str, Any]):
+        self.work_dir, self.run_id, self.plan = work_dir, run_id, plan
+        self.child: subprocess.Popen | None = None
+        self.stopping = False
+        self.log: EventLog | None = None
+        self.steps: list[dict[str, Any]] = []
+
+    def _on_signal(self, sig: int, _frame) -> None:
+        self.stopping = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(sig)  # a bench stops cleanly, keeping the levels it measured
+
+    def say(self, text: str) -> None:
+        print(f"benchpair: {text}", file=sys.stderr, flush=True)
+
+    def command(self, key: str, timeout: float = 900.0) -> tuple[bool, str]:
+        argv = self.plan[key]
+        self.say(f"{key}: {' '.join(argv)}")
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return False, f"{key} failed: {exc}"
+        out = (res.stderr or res.stdout).strip().splitlines()
+        return res.returncode == 0, f"{key} exit {res.returncode}" + (f": {out[-1][:300]}" if out else "")
+
+    def alive(self, which: str) -> bool:
+        try:
+            return subprocess.run(self.plan[f"{which}_alive"], capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return True  # cannot tell: never start the other server beside it
+
+    def stop(self, which: str) -> str | None:
+        """Stop `which` server; an error when it still runs afterwards."""
+        if not self.alive(which):
+            return None
+        ok, text = self.command(f"stop_{which}")
+        deadline = time.monotonic() + STOP_CHECK_S
+        while self.alive(which):
+            if time.monotonic() > deadline:
+                return f"the {which} server still runs after its stop ({text})"
+            time.sleep(0.5)
+        return None if ok or not self.alive(which) else text
+
+    def start(self, which: str) -> str | None:
+        if self.alive(which):
+            return None
+        ok, text = self.command(f"start_{which}")
+        return None if ok else text
+
+    def serve(self, which: str) -> str | None:
+        """One server at a time: the other is stopped (and checked down) before `which` starts."""
+        other = "baseline" if which == "drafter" else "drafter"
+        return self.stop(other) or self.start(which)
+
+    def bench(self, which: str) -> tuple[str | None, dict[str, Any] | None, int]:
+        spec = self.plan[which]
+        self.say(f"bench {which} ({spec['run_id']}): {' '.join(spec['argv'])}")
+        try:
+            self.child = subprocess.Popen(spec["argv"])
+        except OSError as exc:
+            return f"bench {which} could not start: {exc.strerror}", None, 1
+        code = self.child.wait()
+        self.child = None
+        finish = last_finish(run_path(self.work_dir, spec["run_id"])) or {}
+        summary = finish.get("summary") if isinstance(finish.get("summary"), dict) else None
+        try:
+            completed_run(self.work_dir, spec["run_id"], STAGE)
+        except InputError as exc:
+            why = (summary or {}).get("error") or f"exit {code}; {exc}"
+            return f"bench {which} ({spec['run_id']}) {finish.get('status') or 'failed'}: {why}", summary, code
+        return None, summary, code
+
+    def step(self, index: int, error: str | None = None, **extra: Any) -> None:
+        assert self.log is not None
+        self.steps.append({"step": STEPS[index], "ok": error is None, **({"error": error} if error else {}), **extra})
+        self.log.emit("progress", done=index + 1 if error is None else index, total=len(STEPS), current=STEPS[index],
+                      **({"error": error} if error else {}))
+
+    def run(self, fresh: bool = False) -> int:
+        identity = {"baseline": self.plan["baseline"]["run_id"], "drafter": self.plan["drafter"]["run_id"],
+                    "checkpoint": self.plan.get("checkpoint")}
+        try:
+            rd = open_run_dir(self.work_dir, self.run_id, Manifest(stage=STAGE, run_id=self.run_id, identity=identity),
+                              fresh=fresh)
+        except RunDirError as exc:
+            print(f"benchpair: {exc}", file=sys.stderr)
+            return 2
+        write_json_atomic(rd.file(PLAN_FILE), self.plan)
+        self.log = EventLog(rd.events_path, STAGE, self.run_id)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.log.emit("start", total=len(STEPS), steps=list(STEPS), resumed=rd.resumed, pair=True)
+        started = time.monotonic()
+        error, drafted, slower = None, None, False
+        try:
+            error = self.serve("baseline")
+            self.step(0, error)
+            if error is None and not self.stopping:
+                error, _, _ = self.bench("baseline")
+                self.step(1, error)
+            if error is None and not self.stopping:
+                error = self.serve("drafter")
+                self.step(2, error)
+            if error is None and not self.stopping:
+                error, drafted, code = self.bench("drafter")
+                slower = code == 3 or bool((drafted or {}).get("slower"))
+                self.step(3, error, slower=slower)
+        finally:
+            back = self.serve("baseline")
+            self.step(4, back)
+        status = "stopped" if self.stopping else "failed" if (error or back) else "completed"
+        summary: dict[str, Any] = {
+            "stage": STAGE, "run_id": self.run_id, "status": status, "pair": True, "label": "drafter",
+            "runs": {"baseline": self.plan["baseline"]["run_id"], "drafter": self.plan["drafter"]["run_id"]},
+            "checkpoint": self.plan.get("checkpoint"), "steps": self.steps, "slower": slower,
+            "elapsed_s": round(time.monotonic() - started, 1)}
+        if drafted and isinstance(drafted.get("comparison"), dict):
+            summary["comparison"] = drafted["comparison"]
+        if error or back:
+            summary["error"] = "; ".join(e for e in (error, back) if e)
+        write_json_atomic(rd.summary_path, summary)
+        self.log.emit("finish", status=status, summary=summary)
+        self.log.close()
+        self.say(f"{status}" + (": the drafter is SLOWER than the baseline" if slower else "")
+                 + (f" ({summary['error']})" if summary.get("error") else ""))
+        if status == "failed":
+            return 1
+        return 3 if slower and status == "completed" else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m backend.benchpair", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work-dir", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--fresh", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        plan = load_plan(a.plan)
+    except PlanError as exc:
+        print(f"benchpair: {exc}", file=sys.stderr)
+        return 2
+    os.makedirs(a.work_dir, exist_ok=True)
+    return BenchPair(a.work_dir, a.run_id, plan).run(fresh=a.fresh)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

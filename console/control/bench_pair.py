@@ -1,0 +1,42 @@
+"""The plan and command line of a bench of the baseline against the drafter server as one detached host
+program (backend/benchpair.py): the two bench command lines and the service manager's commands to stop,
+start and check each server, all built here from the profile. Pure functions, no I/O."""
+from __future__ import annotations
+
+from typing import Any
+
+from console.control import drafter_server as ds
+from console.control.bench_stage import bench_argv
+from console.control.extraction import _alive_argv as alive_argv
+from console.control.units import server_log_path, server_start_argv, server_stop_argv
+from console.profile import Profile
+
+
+def pair_run_ids(run_id: str) -> tuple[str, str]:
+    """The bench runs of one pair: (the baseline's, the drafter server's)."""
+    return f"{run_id}-baseline", f"{run_id}-drafter"
+
+
+def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str | None = None,
+              api_key_path: str | None = None, no_expand_option: bool = False) -> dict[str, Any]:
+    """The plan backend/benchpair.py runs (raises DrafterServerError / ValueError with what to fix)."""
+    base_id, drafter_id = pair_run_ids(run_id)
+    common = {"input_run": input_run, "api_key_path": api_key_path}
+    return {
+        "checkpoint": checkpoint,
+        "baseline": {"run_id": base_id, "argv": bench_argv(profile, base_id, label="baseline", **common)},
+        "drafter": {"run_id": drafter_id,
+                    "argv": bench_argv(profile, drafter_id, label="drafter", baseline_run=base_id, **common)},
+        "stop_baseline": server_stop_argv(profile),
+        "start_baseline": server_start_argv(profile, server_log_path(profile)),
+        "baseline_alive": alive_argv(profile, profile.server.unit),
+        "stop_drafter": ds.drafter_stop_command(profile).argv,
+        "start_drafter": ds.drafter_start_command(profile, checkpoint, no_expand_option=no_expand_option).argv,
+        "drafter_alive": alive_argv(profile, ds.drafter_unit(profile)),
+    }
+
+
+def pair_argv(profile: Profile, run_id: str, plan_file: str, *, fresh: bool = False) -> list[str]:
+    argv = [profile.paths.python, "-m", "backend.benchpair", "--work-dir", profile.paths.work_dir,
+            "--run-id", run_id, "--plan", plan_file]
+    return argv + (["--fresh"] if fresh else [])

@@ -1,0 +1,100 @@
+"""Switching servers on the booted systemd rig, over SSH: the baseline is the operator's unit, the drafter
+server a transient unit `<unit>-drafter` (systemd-run) whose main process runs exactly the drafter
+command line; the telemetry follows it (its unit, its journal: the drafter was loaded), and switching
+back stops it and starts the operator's unit again."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend.events import EventLog
+from backend.runs import Manifest, open_run_dir
+from console.control.drafter_server import drafter_command, drafter_unit
+from console.profile import load_profile
+from console.session import Session
+from tests.test_generate_rig import sh, wait_health
+from tests.test_telemetry_rig import MODEL_PATH, REPO, SERVED, install_unit, stop_unit
+
+pytestmark = [pytest.mark.rig, pytest.mark.timeout(240)]
+
+
+async def put_verify_run(ssh, tmp_path: Path, work_dir: str, checkpoint: str) -> None:
+    """A completed verify run of `checkpoint` in the rig's work dir: made here, its files copied there."""
+    local = tmp_path / "runs-src"
+    run = open_run_dir(str(local), "verify-rig", Manifest(stage="verify", run_id="verify-rig", identity={}))
+    events = EventLog(run.events_path, "verify", "verify-rig")
+    events.emit("start", total=1, manifest=run.manifest.to_dict())
+    summary = {"stage": "verify", "run_id": "verify-rig", "ok": True, "outputs": {"checkpoint": checkpoint}}
+    run.write_summary(summary)
+    events.emit("finish", status="completed", summary=summary)
+    events.close()
+    target = f"{work_dir}/runs/verify-rig"
+    await sh(ssh, 'mkdir -p "$1" "$2"', target, checkpoint)
+    for f in sorted(Path(run.path).iterdir()):
+        await sh(ssh, 'cat > "$1"', f"{target}/{f.name}", input=f.read_text())
+
+
+async def main_argv(ssh, unit: str) -> list[str] | None:
+    pid = (await sh(ssh, 'systemctl show "$1" -p MainPID --value', unit)).strip()
+    if pid in ("", "0"):
+        return None
+    res = await ssh.run(["cat", f"/proc/{pid}/cmdline"], timeout=30)
+    return res.stdout.rstrip("\0").split("\0") if res.ok else None
+
+
+async def until_drafter_ready(session: Session, timeout: float = 60.0):
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    async for snap in session.snapshots(connecting=False):
+        d = snap.server.drafter
+        if d is not None and d.loaded and snap.server.phase == "ready":
+            return snap
+        if asyncio.get_running_loop().time() > deadline:
+            return snap
+
+
+async def test_serve_drafter_and_back_on_systemd(systemd_rig, rig_ssh, tmp_path):
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=0.5)
+    # the drafter server is the profile's command line plus its speculative config; the operator's unit file
+    # holds the stand-in's, so the profile names the same program as [server].command
+    command = ["env", f"PYTHONPATH={REPO}", sys.executable, "-m", "sim.vllm_server", "--model", MODEL_PATH,
+               "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(unit.port), "--load-seconds",
+               "0.5", "--shards", "2", "--gpus", "2"]
+    text = unit.profile_path.read_text().replace("[server]\n", f"[server]\ncommand = {json.dumps(command)}\n", 1)
+    text = text.replace("[paths]\n", f'[paths]\npython = "{sys.executable}"\n', 1)
+    unit.profile_path.write_text(text)
+    profile = load_profile(unit.profile_path)
+    checkpoint = f"{unit.work_dir}/ck/checkpoint_best"  # nothing behind it: a SIMULATED drafter
+    await put_verify_run(rig_ssh, tmp_path, unit.work_dir, checkpoint)
+    await rig_ssh.run(["systemctl", "start", unit.name], check=True, timeout=30)
+    await wait_health(rig_ssh, unit.port)
+    drafter = drafter_unit(profile)
+    try:
+        async with Session(profile, interval=0.5) as session:
+            await session.settle()
+            result = await session.serve_drafter()
+            assert result.ok, result
+            assert any(c.startswith(f"systemd-run --unit={drafter} ") for c in result.commands), result.commands
+            assert (await sh(rig_ssh, 'systemctl is-active "$1" || true', unit.name)).strip() == "inactive"
+            assert await main_argv(rig_ssh, drafter) == drafter_command(profile, checkpoint)[2:]  # env execs
+            snap = await until_drafter_ready(session)
+            assert snap.service.unit == drafter and snap.server.phase == "ready", snap.server
+            assert snap.server.drafter.loaded and snap.server.drafter.aux_layers
+            # one server at a time: the operator's unit is neither started nor restarted beside it
+            assert not (await session.restart_server()).ok
+            assert (await sh(rig_ssh, 'systemctl is-active "$1" || true', unit.name)).strip() == "inactive"
+
+            back = await session.serve_baseline()
+            assert back.ok, back
+            assert (await sh(rig_ssh, 'systemctl is-active "$1" || true', drafter)).strip() in ("inactive", "unknown")
+            assert (await sh(rig_ssh, 'systemctl is-active "$1" || true', unit.name)).strip() == "active"
+            await wait_health(rig_ssh, unit.port)
+            snap = await session.tick()
+            assert snap.service.unit == unit.name and snap.server.drafter is None
+    finally:
+        await rig_ssh.run(["systemctl", "stop", drafter], timeout=60)
+        await stop_unit(rig_ssh, unit)
