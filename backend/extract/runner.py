@@ -17,7 +17,6 @@ Starting the same run again resumes: files already written are kept (generate-of
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys

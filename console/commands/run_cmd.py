@@ -37,19 +37,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, help="override [generate].samples")
     p.add_argument("--run-id", help="default: STAGE-YYYYmmdd-HHMMSS; reuse one to resume it")
     p.add_argument("--fresh", action="store_true", help="archive an existing run dir of that id and start over")
+    p.add_argument("--online", action=argparse.BooleanOptionalAction, default=None,
+                   help="train (and pipeline, verify): train online on the prepare run, the extraction server "
+                        "answering for each batch's hidden states in the baseline's place (no extract stage); "
+                        "default: the profile's [extract] online")
     p.add_argument("--yes", action="store_true",
-                   help="do not ask before a stage that stops the baseline server (extract)")
+                   help="do not ask before a stage that stops the baseline server (extract, online training)")
     p.add_argument("--wait", action="store_true", help="follow the run; exit 0 only when it completed")
     p.add_argument("--interval", type=float, default=2.0)
     p.set_defaults(func=cmd_run)
 
 
 def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
-    """Extraction stops the baseline server: say so, and go on only when the operator agrees."""
-    if not stops_baseline(req) or a.yes:
+    """Extraction and online training stop the baseline server: say so, and go on only when the operator
+    agrees."""
+    if not stops_baseline(req, profile) or a.yes:
         return True
-    question = (f"{req.stage} stops {profile.server.unit} on {profile.host.name} while the hidden states are "
-                f"extracted, and starts it again afterwards. Go on? [y/N] ")
+    while_ = "the hidden states are extracted" if req.stage == "extract" else "the extraction server is needed"
+    question = (f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {while_}, and starts it "
+                f"again afterwards. Go on? [y/N] ")
     if not sys.stdin.isatty():
         print(f"error: {req.stage} stops the baseline server; pass --yes to confirm", file=sys.stderr)
         return False
@@ -59,7 +65,7 @@ def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
 async def run_stage(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
     req = StageRequest(a.stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
-                       limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage)
+                       limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage, online=a.online)
     if not confirmed(a, req, profile):
         return 2
     async with Session(profile, interval=a.interval) as session:
