@@ -99,3 +99,44 @@ def test_verify_of_an_online_run_fetches_the_heldout_states_under_the_swap(demo)
     steps = [e["swap"]["step"] for e in events(runs / "on-verify") if e.get("swap")]
     assert steps == [s for s, _ in SWAP_OK]
     assert_baseline_back(profile)
+
+
+def test_an_extraction_server_that_dies_during_online_training_fails_it_with_why_and_the_baseline_comes_back(
+        tmp_path_factory, tmp_path):
+    """The train stage's own swap (python -m backend.train --plan), as the console starts it on a tmux host:
+    the extraction stand-in dies after a few hidden-state requests; training stops, the stage says the server
+    died and why (the end of its log), and the baseline is started again."""
+    import shutil
+    import os
+
+    from tests.drafter_support import prepared_work, run_stage, stage_env
+    from tests.test_extract_e2e import AUX, Host
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    tiny = tiny_verifier(tmp_path_factory)
+    work = prepared_work(tmp_path_factory, tiny)
+    sock = tmp_path / "tmux"
+    sock.mkdir()
+    os.chmod(sock, 0o700)
+    env = {**stage_env(tmp_path_factory), "TMUX_TMPDIR": str(sock)}
+    host = Host(work, env, "train-die", ["--fault", "die-after:3"])
+    host.start_baseline()
+    try:
+        plan = host.write_plan("tr-die", tmp_path / "plan.json")
+        res = run_stage("backend.train", "--work-dir", str(work), "--run-id", "tr-die", "--input-run", "prep",
+                        "--verifier", str(tiny), "--plan", str(plan), "--served-model", "tiny", "--epochs", "1",
+                        "--gpus", "0", "--seq-length", "512", "--optimizer", "adamw", env=env, timeout=300)
+        assert res.returncode == 1, res.stderr[-3000:]
+        summary = json.loads((work / "runs/tr-die/summary.json").read_text())
+        assert summary["status"] == "failed" and summary["online"] is True and summary["aux_layer_ids"] == AUX
+        assert summary["error"].startswith("the extraction server died midway ("), summary["error"]
+        assert "EngineCore" in summary["error"] and summary["error"].endswith("resume from the last checkpoint")
+        assert [(s["step"], s["ok"]) for s in summary["swap"]["steps"]] == SWAP_OK
+        assert summary["swap"]["baseline_restarted"] is True
+        assert host.baseline_is_back() and f"{host.unit}-extract" not in host.panes()
+        finish = events(work / "runs" / "tr-die")[-1]
+        assert finish["kind"] == "finish" and finish["status"] == "failed"
+    finally:
+        host.stop_all()
+        subprocess.run(["tmux", "kill-server"], env=env, capture_output=True)
