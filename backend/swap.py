@@ -112,6 +112,7 @@ class ExtractionServer:
         self.max_model_len: int | None = None  # what the server reports in /v1/models
         self.model_id: str | None = None
         self.misses = 0
+        self.lost_reason = ""  # set once the watchdog found it dead
 
     # -- the plan's commands ---------------------------------------------------------------------------
     async def step(self, name: str, argv: list[str], phase: str) -> bool:
@@ -222,6 +223,9 @@ class ExtractionServer:
         self.misses = 0 if healthy and alive else self.misses + 1
         return not alive or self.misses >= self.dead_after
 
+    async def still_up(self) -> bool:
+        return await self.healthy() and await self.alive()
+
     async def why_dead(self) -> str:
         """The end of the extraction server's log, when the plan says how to read it."""
         if not self.plan or not self.plan.extractor_log_tail:
@@ -291,12 +295,20 @@ def run_swapped_blocking(server: ExtractionServer, body: Callable[[], T],
 
                 reason = asyncio.run(check())
                 if reason is not None and not done.is_set():
+                    server.lost_reason = reason
                     on_lost(reason)
 
             watchdog = threading.Thread(target=watch, name="extraction-server-watchdog", daemon=True)
             watchdog.start()
             try:
                 return body()
+            except BaseException:
+                # the body may fail on the dead server before the watchdog's checks add up: ask once more
+                done.set()
+                watchdog.join(timeout=2 * LOG_CHECK_S)
+                if not server.lost_reason and not loop.run_until_complete(server.still_up()):
+                    on_lost(loop.run_until_complete(server.why_dead()))
+                raise
             finally:
                 done.set()
                 watchdog.join(timeout=2 * LOG_CHECK_S)
