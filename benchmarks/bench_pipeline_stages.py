@@ -77,15 +77,15 @@ def stock_checkpoint(runs: Path, work: Path) -> tuple[str, float, int]:
     argv = list(plan["argv"])
     for flag, value in (("--save-path", str(save)), ("--log-dir", str(work / "stock-logs"))):
         argv[argv.index(flag) + 1] = value
-    setup_root_logger()
-    setup_metric_logger(loggers="", run_name=None, output_dir=str(work / "stock-logs"))
     info = inspect_verifier(plan["verifier"])
-    with adapters.verifier_adapters(info), adapters.no_accelerator():
+    # speculators' rich console output is the same for both sides and not a figure: keep it off stdout
+    with contextlib.redirect_stdout(io.StringIO()), adapters.verifier_adapters(info), adapters.no_accelerator():
+        setup_root_logger()
+        setup_metric_logger(loggers="", run_name=None, output_dir=str(work / "stock-logs"))
         draft, train_loader, val_loader, config = bto.build(argv)
         trainer = bto.stock_trainer_class()(draft, config, train_loader, val_loader)
         start = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            trainer.run_training()
+        trainer.run_training()
         elapsed = time.perf_counter() - start
     del torch
     epochs = sorted((p for p in save.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
@@ -140,7 +140,9 @@ def main() -> int:
         times = stage_times(runs)
         ours = json.loads((runs / f"{RUN_ID}-verify" / "verify.json").read_text())
         train_summary = json.loads((runs / f"{RUN_ID}-train" / "summary.json").read_text())
-        print(f"demo pipeline, {args.limit} samples generated, speed {args.speed:g}, {os.cpu_count()} CPUs:")
+        load = os.getloadavg()[0]  # a shared machine's neighbours show in every figure: say how busy it was
+        print(f"demo pipeline, {args.limit} samples generated, speed {args.speed:g}, {os.cpu_count()} CPUs, "
+              f"load average {load:.1f} at the end:")
         for stage, seconds in times:
             print(f"  {stage:<9} {seconds:7.1f} s")
         print(f"  {'stages':<9} {sum(s for _, s in times):7.1f} s")
