@@ -106,8 +106,8 @@ def test_an_extraction_server_that_dies_during_online_training_fails_it_with_why
     """The train stage's own swap (python -m backend.train --plan), as the console starts it on a tmux host:
     the extraction stand-in dies after a few hidden-state requests; training stops, the stage says the server
     died and why (the end of its log), and the baseline is started again."""
-    import shutil
     import os
+    import shutil
 
     from tests.drafter_support import prepared_work, run_stage, stage_env
     from tests.test_extract_e2e import AUX, Host
