@@ -355,7 +355,9 @@ def check_env(v: dict[str, Any]) -> str | None:
 
 @dataclass
 class ExtractSection:
-    online: bool = knob(True, doc="fetch hidden states during training instead of writing them to disk")
+    online: bool = knob(False, doc="train online: no extract stage; train (and verify) run on the prepare run "
+                                   "with the extraction server in the baseline's place, fetching each batch's "
+                                   "hidden states and deleting them after use (`run train --online`)")
     server_env: dict[str, Any] = knob({}, check=check_env,
                                       doc="environment of the extraction server (a systemd transient unit does "
                                           "not inherit the baseline unit's Environment=), e.g. "

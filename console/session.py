@@ -66,6 +66,8 @@ class Controller(Protocol):
 
     async def start_stage(self, stage: str) -> ActionResult: ...
 
+    def stops_baseline(self, stage: str) -> bool: ...
+
     async def stop_stage(self, stage: str) -> ActionResult: ...
 
     async def restart_server(self) -> ActionResult: ...
@@ -302,6 +304,14 @@ class Session:
     def running(self, stage: str) -> list[RunInfo]:
         return [r for r in self.collector.run_infos() if r.stage == stage and r.state == "running"]
 
+    def stops_baseline(self, stage: str) -> bool:
+        """Starting `stage` stops the baseline server for a while (extract; train and verify when the
+        profile trains online): the app asks first."""
+        try:
+            return launch.stops_baseline(StageRequest(stage), self.profile)
+        except StageError:
+            return False
+
     async def start_stage(self, stage: str, **options) -> ActionResult:
         result, _ = await self.launch_stage(StageRequest(stage, **options))
         return result
@@ -318,7 +328,7 @@ class Session:
                 return refused, None
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
-            busy = ["pipeline", *pipeline_range(req)] if stage == "pipeline" else [stage, "pipeline"]
+            busy = ["pipeline", *pipeline_range(req, self.profile)] if stage == "pipeline" else [stage, "pipeline"]
             if stage == "bench":
                 busy.append("extract")  # it swaps the servers too
         except StageError as e:

@@ -98,6 +98,9 @@ class FakeController:
             return self._results[name]
         return ActionResult(True, f"{name} ok", (shlex.join(argv),))
 
+    def stops_baseline(self, stage: str) -> bool:
+        return stage == "extract"
+
     async def start_stage(self, stage: str) -> ActionResult:
         self.calls.append(("start_stage", stage))
         return self._result("start_stage", ["systemctl", "--user", "start", stage_unit(stage)])

@@ -44,3 +44,37 @@ def test_train_and_verify_take_the_drafters_draft_tokens():
 def test_the_default_input_and_aux_layers_are_asked_of_the_host():
     assert stage_argv.latest_argv(PROFILE, "extract")[-4:] == ["--work-dir", "/data/eagle3", "--stage", "extract"]
     assert stage_argv.aux_layers_argv(PROFILE)[-2:] == ["--ids", ""]
+
+
+ONLINE = profile_from_dict({"host": {"name": "gpu-host.example"},
+                            "server": {"model_path": "/models/kimi", "unit": "vllm-kimi", "served_model_name": "kimi"},
+                            "paths": {"work_dir": "/data/eagle3"}, "extract": {"online": True}})
+
+
+def test_training_is_offline_unless_the_profile_or_the_request_says_online():
+    assert PROFILE.extract.online is False and not StageRequest("train").is_online(PROFILE)
+    assert StageRequest("train").is_online(ONLINE) and StageRequest("train", online=True).is_online(PROFILE)
+    assert not StageRequest("train", online=False).is_online(ONLINE)
+
+
+def test_an_online_pipeline_has_no_extract_stage_and_still_stops_the_server():
+    assert pipeline_range(StageRequest("pipeline"), ONLINE) == ["generate", "prepare", "train", "verify"]
+    assert pipeline_range(StageRequest("pipeline", from_stage="extract"), ONLINE) == ["train", "verify"]
+    assert pipeline_range(StageRequest("pipeline", online=False), ONLINE)[2] == "extract"
+    with pytest.raises(StageError, match="online training has no extract stage"):
+        pipeline_range(StageRequest("pipeline", from_stage="extract", to_stage="extract"), ONLINE)
+    # the extraction server takes the baseline's GPUs while training online, and while verify fetches
+    assert stops_baseline(StageRequest("train"), ONLINE) and stops_baseline(StageRequest("pipeline"), ONLINE)
+    assert stops_baseline(StageRequest("train", online=True), PROFILE)
+    assert not stops_baseline(StageRequest("pipeline", to_stage="prepare"), ONLINE)
+    assert not stops_baseline(StageRequest("prepare"), ONLINE)
+
+
+def test_online_train_and_verify_get_the_swap_plan_and_the_served_models_id():
+    argv = stage_argv.train_argv(ONLINE, "t1", "p1", plan_file="/data/eagle3/plans/t1.extract.json")
+    config = parse_config(argv[3:])
+    assert config.online and config.plan == "/data/eagle3/plans/t1.extract.json" and config.served_model == "kimi"
+    assert config.input_run == "p1" and config.vllm_endpoint is None  # the stage takes it from the plan
+    verify = stage_argv.verify_argv(ONLINE, "v1", "t1", plan_file="/data/eagle3/plans/v1.extract.json")
+    assert verify[verify.index("--plan") + 1] == "/data/eagle3/plans/v1.extract.json"
+    assert verify[verify.index("--served-model") + 1] == "kimi"

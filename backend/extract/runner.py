@@ -17,13 +17,11 @@ Starting the same run again resumes: files already written are kept (generate-of
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from backend.events import EventLog
@@ -33,6 +31,7 @@ from backend.extract.plan import PlanError, SwapPlan, load_plan
 from backend.generate.preflight import PreflightReport, check_modules, free_bytes
 from backend.pipeline import CompletedRun, InputError, completed_run
 from backend.runs import Manifest, RunDir, open_run_dir, read_manifest, run_path
+from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
 from backend.verifier import VerifierError, VerifierInfo, read_verifier, resolve_aux_layers
 
 STAGE = "extract"
@@ -174,38 +173,6 @@ def identity_of(c: ExtractConfig, inputs: Inputs) -> dict[str, Any]:
             "verifier": inputs.verifier.path, "aux_layer_ids": inputs.aux_layer_ids}
 
 
-def _tail(text: str | bytes, lines: int = 3, width: int = 400) -> str:
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
-    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
-    return " | ".join(kept)[-width:]
-
-
-@dataclass
-class StepRecord:
-    step: str
-    command: str
-    rc: int | None
-    ok: bool
-    seconds: float
-    output: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class Swap:
-    """What the swap did, for the summary and the console: which steps ran and how they ended."""
-    steps: list[StepRecord] = field(default_factory=list)
-    baseline_stopped: bool = False
-    baseline_restarted: bool | None = None  # None: never stopped, nothing to bring back
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"steps": [s.to_dict() for s in self.steps], "baseline_stopped": self.baseline_stopped,
-                "baseline_restarted": self.baseline_restarted}
-
-
 class ExtractRunner:
     def __init__(self, config: ExtractConfig, inputs: Inputs):
         self.c = config
@@ -215,7 +182,9 @@ class ExtractRunner:
         self.events: EventLog | None = None
         self.stop = asyncio.Event()
         self.stop_reason = ""
-        self.swap = Swap()
+        self.server = ExtractionServer(self.plan, self.endpoint, progress=self.progress, emit=self.emit,
+                                       stopped=self.stop.is_set, health_interval=config.health_interval,
+                                       dead_after=config.dead_after, ready_phase="extracting")
         self.run_dir: RunDir | None = None
         self.started = time.monotonic()
         self.done_before = 0
@@ -287,24 +256,21 @@ class ExtractRunner:
                       plan=self.plan.to_dict() if self.plan else None)
             try:
                 # a resumed run whose files are all there needs no server: the baseline stays up
-                if self.done_before < self.total:
+                missing = self.done_before < self.total
+                if missing:
                     # the child's imports (seconds) overlap the extraction server's load; it waits for the go
                     self.child = await self._spawn_offline()
-                if self.plan is not None and self.done_before < self.total:
-                    await self._swap_in()
-                await self._extract()
-                self._check_outputs()
+                await run_swapped(self.server, self._work, swap=missing)
                 status = "completed"
-            except Stopped:
+            except (Stopped, SwapStopped):
                 status, error = "stopped", f"received {self.stop_reason}: stopped; start the run again to resume"
-            except StageFailed as exc:
+            except (StageFailed, SwapFailed) as exc:
                 status, error = "failed", str(exc)
-            except Exception as exc:  # unforeseen: still swap back and say what happened
+            except Exception as exc:  # unforeseen: still swapped back, say what happened
                 status, error = "failed", f"{type(exc).__name__}: {exc}"
             finally:
                 await self._end_child()
                 if self.plan:
-                    await self._swap_back()
                     self._clean_staging()
             if status == "failed" and error:
                 self.emit("error", fatal=True, message=error)
@@ -314,149 +280,28 @@ class ExtractRunner:
                 loop.remove_signal_handler(sig)
             self.events.close()
 
-    # -- the swap --------------------------------------------------------------------------------------
-    async def _step(self, name: str, argv: list[str], phase: str) -> bool:
-        assert self.plan is not None
-        self.progress(phase, force=True, step=name, command=shlex.join(argv))
-        t0 = time.monotonic()
-        rc: int | None = None
-        output = ""
-        try:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.PIPE, start_new_session=True)
-            try:
-                out, err = await asyncio.wait_for(proc.communicate(), self.plan.command_timeout_s)
-                rc, output = proc.returncode, _tail(err or out)
-            except asyncio.TimeoutError:
-                _kill_group(proc.pid)
-                await proc.wait()
-                output = f"timed out after {self.plan.command_timeout_s:g} s"
-        except OSError as exc:  # the command itself is missing
-            output = f"{type(exc).__name__}: {exc}"
-        record = StepRecord(step=name, command=shlex.join(argv), rc=rc, ok=rc == 0,
-                            seconds=round(time.monotonic() - t0, 2), output=output)
-        self.swap.steps.append(record)
-        self.progress(phase, force=True, swap=record.to_dict())
-        if not record.ok:
-            self.emit("error", fatal=False, message=f"{name} failed (exit {rc}): {output or 'no output'}; "
-                      f"command: {record.command}")
-        return record.ok
-
-    async def _swap_in(self) -> None:
-        plan = self.plan
-        assert plan is not None
-        if self.stop.is_set():
-            raise Stopped()
-        self.swap.baseline_restarted = False  # from here on the baseline must be brought back
-        if not await self._step("stop_baseline", plan.stop_baseline, "stopping_baseline"):
-            raise StageFailed(f"could not stop the baseline server ({self.swap.steps[-1].output}); the GPUs were "
-                              f"not handed to the extraction server")
-        self.swap.baseline_stopped = True
-        if self.stop.is_set():
-            raise Stopped()
-        if not await self._step("start_extractor", plan.start_extractor, "starting_extractor"):
-            raise StageFailed(f"could not start the extraction server: {self.swap.steps[-1].output}")
-        await self._wait_ready()
-
-    async def _swap_back(self) -> None:
-        """Always: the extraction server goes, the baseline comes back. A stop signal now changes nothing."""
-        plan = self.plan
-        assert plan is not None
-        started = {s.step for s in self.swap.steps}
-        if "start_extractor" in started:
-            await self._step("stop_extractor", plan.stop_extractor, "stopping_extractor")
-        if "stop_baseline" in started:
-            self.swap.baseline_restarted = await self._step("start_baseline", plan.start_baseline,
-                                                            "starting_baseline")
-            if not self.swap.baseline_restarted:
-                self.emit("error", fatal=True, message=f"the baseline server could not be started again: "
-                          f"{self.swap.steps[-1].output}; start it by hand: {self.swap.steps[-1].command}")
-
-    async def _http_ok(self, url: str, *, want_models: bool = False) -> bool:
-        import aiohttp
-
-        try:
-            timeout = aiohttp.ClientTimeout(total=5)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.get(url) as resp:
-                    if resp.status != 200:
-                        return False
-                    if not want_models:
-                        return True
-                    body = json.loads((await resp.content.read(1 << 20)).decode() or "null")
-                    if not (isinstance(body, dict) and isinstance(body.get("data"), list) and body["data"]):
-                        return False
-                    card = body["data"][0] if isinstance(body["data"][0], dict) else {}
-                    limit = card.get("max_model_len")
-                    self.max_model_len = limit if isinstance(limit, int) and not isinstance(limit, bool) else None
-                    return True
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            return False
-
+    # -- the server (backend/swap.py) ------------------------------------------------------------------
     def _check_lengths(self) -> None:
         """Every row must fit the extraction server's context with the one token it generates; a longer
         row would fail alone, late, and be skipped: say it now."""
         longest = max((s.max_len for s in self.inputs.sides), default=0)
-        if self.max_model_len is not None and longest + 1 > self.max_model_len:
+        limit = self.max_model_len
+        if limit is not None and longest + 1 > limit:
             raise StageFailed(f"the longest prepared row has {longest} tokens but the extraction server's "
-                              f"max_model_len is {self.max_model_len} (a row needs one more): prepare again with "
-                              f"[prepare] seq_length <= {self.max_model_len - 1}, or raise the server's "
-                              f"--max-model-len")
+                              f"max_model_len is {limit} (a row needs one more): prepare again with "
+                              f"[prepare] seq_length <= {limit - 1}, or raise the server's --max-model-len")
 
-    async def _healthy(self) -> bool:
-        url = self.plan.health_url if self.plan else f"{self.endpoint}/health"
-        return await self._http_ok(url)
-
-    async def _alive(self) -> bool:
-        """The extraction server's unit or session still runs (no plan check: assume so)."""
-        if not self.plan or not self.plan.extractor_alive:
-            return True
+    async def _work(self) -> None:
+        """What runs with the extraction server up: extract, then check the files; the child always ends
+        before the servers are swapped back."""
         try:
-            proc = await asyncio.create_subprocess_exec(*self.plan.extractor_alive, stdin=asyncio.subprocess.DEVNULL,
-                                                        stdout=asyncio.subprocess.DEVNULL,
-                                                        stderr=asyncio.subprocess.DEVNULL)
-            return await asyncio.wait_for(proc.wait(), 30) == 0
-        except (OSError, asyncio.TimeoutError):
-            return True  # cannot tell: the health check decides
-
-    async def _why_dead(self) -> str:
-        """The end of the extraction server's log, when the plan says how to read it."""
-        if not self.plan or not self.plan.extractor_log_tail:
-            return "its unit or session is gone" if self.plan else f"{self.endpoint} stopped answering"
-        try:
-            proc = await asyncio.create_subprocess_exec(*self.plan.extractor_log_tail, stdin=asyncio.subprocess.DEVNULL,
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.STDOUT)
-            out, _ = await asyncio.wait_for(proc.communicate(), 30)
-        except (OSError, asyncio.TimeoutError):
-            return "its log could not be read"
-        lines = [l for l in out.decode(errors="replace").splitlines() if l.strip()]
-        errors = [l for l in lines if " ERROR " in l or "Error" in l or "error" in l]
-        return "last log lines: " + _tail("\n".join(errors or lines), 2, 300)
-
-    async def _wait_ready(self) -> None:
-        plan = self.plan
-        assert plan is not None
-        t0 = time.monotonic()
-        while True:
-            if self.stop.is_set():
-                raise Stopped()
-            if await self._http_ok(plan.health_url) and await self._http_ok(plan.models_url, want_models=True):
-                self.progress("extracting", force=True, ready_after_s=round(time.monotonic() - t0, 1))
+            if self.plan is not None and self.done() < self.total:
+                self.max_model_len = self.server.max_model_len
                 self._check_lengths()
-                return
-            if not await self._alive():
-                raise StageFailed(f"the extraction server exited while starting ({await self._why_dead()})")
-            waited = time.monotonic() - t0
-            if waited > plan.ready_timeout_s:
-                raise StageFailed(f"the extraction server did not answer {plan.health_url} and {plan.models_url} "
-                                  f"within {plan.ready_timeout_s:g} s ({await self._why_dead()})")
-            self.progress("waiting_for_extractor", waited_s=round(waited, 1))
-            try:
-                await asyncio.wait_for(self.stop.wait(), min(1.0, self.c.health_interval))
-            except asyncio.TimeoutError:
-                pass
+            await self._extract()
+            self._check_outputs()
+        finally:
+            await self._end_child()
 
     # -- extraction ------------------------------------------------------------------------------------
     def offline_argv(self) -> list[str]:
@@ -487,9 +332,10 @@ class ExtractRunner:
         if self.stop.is_set():
             raise Stopped()
         if not self.plan:
-            if not await self._healthy() or not await self._http_ok(f"{self.endpoint}/v1/models", want_models=True):
+            if not await self.server.answers():
                 raise StageFailed(f"nothing healthy answers at {self.endpoint}/health and /v1/models: start the "
                                   f"extraction server first (or let the stage swap it in with --plan)")
+            self.max_model_len = self.server.max_model_len
             self._check_lengths()
         self.progress("extracting", force=True)
         if self.done() == self.total:
@@ -502,7 +348,6 @@ class ExtractRunner:
             proc.stdin.close()
         except (BrokenPipeError, ConnectionResetError):
             pass  # it exited already (a failed import): its exit status and log say why, below
-        misses = 0
         while True:
             try:
                 await asyncio.wait_for(proc.wait(), c.health_interval)
@@ -513,22 +358,20 @@ class ExtractRunner:
             if self.stop.is_set():
                 await self._end_child()
                 raise Stopped()
-            healthy, alive = await self._healthy(), await self._alive()
-            misses = 0 if healthy and alive else misses + 1
-            if not alive or misses >= c.dead_after:
+            if await self.server.lost():
                 await self._end_child()
                 raise StageFailed(f"the extraction server died midway ({self.done()} of {self.total} rows "
-                                  f"done): {await self._why_dead()}. Start the run again to resume")
+                                  f"done): {await self.server.why_dead()}. Start the run again to resume")
         self.progress("extracting", force=True)
-        if proc.returncode != 0 and not (await self._healthy() and await self._alive()):
+        if proc.returncode != 0 and not (await self.server.healthy() and await self.server.alive()):
             # generate-offline-data gave up on a server that is gone: say that, not its exit status
             raise StageFailed(f"the extraction server died midway ({self.done()} of {self.total} rows done): "
-                              f"{await self._why_dead()}. Start the run again to resume")
+                              f"{await self.server.why_dead()}. Start the run again to resume")
         if proc.returncode != 0:
             log = self.run_dir.file(LOG_FILE)
             with open(log, "rb") as f:
                 f.seek(max(0, os.path.getsize(log) - 8192))
-                tail = _tail(f.read(), 3)
+                tail = tail(f.read(), 3)
             raise StageFailed(f"speculators generate-offline-data exited {proc.returncode} ({tail}); "
                               f"see {LOG_FILE} in the run directory")
 
@@ -553,7 +396,7 @@ class ExtractRunner:
             try:
                 await asyncio.wait_for(proc.wait(), self.c.stop_grace_s)
             except asyncio.TimeoutError:
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 await proc.wait()
         self._close_child_log()
 
@@ -625,7 +468,7 @@ class ExtractRunner:
             "elapsed_s": round(time.monotonic() - self.started, 3), "outputs": outputs,
         }
         if self.plan:
-            summary["swap"] = self.swap.to_dict()
+            summary["swap"] = self.server.record.to_dict()
         if error:
             summary["error"] = error
         try:
@@ -639,13 +482,6 @@ class ExtractRunner:
         return 0 if status in ("completed", "stopped") else 1
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def report(summary: dict[str, Any]) -> str:
     rows = ", ".join(f"{n} {side}" for side, n in summary["rows"].items())
     lines = [f"extract {summary['run_id']}: {summary['status']} ({summary['done']} of {summary['total']} rows: "
@@ -653,7 +489,5 @@ def report(summary: dict[str, Any]) -> str:
              f"{disk.gb(summary['bytes_written'])} written)"]
     swap = summary.get("swap")
     if swap:
-        steps = ", ".join(f"{s['step']} {'ok' if s['ok'] else 'FAILED'}" for s in swap["steps"])
-        state = {True: "started again", False: "NOT started again", None: "untouched"}[swap["baseline_restarted"]]
-        lines.append(f"  swap: {steps or 'nothing run'}; baseline {state}")
+        lines.append(f"  {describe(swap)}")
     return "\n".join(lines)

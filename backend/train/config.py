@@ -63,6 +63,7 @@ class TrainStageConfig:
     max_steps: int | None = None
     vllm_endpoint: str | None = None  # online: an extraction server (speculators' --on-missing generate)
     served_model: str | None = None  # the id that server reports in /v1/models (default: the verifier path)
+    plan: str | None = None  # online under the swap (backend/swap.py): the extraction server takes the baseline's place
     trust_remote_code: str = "auto"  # auto (when config.json has auto_map) | on | off
     extra_args: list[str] = field(default_factory=list)
     min_free_bytes: int = 1 << 30
@@ -98,6 +99,8 @@ class TrainStageConfig:
         if self.vllm_endpoint is not None and not _URL.fullmatch(self.vllm_endpoint):
             raise ConfigError(f"--vllm-endpoint must be an http(s) URL such as http://127.0.0.1:8000/v1, "
                               f"got {self.vllm_endpoint!r}")
+        if self.plan is not None and not self.plan.strip():
+            raise ConfigError("--plan is empty: give the swap plan's JSON file")
         if self.trust_remote_code not in ("auto", "on", "off"):
             raise ConfigError(f"--trust-remote-code must be auto, on or off, got {self.trust_remote_code!r}")
         if self.aux_layer_ids is not None and not self.aux_layer_ids:
@@ -106,7 +109,7 @@ class TrainStageConfig:
 
     @property
     def online(self) -> bool:
-        return self.vllm_endpoint is not None
+        return self.vllm_endpoint is not None or self.plan is not None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,6 +147,9 @@ _HELP = {
     "checkpoint_freq": "epochs between checkpoints; below 1 also saves within an epoch (e.g. 0.25)",
     "vllm_endpoint": "online training: an extraction server's URL ending in /v1; hidden states are fetched "
                      "per batch and deleted after use",
+    "plan": "online training under the server swap: the swap plan's JSON file (the console writes it); the "
+            "baseline server is stopped, the extraction server started for the training and the baseline "
+            "started again afterwards, also after a failure or SIGTERM; --vllm-endpoint defaults to its endpoint",
     "served_model": "online: the model id the extraction server serves (speculators checks it; default: "
                     "the verifier path, vLLM's default id)",
     "extra_args": "further `speculators train` flags, as one shell-quoted string or a JSON list",

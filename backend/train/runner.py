@@ -18,8 +18,10 @@ import sys
 from typing import Any
 
 from backend.events import EventLog
+from backend.extract.plan import PlanError, SwapPlan, load_plan
 from backend.pipeline import CompletedRun, InputError, completed_run, latest_completed
 from backend.runs import Manifest, RunDir, RunDirError, open_run_dir, read_manifest, run_path
+from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
 from backend.train import checkpoints as ck
 from backend.train import preflight as pf
 from backend.train.config import ConfigError, TrainStageConfig
@@ -158,6 +160,37 @@ class Stage:
         self.phase = "setup"
         self.stop = False
         self.child: subprocess.Popen | None = None
+        self.swap_plan: SwapPlan | None = None
+        self.server: ExtractionServer | None = None
+        self.lost: str | None = None  # why the extraction server died during online training
+
+    def use_plan(self) -> None:
+        """Online under the swap: the plan gives the endpoint and (when not given) the aux layer ids its
+        extraction server was started with; ids that differ from it are refused."""
+        c = self.c
+        if c.plan is None:
+            return
+        try:
+            plan = load_plan(c.plan)
+        except PlanError as exc:
+            raise UsageError(str(exc)) from None
+        if c.aux_layer_ids is not None and c.aux_layer_ids != plan.aux_layer_ids:
+            raise UsageError(f"--aux-layer-ids {c.aux_layer_ids} differ from the ids {plan.aux_layer_ids} the "
+                             f"plan starts the extraction server with")
+        c.aux_layer_ids = list(plan.aux_layer_ids)
+        c.vllm_endpoint = c.vllm_endpoint or f"{plan.endpoint}/v1"
+        self.swap_plan = plan
+
+    def swap_progress(self, phase: str, force: bool = False, **extra: Any) -> None:
+        """The swap's steps as progress events (their `step` is a name, never a training step)."""
+        self.emit("progress", phase=phase, **extra)
+
+    def server_lost(self, reason: str) -> None:
+        """The watchdog's call (another thread): stop training now, say why at the end."""
+        self.lost = reason
+        self.stop = True
+        if self.child is not None:
+            _signal_workers(self.child.pid, signal.SIGTERM)
 
     def emit(self, kind: str, **data: Any) -> None:
         if kind == "error":
@@ -187,6 +220,7 @@ class Stage:
     def run(self) -> int:
         c = self.c
         try:
+            self.use_plan()
             inputs = Inputs(c)
         except (InputError, VerifierError, UsageError, ConfigError) as exc:
             print(f"train: {exc}", file=sys.stderr)
@@ -198,7 +232,7 @@ class Stage:
             print(json.dumps(report.to_dict(), indent=2))
             return 0 if report.ok else 1
         manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs),
-                            settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint,
+                            settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint, "plan": c.plan,
                                       "served_model": c.served_model,
                                       "checkpoint_freq": c.checkpoint_freq, "log_freq": c.log_freq,
                                       "num_workers": c.num_workers})
@@ -248,20 +282,37 @@ class Stage:
         except FileNotFoundError:
             pass
         self.phase = "training"
-        error = None
-        try:
+
+        def body() -> str | None:
             if plan.processes == 1:
                 from backend.train.worker import train
                 train(plan, stop_check=lambda: self.stop)
+                return None
+            return self._torchrun(plan, plan_path)
+
+        error = None
+        try:
+            if self.swap_plan is None:
+                error = body()
             else:
-                error = self._torchrun(plan, plan_path)
+                self.server = ExtractionServer(self.swap_plan, progress=self.swap_progress, emit=self.emit,
+                                               stopped=lambda: self.stop, ready_phase="training")
+                error = run_swapped_blocking(self.server, body, self.server_lost)
         except StageStopped:
             raise
+        except SwapStopped:
+            return self._finish(run_dir, inputs, save_path, "stopped", None)
+        except SwapFailed as exc:
+            return self._finish(run_dir, inputs, save_path, "failed", str(exc))
         except Exception as exc:  # the worker's failure is the stage's reason
             error = f"{type(exc).__name__}: {exc}"
         self.phase = "finishing"
         status_file = read_status(run_dir.path) or {}
         status = status_file.get("status") if error is None else "failed"
+        if self.lost is not None:
+            step = status_file.get("global_step")
+            status, error = "failed", (f"the extraction server died midway ({f'at step {step}' if step else 'training'}"
+                                       f"): {self.lost}. Start the run again to resume from the last checkpoint")
         if status not in ("completed", "stopped"):
             status, error = "failed", error or "training ended without a status (the worker died)"
         return self._finish(run_dir, inputs, save_path, status, error)
@@ -300,6 +351,8 @@ class Stage:
                                    "done": state.get("global_step") or 0,
                                    "checkpoint_epochs": ck.epoch_dirs(save_path), "online": self.c.online,
                                    "vllm_endpoint": self.c.vllm_endpoint, **extra}
+        if self.server is not None:
+            summary["swap"] = self.server.record.to_dict()
         if status == "completed":
             summary["total"] = summary["done"]
         if status == "completed" and best is None:
@@ -314,6 +367,8 @@ class Stage:
             print(f"train: could not write {run_dir.summary_path}: {exc}", file=sys.stderr)
         self.emit("finish", status=status, summary=summary)
         print(f"train: {status}" + (f": {error}" if error else f"; checkpoint {best}"), file=sys.stderr)
+        if self.server is not None:
+            print(f"train: {describe(summary['swap'])}", file=sys.stderr)
         return 0 if status in ("completed", "stopped") else 1
 
 

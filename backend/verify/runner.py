@@ -4,7 +4,8 @@
 checks the checkpoint (backend/verify/checks.py), loads it, and measures offline acceptance
 (backend/verify/acceptance.py) on the held-out rows the drafter never trained on (the prepare run's
 heldout split, with the extract run's hidden states, or fetched from an extraction server with
---vllm-endpoint), next to an untrained draft of the same shape. Writes verify.json in its run
+--vllm-endpoint; with --plan the stage swaps that server in for the baseline itself, backend/swap.py),
+next to an untrained draft of the same shape. Writes verify.json in its run
 directory, prints a table, and the finish event carries the same report as its summary.
 
 Exit codes: 0 the checkpoint passed every check (acceptance is reported, not judged), 1 a check failed
@@ -44,6 +45,7 @@ class VerifyConfig:
     samples: int = 64
     vllm_endpoint: str | None = None  # held-out hidden states from an extraction server
     served_model: str | None = None  # the id that server serves (default: the verifier path)
+    plan: str | None = None  # the swap plan: the extraction server in the baseline's place while sampling
     seed: int = 0
     fresh: bool = False
 
@@ -59,6 +61,9 @@ def parse_args(argv: list[str] | None) -> VerifyConfig:
     p.add_argument("--samples", type=int, default=64, help="held-out samples to measure on")
     p.add_argument("--vllm-endpoint", help="fetch held-out hidden states from this extraction server (…/v1)")
     p.add_argument("--served-model", help="the model id the extraction server serves (default: the verifier path)")
+    p.add_argument("--plan", help="swap plan JSON: when the train run has no held-out hidden states (it trained "
+                                  "online), stop the baseline, serve the extraction server while the held-out "
+                                  "samples are fetched, and start the baseline again")
     p.add_argument("--seed", type=int, default=0, help="seed of the untrained baseline draft")
     p.add_argument("--fresh", action="store_true", help="archive an existing run directory and start over")
     args = p.parse_args(argv)
@@ -96,6 +101,33 @@ def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | No
         if isinstance(item, dict):
             yield {k: (v.float() if k in ("hidden_states", "verifier_last_hidden_states") else v)
                    for k, v in item.items()}
+
+
+def fetch_samples(run: CompletedRun, info: Any, c: VerifyConfig, events: EventLog) -> list[dict[str, Any]]:
+    """The held-out samples; an online train run's come from the plan's extraction server, swapped in for
+    the baseline while they are fetched (backend/swap.py)."""
+    if not c.plan or run.outputs.get("heldout_hidden_states"):
+        return list(heldout_samples(run, info, c.samples, c.vllm_endpoint, c.served_model))
+    from backend.extract.plan import PlanError, load_plan
+    from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
+
+    try:
+        plan = load_plan(c.plan)
+    except PlanError as exc:
+        raise InputError(str(exc)) from None
+    lost: list[str] = []
+    server = ExtractionServer(plan, progress=lambda phase, force=False, **extra: events.emit(
+        "progress", phase=phase, **extra), emit=events.emit, ready_phase="sampling")
+    try:
+        return run_swapped_blocking(server, lambda: list(heldout_samples(
+            run, info, c.samples, c.vllm_endpoint or f"{plan.endpoint}/v1", c.served_model)), lost.append)
+    except (SwapFailed, SwapStopped) as exc:
+        raise InputError(f"the held-out hidden states could not be fetched: {exc or 'stopped'}") from None
+    except Exception as exc:
+        why = f" (the extraction server died: {lost[0]})" if lost else ""
+        raise InputError(f"the held-out hidden states could not be fetched: {type(exc).__name__}: {exc}{why}") from None
+    finally:
+        print(f"verify: {describe(server.record.to_dict())}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +213,7 @@ def measure(ckpt: str, info: Any, run: CompletedRun, k: int, c: VerifyConfig, ev
         raise InputError(f"checkpoint {ckpt} has non-finite weights")
     baseline = untrained_draft(ckpt, info, seed=c.seed)
     head = verifier_head(trained, info)
-    samples = list(heldout_samples(run, info, c.samples, c.vllm_endpoint, c.served_model))
+    samples = fetch_samples(run, info, c, events)
     if not samples:
         raise InputError(f"train run {run.run_id}: no held-out samples to measure on")
     with torch.no_grad():

@@ -45,9 +45,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, help="override [generate].samples")
     p.add_argument("--run-id", help="default: STAGE-YYYYmmdd-HHMMSS; reuse one to resume it")
     p.add_argument("--fresh", action="store_true", help="archive an existing run dir of that id and start over")
+    p.add_argument("--online", action=argparse.BooleanOptionalAction, default=None,
+                   help="train (and pipeline, verify): train online on the prepare run, the extraction server "
+                        "answering for each batch's hidden states in the baseline's place (no extract stage); "
+                        "default: the profile's [extract] online")
     p.add_argument("--yes", action="store_true",
-                   help="do not ask before a stage or switch that stops a server (extract, serve-drafter, "
-                        "serve-baseline)")
+                   help="do not ask before a stage or switch that stops a server (extract, online training, "
+                        "bench, serve-drafter, serve-baseline)")
     p.add_argument("--wait", action="store_true", help="follow the run; exit 0 only when it completed (serve-*: "
                                                        "wait until the server answers, at most "
                                                        "[server].load_timeout_s)")
@@ -56,10 +60,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
-    """Extraction stops the baseline server: say so, and go on only when the operator agrees."""
-    if not stops_baseline(req) or a.yes:
+    """Extraction and online training stop the baseline server: say so, and go on only when the operator
+    agrees."""
+    if not stops_baseline(req, profile) or a.yes:
         return True
-    why = ("the drafter server is benched" if req.stage == "bench" else "the hidden states are extracted")
+    why = {"bench": "the drafter server is benched",
+           "extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed")
     question = (f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
                 f"again afterwards. Go on? [y/N] ")
     if not sys.stdin.isatty():
@@ -137,7 +143,7 @@ async def run_stage(a: argparse.Namespace) -> int:
     if a.stage in SERVE:
         return await switch_server(a, profile) if confirmed_switch(a, profile) else 2
     req = StageRequest(a.stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
-                       limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage)
+                       limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage, online=a.online)
     if not confirmed(a, req, profile):
         return 2
     async with Session(profile, interval=a.interval) as session:

@@ -250,10 +250,16 @@ class StageRequest:
     limit: int | None = None  # generate
     from_stage: str | None = None  # pipeline
     to_stage: str | None = None  # pipeline
+    online: bool | None = None  # train (and pipeline): hidden states fetched during training; None: the profile's
+
+    def is_online(self, profile: Profile | None = None) -> bool:
+        """Online training: the request says so, else the profile's [extract] online."""
+        return self.online if self.online is not None else bool(profile and profile.extract.online)
 
 
-def pipeline_range(req: StageRequest) -> list[str]:
-    """The host stages a pipeline request runs, in order."""
+def pipeline_range(req: StageRequest, profile: Profile | None = None) -> list[str]:
+    """The host stages a pipeline request runs, in order; online training has no extract stage (train
+    consumes the prepare run and fetches hidden states itself)."""
     first = req.from_stage or PIPELINE_STAGES[0]
     last = req.to_stage or PIPELINE_STAGES[-1]
     for name in (first, last):
@@ -262,15 +268,24 @@ def pipeline_range(req: StageRequest) -> list[str]:
     i, j = PIPELINE_STAGES.index(first), PIPELINE_STAGES.index(last)
     if i > j:
         raise StageError(f"--from {first} comes after --to {last} in the pipeline")
-    return list(PIPELINE_STAGES[i:j + 1])
+    stages = list(PIPELINE_STAGES[i:j + 1])
+    if req.is_online(profile) and "extract" in stages:
+        stages.remove("extract")
+        if not stages:
+            raise StageError("online training has no extract stage (train fetches the hidden states itself): "
+                             "run --from prepare or --from train, or train offline (--no-online)")
+    return stages
 
 
-def stops_baseline(req: StageRequest) -> bool:
-    """Starting this stops the baseline server for a while (extraction needs the GPUs, a bench serves the
-    drafter for its second half): ask first."""
-    if req.stage == "pipeline":
-        return "extract" in pipeline_range(req)
-    return req.stage in ("extract", "bench")
+def stops_baseline(req: StageRequest, profile: Profile | None = None) -> bool:
+    """Starting this stops the baseline server for a while: ask first. Extraction does (the extraction
+    server needs the GPUs), online training and its verify too, and a bench (it serves the drafter for
+    its second half)."""
+    if req.stage == "bench":
+        return True
+    online = req.is_online(profile)
+    stages = pipeline_range(req, profile) if req.stage == "pipeline" else [req.stage]
+    return "extract" in stages or (online and ("train" in stages or "verify" in stages))
 
 
 class _Launcher:
@@ -286,8 +301,8 @@ class _Launcher:
             raise StageError(f"{what}: {clean_block((res.stderr or res.stdout).strip()) or f'exit {res.returncode}'}")
         return res.stdout.strip()
 
-    async def input_run(self, stage: str, given: str | None) -> str | None:
-        before = INPUT_STAGE.get(stage)
+    async def input_run(self, stage: str, given: str | None, online: bool = False) -> str | None:
+        before = "prepare" if stage == "train" and online else INPUT_STAGE.get(stage)
         if given or before is None:
             return given and check_run_id(given)
         return await self.host_query(stage_argv.latest_argv(self.profile, before),
@@ -314,6 +329,15 @@ class _Launcher:
                                                 aux_layer_ids=ids["aux_layer_ids"], fresh=fresh),
                         stage_argv.extract_argv(p, run_id, input_run or "", plan_file=plan_file,
                                                 aux_layer_ids=ids["aux_layer_ids"], fresh=fresh, preflight_only=True))
+            if stage in ("train", "verify") and req.is_online(p):
+                # the extraction server takes the baseline's place for the stage (backend/swap.py)
+                ids = json.loads(await self.host_query(stage_argv.aux_layers_argv(p), "aux layer ids"))
+                plan_file = await self.upload_swap_plan(run_id, ids["aux_layer_ids"])
+                if stage == "verify":
+                    return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file), None
+                return (stage_argv.train_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file),
+                        stage_argv.train_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file,
+                                              preflight_only=True))
             if stage == "train":
                 return (stage_argv.train_argv(p, run_id, input_run, fresh=fresh),
                         stage_argv.train_argv(p, run_id, input_run, fresh=fresh, preflight_only=True))
@@ -351,7 +375,7 @@ class _Launcher:
         path = plan_path(self.profile, run_id)
         await self.host.run(["mkdir", "-p", path.rsplit("/", 1)[0]], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), path)
-        self.shown.extend(f"(extract swap) {line}" for line in describe_plan(plan))
+        self.shown.extend(f"(server swap) {line}" for line in describe_plan(plan))
         return path
 
     async def preflight(self, argv: list[str]) -> None:
@@ -362,9 +386,9 @@ class _Launcher:
             raise StageError("preflight failed:\n" + clean_block(_preflight_text(res.stdout, res.stderr)))
 
     async def pipeline_plan(self, chain_id: str, req: StageRequest) -> list[PlannedStage]:
-        stages = pipeline_range(req)
+        stages = pipeline_range(req, self.profile)
         planned: list[PlannedStage] = []
-        previous = await self.input_run(stages[0], req.input_run)
+        previous = await self.input_run(stages[0], req.input_run, req.is_online(self.profile))
         for stage in stages:
             run_id = chain_stage_run_id(chain_id, stage)
             argv, preflight = await self.argv(stage, run_id, previous, req)
@@ -396,16 +420,16 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
         await host.upload(dumps_plan(plan).encode(), plan_file)
         shown.extend(f"(pipeline {p.stage}) {shlex.join(p.argv)}" for p in plan)
         argv = stage_argv.chain_argv(profile, run_id, plan_file, fresh=req.fresh)
-        if any(p.stage == "extract" for p in plan):
+        if stops_baseline(req, profile):
             stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
     else:
         if stage not in PIPELINE_STAGES:
             raise StageError(f"stage {stage!r} cannot be started from this version of the console yet")
-        input_run = await launcher.input_run(stage, req.input_run)
+        input_run = await launcher.input_run(stage, req.input_run, req.is_online(profile))
         argv, preflight = await launcher.argv(stage, run_id, input_run, req)
         if preflight is not None:
             await launcher.preflight(preflight)
-        if stage == "extract":
+        if stops_baseline(req, profile):
             # on SIGTERM it still stops the extraction server and starts the baseline again
             stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
     no_expand = profile.server.manager == "systemd" and await systemd_run_expands(host)

@@ -87,14 +87,18 @@ def prepare_argv(profile: Profile, run_id: str, input_run: str, *, fresh: bool =
 
 
 def train_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False,
-               preflight_only: bool = False) -> list[str]:
+               preflight_only: bool = False, plan_file: str | None = None) -> list[str]:
     """`python -m backend.train ...`: the [train] settings, the [drafter]'s verifier and draft tokens; the
-    aux layer ids come with the extract run it trains on."""
+    aux layer ids come with the extract run it trains on. With a swap plan it trains online on a prepare
+    run: the plan's extraction server (its aux layer ids, the served model's id) answers for the hidden
+    states, in the baseline's place for the duration."""
     argv = [profile.paths.python, "-m", "backend.train", "--work-dir", profile.paths.work_dir, "--run-id", run_id,
             "--verifier", verifier_path(profile),
             "--speculative-tokens", str(profile.drafter.num_speculative_tokens), *profile.train.stage_args()]
     if input_run:
         argv += ["--input-run", input_run]
+    if plan_file:
+        argv += ["--plan", plan_file, "--served-model", profile.server.model_id]
     if fresh:
         argv.append("--fresh")
     if preflight_only:
@@ -102,13 +106,17 @@ def train_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: b
     return argv
 
 
-def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False) -> list[str]:
-    """`python -m backend.verify ...`: k draft tokens as the drafter will be served, on held-out samples."""
+def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False,
+                plan_file: str | None = None) -> list[str]:
+    """`python -m backend.verify ...`: k draft tokens as the drafter will be served, on held-out samples
+    (with a swap plan, those of an online train run come from the plan's extraction server)."""
     argv = [profile.paths.python, "-m", "backend.verify", "--work-dir", profile.paths.work_dir, "--run-id", run_id,
             "--speculative-tokens", str(profile.drafter.num_speculative_tokens),
             "--samples", str(profile.verify.samples)]
     if input_run:
         argv += ["--input-run", input_run]
+    if plan_file:
+        argv += ["--plan", plan_file, "--served-model", profile.server.model_id]
     if fresh:
         argv.append("--fresh")
     return argv

@@ -19,7 +19,6 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from console.control.launch import StageRequest, stops_baseline
 from console.control.stages import STAGES
 from console.session import ActionResult, Controller, JournalLine
 from console.parsers.text import clean_block
@@ -244,9 +243,9 @@ class ConsoleApp(App[None]):
         if stage == "bench":
             self.action_bench()
             return
-        if stops_baseline(StageRequest(stage)):
+        if self.controller.stops_baseline(stage):
             self._confirm(f"Start {stage}? It stops the vLLM server for a while.",
-                          f"Extraction needs the GPUs: it stops the server on {self.controller.host_name}, serves "
+                          f"The extraction server needs the GPUs: it stops the server on {self.controller.host_name}, serves "
                           f"the verifier in extraction mode, and starts the server again when it is done (also "
                           f"after a failure).", f"start {stage}", lambda: self.controller.start_stage(stage))
             return
