@@ -197,6 +197,7 @@ def fetch_file(listing: Listing, f: RemoteFile, target_dir: str, *, endpoint: st
     from huggingface_hub.utils import build_hf_headers
 
     dest = os.path.join(target_dir, *f.path.split("/"))
+    progress.current = f.path
     if os.path.isfile(dest) and os.path.getsize(dest) == f.size:
         progress.add(f.size, fetched=False)
         return "present"
@@ -207,7 +208,6 @@ def fetch_file(listing: Listing, f: RemoteFile, target_dir: str, *, endpoint: st
         os.truncate(part, 0)
         have = 0
     progress.add(have, fetched=False)
-    progress.current = f.path
     url = hf_hub_url(listing.repo_id, f.path, revision=listing.commit, endpoint=endpoint)
     headers = build_hf_headers(token=token or False, library_name="eagle3-console")
     with open(part, "ab"):
