@@ -19,6 +19,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from console.control import launch
 from console.control.launch import Launch, StageError, StageRequest, pipeline_range
+from console.control.stages import FETCH_DRAFTER
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
                                    server_log_path, server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
@@ -301,7 +302,9 @@ class Session:
         if stage == "serve":
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
-            busy = ["pipeline", *pipeline_range(req)] if stage == "pipeline" else [stage, "pipeline"]
+            # a download needs no GPU: it may run beside a pipeline run, never beside another download
+            busy = (["pipeline", *pipeline_range(req)] if stage == "pipeline" else
+                    [stage] if stage == FETCH_DRAFTER else [stage, "pipeline"])
         except StageError as e:
             return ActionResult(False, f"start {stage} failed: {e}"), None
         for name in busy:

@@ -198,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as exc:
         print(f"fetch_drafter: {exc}", file=sys.stderr)
         return 2
+    # this stage exists to download: an HF_HUB_OFFLINE=1 inherited from the host's environment (set for
+    # vLLM and training, which must never fetch) would only turn the download into a puzzling error.
+    # huggingface_hub reads it once, at import, which is here.
+    os.environ["HF_HUB_OFFLINE"] = "0"
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # progress goes to the events; a bar per file would fill the journal

@@ -15,17 +15,21 @@ from console.control.launch import run_dir_path, stage_ended
 from console.control.units import stage_unit_name
 from backend.pipeline import STAGES as PIPELINE_STAGES
 from console.control.launch import StageRequest, stops_baseline
+from console.control.stages import FETCH_DRAFTER
 from backend.verify.report import table
 from console.parsers.text import clean, clean_block
 from console.session import Session
 from console.telemetry.snapshot import RunInfo
 
+FETCH_DRAFTER_CLI = "fetch-drafter"
 NO_EVENTS_S = 120.0  # a started run that writes no event in this long is dead on arrival
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="start a pipeline stage on the host (detached: it survives the console)")
-    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline"))
+    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline", FETCH_DRAFTER_CLI),
+                   help=f"a pipeline stage, a pipeline run of several, or {FETCH_DRAFTER_CLI} ([bench].third_drafter "
+                        f"downloaded on the host, converted when needed)")
     p.add_argument("--profile", required=True)
     p.add_argument("--input", dest="input_run", metavar="RUN",
                    help="the run whose output the stage consumes (default: the latest completed run of the "
@@ -58,7 +62,8 @@ def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
 
 async def run_stage(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
-    req = StageRequest(a.stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
+    stage = FETCH_DRAFTER if a.stage == FETCH_DRAFTER_CLI else a.stage
+    req = StageRequest(stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
                        limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage)
     if not confirmed(a, req, profile):
         return 2
@@ -76,7 +81,7 @@ async def run_stage(a: argparse.Namespace) -> int:
         print(f"started {launch.unit}: run {launch.run_id} in {launch.run_dir}")
         if not a.wait:
             return 0
-        return await follow_run(session, a.stage, launch.run_id)
+        return await follow_run(session, stage, launch.run_id)
 
 
 async def follow_run(session: Session, stage: str, run_id: str) -> int:
@@ -111,6 +116,9 @@ async def follow_run(session: Session, stage: str, run_id: str) -> int:
 
 
 def progress_line(run: RunInfo, runs: tuple[RunInfo, ...]) -> str:
+    if run.stage == FETCH_DRAFTER:  # counted in bytes
+        line = f"{run.state}: {run.done / 2**20:.1f}/{run.total / 2**20:.1f} MiB"
+        return line + (f", {run.rate / 2**20:.1f} MiB/s" if run.rate else "")
     if run.stage != "pipeline":
         line = f"{run.state}: {run.done}/{run.total} done, {run.failed} failed"
         return line + (f", {run.rate:.1f}/s" if run.rate else "")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 
-from console.profile import Profile, api_key
+from console.profile import Profile, api_key, hub_token
 from console.host.base import Host
 from console.parsers.text import clean_block
 from backend.runs import RunDirError
@@ -31,6 +31,7 @@ from backend.chain.plan import PlannedStage, chain_stage_run_id, dumps_plan
 from backend.pipeline import INPUT_STAGE
 from backend.pipeline import STAGES as PIPELINE_STAGES
 from console.control import stage_argv
+from console.control.stages import FETCH_DRAFTER
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name)
@@ -179,6 +180,19 @@ async def upload_api_key(host: Host, profile: Profile) -> str | None:
     return path
 
 
+async def upload_hub_token(host: Host, profile: Profile) -> str | None:
+    """The Hub token for a gated or private drafter, handed over like the API key: a 0600 file on the host."""
+    token = hub_token(profile)
+    if not token:
+        return None
+    secrets_dir = f"{profile.paths.work_dir}/secrets"
+    await host.run(["sh", "-c", 'umask 077 && mkdir -p "$1" && chmod 700 "$1"', "sh", secrets_dir],
+                   timeout=30, check=True)
+    path = f"{secrets_dir}/hf-token"
+    await host.upload(token.encode() + b"\n", path, mode=0o600)
+    return path
+
+
 def run_dir_path(profile: Profile, run_id: str) -> str:
     return f"{profile.paths.work_dir}/runs/{run_id}"
 
@@ -316,6 +330,9 @@ class _Launcher:
                         stage_argv.train_argv(p, run_id, input_run, fresh=fresh, preflight_only=True))
             if stage == "verify":
                 return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh), None
+            if stage == FETCH_DRAFTER:
+                token = await upload_hub_token(self.host, p)
+                return stage_argv.fetch_drafter_argv(p, run_id, token_path=token, fresh=fresh), None
         except (stage_argv.StageArgError, ExtractionPlanError) as exc:
             raise StageError(str(exc)) from None
         raise StageError(f"stage {stage!r} cannot be started from this version of the console")
@@ -369,7 +386,7 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
         if any(p.stage == "extract" for p in plan):
             stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
     else:
-        if stage not in PIPELINE_STAGES:
+        if stage not in (*PIPELINE_STAGES, FETCH_DRAFTER):
             raise StageError(f"stage {stage!r} cannot be started from this version of the console yet")
         input_run = await launcher.input_run(stage, req.input_run)
         argv, preflight = await launcher.argv(stage, run_id, input_run, req)

@@ -114,6 +114,26 @@ def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: 
     return argv
 
 
+def fetch_drafter_argv(profile: Profile, run_id: str, *, token_path: str | None = None,
+                       fresh: bool = False) -> list[str]:
+    """`python -m backend.fetch_drafter ...`: [bench].third_drafter downloaded on the host, converted against
+    the verifier when it is not in speculators format. The token travels as a file, never as an argument."""
+    b = profile.bench
+    if not b.third_drafter:
+        raise StageArgError("no drafter to fetch: set [bench].third_drafter in the profile to a published EAGLE-3 "
+                            "drafter for this model (owner/name on the Hub)")
+    argv = [profile.paths.python, "-m", "backend.fetch_drafter", "--work-dir", profile.paths.work_dir,
+            "--run-id", run_id, "--repo", b.third_drafter, "--revision", b.third_revision,
+            "--verifier", verifier_path(profile)]
+    if b.hub_endpoint:
+        argv += ["--endpoint", b.hub_endpoint]
+    if token_path:
+        argv += ["--token-file", token_path]
+    if fresh:
+        argv.append("--fresh")
+    return argv
+
+
 def chain_argv(profile: Profile, run_id: str, plan_file: str, *, fresh: bool = False) -> list[str]:
     argv = [profile.paths.python, "-m", "backend.chain", "--work-dir", profile.paths.work_dir, "--run-id", run_id,
             "--plan", plan_file]
