@@ -15,6 +15,7 @@ from backend.events import parse_events
 from tests.drafter_support import run_stage, stage_env, tiny_verifier
 from tests.fake_hub import FakeHub, HubServer, Repo
 from tests.hub_support import original_eagle3_files
+from tests.train_support import LAYERS, Dataset, completed_run
 
 MIB = 2**20
 # huggingface_hub reads a response in 10 MiB chunks: a cut keeps whole chunks, so the big file spans three
@@ -157,14 +158,8 @@ def test_token_is_sent_to_the_hub_and_written_nowhere(tmp_path):
 
 
 def test_original_eagle3_layout_is_converted_into_a_checkpoint_verify_accepts(tmp_path, tmp_path_factory):
-    from backend.generate.preflight import PreflightReport
-    from backend.train import checkpoints as ck
-    from backend.train.verifier import inspect_verifier
-    from backend.verify import checks
-    from backend.verify.draft import load_draft
-
     verifier = tiny_verifier(tmp_path_factory)
-    hub = FakeHub(repos={"community/tiny-eagle3": Repo(files=original_eagle3_files(verifier))})
+    hub = FakeHub(repos={"community/tiny-eagle3": Repo(files=original_eagle3_files(verifier, aux_layer_ids=LAYERS))})
     with HubServer(hub) as server:
         unconverted = fetch(tmp_path, server.url, "--repo", "community/tiny-eagle3", run_id="nov",
                             tmp_path_factory=tmp_path_factory)
@@ -176,18 +171,23 @@ def test_original_eagle3_layout_is_converted_into_a_checkpoint_verify_accepts(tm
     summary = finish(tmp_path)["summary"]
     ckpt = summary["outputs"]["checkpoint"]
     assert summary["converted"] is True and summary["format"] == "eagle3-original"
-    assert ckpt == str(tmp_path / "runs" / "fetch" / "checkpoint") and summary["aux_layer_ids"] == [0, 1, 2]
+    assert ckpt == str(tmp_path / "runs" / "fetch" / "checkpoint") and summary["aux_layer_ids"] == LAYERS
     assert any(e.kind == "progress" and e.data.get("phase") == "convert" for e in events(tmp_path))
     source = json.loads(Path(ckpt, "fetched_from.json").read_text())
     assert source["repo"] == "community/tiny-eagle3" and source["commit"] == summary["commit"]
 
-    info = inspect_verifier(str(verifier))
-    config, keys = ck.read_config(ckpt), checks.header(ckpt)
-    report = PreflightReport()
-    checks.check_format(report, ckpt, config, keys)
-    checks.check_layer_ids(report, config, info, keys)
-    checks.check_vocab(report, ckpt, config, info, keys)
-    checks.check_verifier(report, ckpt, config, info)
-    assert report.ok, report.failures()
-    draft = load_draft(ckpt, info)
-    assert draft.lm_head.weight.shape[0] == 256  # the reduced draft vocabulary came through
+    # the verify stage takes it as it takes ours: on a train run's held-out rows, next to an untrained draft
+    data = Dataset(tmp_path / "data", verifier, train=2, heldout=4)
+    completed_run(tmp_path, "train", "train-1", {"heldout_data": str(data.heldout_data),
+                                                 "heldout_hidden_states": str(data.heldout_hs),
+                                                 "checkpoint": str(tmp_path / "ours")},
+                  verifier=str(verifier), speculative_tokens=3)
+    done = run_stage("backend.verify", "--work-dir", str(tmp_path), "--input-run", "train-1", "--run-id", "v3",
+                     "--checkpoint", ckpt, "--samples", "4", env=stage_env(tmp_path_factory))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    verified = json.loads((tmp_path / "runs" / "v3" / "verify.json").read_text())
+    assert verified["ok"] and verified["checkpoint"] == ckpt
+    assert {c["name"]: c["ok"] for c in verified["checks"]} == {
+        "speculators_format": True, "aux_layer_ids": True, "draft_vocab": True, "verifier": True, "weights_load": True}
+    assert "256 of 1024 tokens" in next(c["detail"] for c in verified["checks"] if c["name"] == "draft_vocab")
+    assert verified["acceptance"]["trained"]["samples"] == 4

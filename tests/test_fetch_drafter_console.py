@@ -90,3 +90,25 @@ async def test_run_fetch_drafter_wait_on_the_demo_host(tmp_path):
                 assert (row.state, row.detail, row.unit) == ("done", "100%", "e3-fetch_drafter-fd")
         finally:
             cli("demo-host", "stop", "--dir", str(work))
+
+
+def test_verify_takes_a_fetched_checkpoint_with_the_profiles_verifier():
+    from backend.verify.runner import parse_args as verify_args
+    from console.control.stage_argv import verify_argv
+
+    p = profile_from_dict({**BASE, "drafter": {"num_speculative_tokens": 4}})
+    argv = verify_argv(p, "v-third", "train-1", checkpoint="/data/eagle3/runs/fd/checkpoint")
+    c = verify_args(argv[3:])
+    assert (c.checkpoint, c.verifier, c.input_run, c.speculative_tokens) == \
+        ("/data/eagle3/runs/fd/checkpoint", "/models/kimi", "train-1", 4)
+    assert "--checkpoint" not in verify_argv(p, "v", None)
+
+
+def test_run_checkpoint_is_refused_for_other_stages_and_bad_paths(tmp_path):
+    from console.control.launch import StageError, check_host_path
+
+    res = cli("run", "train", "--profile", str(REPO / "profiles" / "kimi-k25-int4.toml"), "--checkpoint", "/x")
+    assert res.returncode == 2 and "--checkpoint is for verify" in res.stderr
+    for bad in ("relative/ckpt", "/x\n", "/a b", "/a/../b"):
+        with pytest.raises(StageError, match="--checkpoint"):
+            check_host_path(bad, "--checkpoint")

@@ -39,6 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", help="override [generate].dataset: a path on the host; a relative one is taken from "
                                      "this directory on a local host, from [paths].data_dir on an SSH host")
     p.add_argument("--limit", type=int, help="override [generate].samples")
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="verify: this drafter checkpoint on the host instead of the train run's (e.g. the one "
+                        "fetch-drafter printed), measured on the train run's held-out rows")
     p.add_argument("--run-id", help="default: STAGE-YYYYmmdd-HHMMSS; reuse one to resume it")
     p.add_argument("--fresh", action="store_true", help="archive an existing run dir of that id and start over")
     p.add_argument("--yes", action="store_true",
@@ -64,7 +67,11 @@ async def run_stage(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
     stage = FETCH_DRAFTER if a.stage == FETCH_DRAFTER_CLI else a.stage
     req = StageRequest(stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
-                       limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage)
+                       limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage,
+                       checkpoint=a.checkpoint)
+    if a.checkpoint and stage != "verify":
+        print(f"error: --checkpoint is for verify, not {a.stage}", file=sys.stderr)
+        return 2
     if not confirmed(a, req, profile):
         return 2
     async with Session(profile, interval=a.interval) as session:

@@ -193,6 +193,15 @@ async def upload_hub_token(host: Host, profile: Profile) -> str | None:
     return path
 
 
+def check_host_path(value: str, what: str) -> str:
+    """A path on the host given on the console's command line: absolute, no control characters."""
+    from console.profile import check_path
+
+    if problem := check_path(value):
+        raise StageError(f"{what} {value!r}: expected {problem}")
+    return value
+
+
 def run_dir_path(profile: Profile, run_id: str) -> str:
     return f"{profile.paths.work_dir}/runs/{run_id}"
 
@@ -262,6 +271,7 @@ class StageRequest:
     limit: int | None = None  # generate
     from_stage: str | None = None  # pipeline
     to_stage: str | None = None  # pipeline
+    checkpoint: str | None = None  # verify: another drafter's checkpoint on the host (a fetched one)
 
 
 def pipeline_range(req: StageRequest) -> list[str]:
@@ -329,7 +339,9 @@ class _Launcher:
                 return (stage_argv.train_argv(p, run_id, input_run, fresh=fresh),
                         stage_argv.train_argv(p, run_id, input_run, fresh=fresh, preflight_only=True))
             if stage == "verify":
-                return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh), None
+                if req.checkpoint is not None:
+                    check_host_path(req.checkpoint, "--checkpoint")
+                return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh, checkpoint=req.checkpoint), None
             if stage == FETCH_DRAFTER:
                 token = await upload_hub_token(self.host, p)
                 return stage_argv.fetch_drafter_argv(p, run_id, token_path=token, fresh=fresh), None

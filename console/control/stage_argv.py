@@ -102,13 +102,17 @@ def train_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: b
     return argv
 
 
-def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False) -> list[str]:
-    """`python -m backend.verify ...`: k draft tokens as the drafter will be served, on held-out samples."""
+def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False,
+                checkpoint: str | None = None) -> list[str]:
+    """`python -m backend.verify ...`: k draft tokens as the drafter will be served, on held-out samples.
+    `checkpoint` verifies another drafter (a fetched one) on the train run's held-out rows."""
     argv = [profile.paths.python, "-m", "backend.verify", "--work-dir", profile.paths.work_dir, "--run-id", run_id,
             "--speculative-tokens", str(profile.drafter.num_speculative_tokens),
             "--samples", str(profile.verify.samples)]
     if input_run:
         argv += ["--input-run", input_run]
+    if checkpoint:
+        argv += ["--checkpoint", checkpoint, "--verifier", verifier_path(profile)]
     if fresh:
         argv.append("--fresh")
     return argv
