@@ -7,7 +7,7 @@ downloads use, with the same headers and error codes, and faults on demand.
   `oid` = the git blob id, `lfs` {oid = sha256, size, pointerSize} for large files).
 - HEAD/GET /{repo}/resolve/{rev}/{file}: `X-Repo-Commit`, `ETag`, `Content-Length`, `Accept-Ranges`;
   a Range request gets 206 with `Content-Range`.
-Faults: `cut(file, n)` makes the next GET of `file` send n bytes of its body and drop the connection,
+Faults: `slow[file]` serves a file at a MiB per that many seconds; `cut(file, n)` makes the next GET of `file` send n bytes of its body and drop the connection,
 after which the hub answers 503 until `available` is set again. Every request is recorded.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -49,6 +50,7 @@ class FakeHub:
     repos: dict[str, Repo] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     available: bool = True
+    slow: dict[str, float] = field(default_factory=dict)  # file -> seconds per MiB served
     _cuts: dict[str, int] = field(default_factory=dict)
 
     def cut(self, file: str, after: int) -> None:
@@ -162,6 +164,19 @@ def _handler(hub: FakeHub):
                 body = data[start:]
                 headers["Content-Length"] = str(len(body))
                 cut = hub._cuts.pop(file, None) if not head else None
+                if cut is None and file in hub.slow and not head:
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    for i in range(0, len(body), 2**20):
+                        try:
+                            self.wfile.write(body[i:i + 2**20])
+                            self.wfile.flush()
+                        except OSError:  # the client went away
+                            return
+                        time.sleep(hub.slow[file])
+                    return
                 if cut is None:
                     self._send(status, body, headers, head=head)
                     return

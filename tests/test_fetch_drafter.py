@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,41 @@ def test_download_cut_midway_resumes_where_it_stopped(tmp_path, big_repo):
         assert third.returncode == 0, third.stderr
         assert len(hub.gets("model.safetensors")) == gets_before
         assert set(finish(tmp_path, "fetch-again")["summary"]["transfer"].values()) == {"present"}
+
+
+def test_a_stopped_download_keeps_its_partial_file_and_resumes(tmp_path, big_repo):
+    """SIGTERM (the console's stop) mid-download: the run finishes as stopped, the bytes on disk stay."""
+    import signal
+    import time
+
+    hub, data = big_repo
+    hub.slow["model.safetensors"] = 0.25
+    commit = hub.repos["community/kimi-eagle3"].commit
+    part = tmp_path / "drafters" / "community--kimi-eagle3" / commit / "model.safetensors.part"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_TOKEN", None)
+    with HubServer(hub) as server:
+        proc = subprocess.Popen([sys.executable, "-m", "backend.fetch_drafter",
+                                 "--work-dir", str(tmp_path), "--run-id", "fetch", "--endpoint", server.url,
+                                 "--repo", "community/kimi-eagle3"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not (part.exists() and part.stat().st_size >= 10 * MIB):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1, err
+        ended = finish(tmp_path)
+        assert ended["status"] == "stopped" and "run again to resume" in ended["summary"]["error"]
+        kept = part.stat().st_size
+        assert kept >= 10 * MIB and part.read_bytes() == data[:kept]
+
+        del hub.slow["model.safetensors"]
+        again = fetch(tmp_path, server.url, "--repo", "community/kimi-eagle3")
+        assert again.returncode == 0, again.stderr
+        assert hub.gets("model.safetensors")[-1].headers.get("range") == f"bytes={kept}-"
+        assert (part.parent / "model.safetensors").read_bytes() == data
 
 
 def test_partial_file_that_is_not_a_prefix_is_caught_by_the_hash(tmp_path, big_repo):
