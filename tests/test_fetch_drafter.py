@@ -49,7 +49,8 @@ def finish(work: Path, run_id: str = "fetch") -> dict:
 def big_repo() -> tuple[FakeHub, bytes]:
     data = os.urandom(BIG)
     hub = FakeHub(repos={"community/kimi-eagle3": Repo(files={"config.json": SPEC_CONFIG, "model.safetensors": data,
-                                                              "README.md": b"# a drafter\n", "chart.png": b"png"})})
+                                                              "README.md": b"# a drafter\n", "chart.png": b"png",
+                                                              "optimizer.bin": b"o" * 4096})})
     return hub, data
 
 
@@ -80,7 +81,7 @@ def test_download_cut_midway_resumes_where_it_stopped(tmp_path, big_repo):
         summary = finish(tmp_path)["summary"]
         assert summary["transfer"]["model.safetensors"] == "resumed"
         assert summary["fetched_bytes"] == BIG - kept
-        assert summary["skipped_files"] == ["chart.png"]
+        assert summary["skipped_files"] == ["chart.png", "optimizer.bin"]
         assert summary["outputs"]["checkpoint"] == str(target) and summary["converted"] is False
         progress = [e.data for e in events(tmp_path) if e.kind == "progress"]
         assert all(p["phase"] == "download" and p["total"] == BIG + len(SPEC_CONFIG) + 12 for p in progress)
@@ -227,3 +228,21 @@ def test_original_eagle3_layout_is_converted_into_a_checkpoint_verify_accepts(tm
         "speculators_format": True, "aux_layer_ids": True, "draft_vocab": True, "verifier": True, "weights_load": True}
     assert "256 of 1024 tokens" in next(c["detail"] for c in verified["checks"] if c["name"] == "draft_vocab")
     assert verified["acceptance"]["trained"]["samples"] == 4
+
+
+def test_listing_names_that_could_escape_the_download_dir_are_refused():
+    from backend.fetch_drafter.download import safe_repo_path
+
+    for ok in ("config.json", "sub/model.safetensors", "a.b/c-d_e.json"):
+        assert safe_repo_path(ok) == ok
+    for bad in ("../x", "/etc/passwd", "a//b", "a/./b", "a/../../b", "x\n", "a\\b", "", "m.safetensors.part",
+                ".fetch.lock", None, 7):
+        assert safe_repo_path(bad) is None, bad
+
+
+def test_a_download_that_cannot_fit_is_refused_before_a_byte_is_written(tmp_path):
+    from backend.fetch_drafter.download import HubError, Listing, RemoteFile, check_space
+
+    listing = Listing("community/huge", "main", "0" * 40, (RemoteFile("model.safetensors", 10**16),), ())
+    with pytest.raises(HubError, match=r"community/huge needs 9313225\.75 GiB more in .* only .* GiB are free"):
+        check_space(listing, str(tmp_path))

@@ -17,14 +17,16 @@ import fnmatch
 import hashlib
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from backend.fetch_drafter.names import folder_name
 
-# what a drafter needs; a repo's pictures, notebooks and code are left on the Hub
-ALLOW = ("*.json", "*.safetensors", "*.bin", "*.md", "*.txt")
+# what a drafter needs; a repo's pictures, notebooks, code and training state (optimizer files can be
+# several times the weights) are left on the Hub
+ALLOW = ("*.json", "*.safetensors", "pytorch_model*.bin", "*.md", "*.txt")
 PART = ".part"
 LOCK = ".fetch.lock"
 MAX_FILES = 2000
@@ -232,6 +234,21 @@ def fetch_file(listing: Listing, f: RemoteFile, target_dir: str, *, endpoint: st
     return "resumed" if have else "fetched"
 
 
+def check_space(listing: Listing, target_dir: str) -> None:
+    """Refuse up front when what is still missing does not fit on the disk (never fill it halfway)."""
+    missing = 0
+    for f in listing.files:
+        dest = os.path.join(target_dir, *f.path.split("/"))
+        if os.path.isfile(dest) and os.path.getsize(dest) == f.size:
+            continue
+        part = dest + PART
+        missing += f.size - (os.path.getsize(part) if os.path.isfile(part) else 0)
+    free = shutil.disk_usage(target_dir).free
+    if missing > free:
+        raise HubError(f"{listing.repo_id} needs {missing / 2**30:.2f} GiB more in {target_dir} but only "
+                       f"{free / 2**30:.2f} GiB are free: make room and run again")
+
+
 class RepoLock:
     """One fetch per download directory at a time (they would write the same partial files)."""
 
@@ -256,6 +273,7 @@ def download(listing: Listing, target_dir: str, *, endpoint: str, token: str | N
     how: dict[str, str] = {}
     lock = RepoLock(target_dir)
     try:
+        check_space(listing, target_dir)
         for f in listing.files:
             how[f.path] = fetch_file(listing, f, target_dir, endpoint=endpoint, token=token, progress=progress)
             progress.files_done += 1
