@@ -20,6 +20,7 @@ Exit codes: 0 ready, 1 the download or conversion failed (a partial download is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -42,6 +43,33 @@ _ENDPOINT = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(?::\d{1,5})?(?:/[A-Za-z0-
 
 class Stopped(BaseException):
     """SIGTERM: stop now; the partial file stays for the next run."""
+
+
+class _StopSignal:
+    """SIGTERM raises Stopped where the run is, except inside an event write, which completes first (an
+    event line is written whole or not at all, and an exception in the middle of one would cut it)."""
+
+    def __init__(self) -> None:
+        self.writing = False
+        self.pending = False
+        self.finishing = False  # the run is writing its end: a late signal changes nothing
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.writing or self.finishing:
+            self.pending = True
+            return
+        raise Stopped()
+
+    @contextlib.contextmanager
+    def writing_event(self):
+        self.writing = True
+        try:
+            yield
+        finally:
+            self.writing = False
+        if self.pending and not self.finishing:
+            self.pending = False
+            raise Stopped()
 
 
 @dataclass
@@ -101,31 +129,39 @@ def read_token(c: FetchConfig) -> str | None:
 
 
 class FetchRun:
-    def __init__(self, c: FetchConfig, run_dir: RunDir, token: str | None):
+    def __init__(self, c: FetchConfig, run_dir: RunDir, token: str | None, stop: _StopSignal | None = None):
         self.c, self.run_dir, self.token = c, run_dir, token
+        self.stop = stop or _StopSignal()
         self.log = EventLog(run_dir.events_path, STAGE, c.run_id)
         self.summary: dict[str, Any] = {"stage": STAGE, "run_id": c.run_id, "repo": c.repo, "revision": c.revision,
                                         "endpoint": c.endpoint}
 
+    def emit(self, kind: str, **data: Any) -> None:
+        with self.stop.writing_event():
+            self.log.emit(kind, **data)
+
     def _report(self, progress: dl.Progress, final: bool) -> None:
         left = progress.total - progress.done
         rate = progress.rate
-        self.log.emit("progress", phase="download", done=progress.done, total=progress.total,
-                      rate=round(rate, 1), files_done=progress.files_done,
-                      files_total=len(self.summary.get("files") or ()), file=progress.current,
-                      eta_s=round(left / rate, 1) if rate > 0 and left > 0 else None, fsync=final)
+        self.emit("progress", phase="download", done=progress.done, total=progress.total,
+                  rate=round(rate, 1), files_done=progress.files_done,
+                  files_total=len(self.summary.get("files") or ()), file=progress.current,
+                  eta_s=round(left / rate, 1) if rate > 0 and left > 0 else None, fsync=final)
 
     def run(self) -> int:
         c = self.c
-        self.log.emit("start", total=0, manifest=self.run_dir.manifest.to_dict(), resumed=self.run_dir.resumed,
-                      phase="list")
         status, error = "completed", None
         try:
+            self.emit("start", total=0, manifest=self.run_dir.manifest.to_dict(), resumed=self.run_dir.resumed,
+                      phase="list")
             self._run()
         except Stopped:
             status, error = "stopped", "stopped by a signal; run again to resume the download"
         except (dl.HubError, cv.ConvertError) as exc:
             status, error = "failed", str(exc)
+        except Exception as exc:  # anything else still ends the run with a reason, never a silent death
+            status, error = "failed", f"{type(exc).__name__}: {str(exc)[:500]}"
+        self.stop.finishing = True
         self.summary["status"] = status
         if error:
             self.summary["error"] = error
@@ -171,16 +207,12 @@ class FetchRun:
         ids = cv.original_aux_layer_ids(config) or c.aux_layer_ids
         kwargs: dict[str, Any] = {"eagle_aux_hidden_state_layer_ids": ids} if ids else {}
         self.summary["aux_layer_ids"] = ids
-        self.log.emit("progress", phase="convert", done=progress.done, total=progress.total, fsync=True)
+        self.emit("progress", phase="convert", done=progress.done, total=progress.total, fsync=True)
         argv = cv.convert(c.python, target, out, c.verifier, kwargs, log_dir=self.run_dir.path)
         cv.record_source(out, {"repo": c.repo, "revision": c.revision, "commit": listing.commit,
                                "converted_with": argv[2:]})
         self.summary.update(converted=True)
         self.summary["outputs"]["checkpoint"] = out
-
-
-def _stop(signum: int, frame: Any) -> None:
-    raise Stopped()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # progress goes to the events; a bar per file would fill the journal
-    previous = signal.signal(signal.SIGTERM, _stop)
+    stop = _StopSignal()
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        return FetchRun(c, run_dir, token).run()
+        return FetchRun(c, run_dir, token, stop).run()
     finally:
         signal.signal(signal.SIGTERM, previous)
