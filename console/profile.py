@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import tomli_w
 
+from backend.fetch_drafter.names import repo_id_problem, revision_problem
+
 # --- value checks -----------------------------------------------------------------------------------
 
 # Whole-string patterns, always used with fullmatch: `$` would also accept a trailing newline.
@@ -88,6 +90,14 @@ def check_jump(v: str) -> str | None:
     if not m or check_hostname(m["host"]) or (m["port"] and not 0 < int(m["port"]) < 65536):
         return "a jump host as [user@]host[:port]"
     return None
+
+
+def check_hf_repo(v: str) -> str | None:
+    return repo_id_problem(v)
+
+
+def check_hf_revision(v: str) -> str | None:
+    return revision_problem(v)
 
 
 def check_arg(v: str) -> str | None:
@@ -439,6 +449,13 @@ class ServeDrafterSection:
                                                "accepts nothing else)")
 
 
+_HUB_ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]+(?::\d{1,5})?(?:/[A-Za-z0-9._~/-]*)?")
+
+
+def check_hub_endpoint(v: str) -> str | None:
+    return None if _HUB_ENDPOINT.fullmatch(v) else "an http(s) URL such as https://huggingface.co"
+
+
 @dataclass
 class BenchSection:
     """python -m backend.bench: the same workload against the baseline and the drafter server."""
@@ -452,6 +469,16 @@ class BenchSection:
     client: str = knob("auto", choices=("auto", "vllm", "ours"),
                        doc="vllm: `vllm bench serve` on the host; ours: the built-in client; auto: vllm when "
                            "installed")
+    third_drafter: str | None = knob(None, check=check_hf_repo,
+                                     doc="a published EAGLE-3 drafter for the same model (owner/name on the Hub): "
+                                         "`run fetch-drafter` downloads it on the host, to verify and bench as a "
+                                         "third contender")
+    third_revision: str = knob("main", check=check_hf_revision, doc="its branch, tag or commit")
+    hub_endpoint: str | None = knob(None, check=check_hub_endpoint,
+                                    doc="the Hub's address as the host reaches it (default https://huggingface.co)")
+    hub_token_env: str = knob("HF_TOKEN", check=check_env_name,
+                              doc="the console's environment variable holding a Hub token (gated/private repos)")
+    hub_token_file: str | None = knob(None, check=check_local_path, doc="or a file on this machine holding it")
 
 
 @dataclass
@@ -554,6 +581,19 @@ def api_key(profile: Profile) -> str | None:
     if s.api_key_file:
         try:
             return Path(s.api_key_file).expanduser().read_text().strip() or None
+        except OSError:
+            return None
+    return None
+
+
+def hub_token(profile: Profile) -> str | None:
+    """The Hub token from the environment variable or file the profile names (never from the profile)."""
+    b = profile.bench
+    if b.hub_token_env and os.environ.get(b.hub_token_env):
+        return os.environ[b.hub_token_env].strip() or None
+    if b.hub_token_file:
+        try:
+            return Path(b.hub_token_file).expanduser().read_text().strip() or None
         except OSError:
             return None
     return None

@@ -21,6 +21,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 from console.control import launch
 from console.control import drafter_server as ds
 from console.control.launch import Launch, StageError, StageRequest, pipeline_range
+from console.control.stages import FETCH_DRAFTER
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
                                    server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
@@ -328,7 +329,9 @@ class Session:
                 return refused, None
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
-            busy = ["pipeline", *pipeline_range(req, self.profile)] if stage == "pipeline" else [stage, "pipeline"]
+            # a download needs no GPU: it may run beside a pipeline run, never beside another download
+            busy = (["pipeline", *pipeline_range(req, self.profile)] if stage == "pipeline" else
+                    [stage] if stage == FETCH_DRAFTER else [stage, "pipeline"])
             if stage == "bench":
                 busy.append("extract")  # it swaps the servers too
         except StageError as e:

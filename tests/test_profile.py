@@ -152,3 +152,22 @@ def test_write_profile_is_atomic_and_validated(tmp_path):
     write_profile(p, target)
     assert load_profile(target).host.name == "gpu-host.example"
     assert not list(target.parent.glob(".*.tmp"))
+
+
+def test_third_drafter_is_a_hub_repo_id_checked_whole():
+    p = profile_from_dict(with_value("bench", "third_drafter", "lightseekorg/kimi-k2.5-eagle3"))
+    assert (p.bench.third_drafter, p.bench.third_revision, p.bench.hub_token_env) == \
+        ("lightseekorg/kimi-k2.5-eagle3", "main", "HF_TOKEN")
+    assert load_profile(ROOT / "profiles/kimi-k25-int4.toml").bench.third_drafter == "lightseekorg/kimi-k2.5-eagle3"
+    for bad in ("kimi-eagle3", "org/name\n", "org/../x", "org/name; rm -rf /", "-org/x", "org/x/y", "org/a--b",
+                "org/ümlaut", "org/x.git"):
+        ((key, msg),) = problems(with_value("bench", "third_drafter", bad))
+        assert key == "bench.third_drafter" and "owner/name" in msg
+    for bad in ("main\n", "../x", "v1 2", "-x"):
+        ((key, msg),) = problems(with_value("bench", "third_revision", bad))
+        assert key == "bench.third_revision" and "branch, tag or commit" in msg
+    ((key, msg),) = problems(with_value("bench", "hub_endpoint", "ftp://hub.example"))
+    assert key == "bench.hub_endpoint" and "http(s) URL" in msg
+    # a token never goes in a profile
+    ((key, msg),) = problems(with_value("bench", "hub_token", "hf_x"))
+    assert key == "bench.hub_token" and "secrets never go in a profile" in msg

@@ -15,25 +15,28 @@ from console.control.launch import run_dir_path, stage_ended
 from console.control.units import stage_unit_name
 from backend.pipeline import STAGES as PIPELINE_STAGES
 from console.control.launch import StageRequest, stops_baseline
+from console.control.stages import FETCH_DRAFTER
 from backend.verify.report import table
 from backend.bench.compare import CompareError, comparison_from_dict, format_table
 from console.parsers.text import clean, clean_block
 from console.session import Session
 from console.telemetry.snapshot import RunInfo
 
+FETCH_DRAFTER_CLI = "fetch-drafter"
 NO_EVENTS_S = 120.0  # a started run that writes no event in this long is dead on arrival
 SERVE = ("serve-drafter", "serve-baseline")  # switch the server: not a run, an action on the host
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="start a pipeline stage on the host (detached: it survives the console)")
-    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline", *SERVE, "bench"),
+    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline", *SERVE, "bench", FETCH_DRAFTER_CLI),
                    help="a stage, a pipeline run, or a server switch: serve-drafter stops the baseline and serves "
                         "the verified drafter (--input: a verify run, or a train run a verify run verified; default "
                         "the latest completed verify run); serve-baseline stops the drafter server and starts the "
                         "baseline again; bench benches the baseline, swaps to the drafter server, benches it, "
                         "compares (exit 3 with --wait when the drafter is slower) and swaps back, as one detached "
-                        "program on the host (--input: the verify run whose drafter to bench)")
+                        f"program on the host (--input: the verify run whose drafter to bench); {FETCH_DRAFTER_CLI}: "
+                        "[bench].third_drafter downloaded on the host, converted when needed")
     p.add_argument("--profile", required=True)
     p.add_argument("--input", dest="input_run", metavar="RUN",
                    help="the run whose output the stage consumes (default: the latest completed run of the "
@@ -43,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", help="override [generate].dataset: a path on the host; a relative one is taken from "
                                      "this directory on a local host, from [paths].data_dir on an SSH host")
     p.add_argument("--limit", type=int, help="override [generate].samples")
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="verify: this drafter checkpoint on the host instead of the train run's (e.g. the one "
+                        "fetch-drafter printed), measured on the train run's held-out rows")
     p.add_argument("--run-id", help="default: STAGE-YYYYmmdd-HHMMSS; reuse one to resume it")
     p.add_argument("--fresh", action="store_true", help="archive an existing run dir of that id and start over")
     p.add_argument("--online", action=argparse.BooleanOptionalAction, default=None,
@@ -142,8 +148,13 @@ async def run_stage(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
     if a.stage in SERVE:
         return await switch_server(a, profile) if confirmed_switch(a, profile) else 2
-    req = StageRequest(a.stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
-                       limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage, online=a.online)
+    stage = FETCH_DRAFTER if a.stage == FETCH_DRAFTER_CLI else a.stage
+    req = StageRequest(stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
+                       limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage, online=a.online,
+                       checkpoint=a.checkpoint)
+    if a.checkpoint and stage != "verify":
+        print(f"error: --checkpoint is for verify, not {a.stage}", file=sys.stderr)
+        return 2
     if not confirmed(a, req, profile):
         return 2
     async with Session(profile, interval=a.interval) as session:
@@ -160,7 +171,7 @@ async def run_stage(a: argparse.Namespace) -> int:
         print(f"started {launch.unit}: run {launch.run_id} in {launch.run_dir}")
         if not a.wait:
             return 0
-        return await follow_run(session, a.stage, launch.run_id)
+        return await follow_run(session, stage, launch.run_id)
 
 
 async def follow_run(session: Session, stage: str, run_id: str) -> int:
@@ -202,6 +213,9 @@ def progress_line(run: RunInfo, runs: tuple[RunInfo, ...]) -> str:
     ev = run.last_event or {}
     if run.stage == "bench" and isinstance(ev.get("current"), str):  # the pair program: one line per step
         return f"{run.state}: {run.done}/{run.total} steps, {ev['current']}"
+    if run.stage == FETCH_DRAFTER:  # counted in bytes
+        line = f"{run.state}: {run.done / 2**20:.1f}/{run.total / 2**20:.1f} MiB"
+        return line + (f", {run.rate / 2**20:.1f} MiB/s" if run.rate else "")
     if run.stage != "pipeline":
         line = f"{run.state}: {run.done}/{run.total} done, {run.failed} failed"
         return line + (f", {run.rate:.1f}/s" if run.rate else "")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 
-from console.profile import Profile, api_key
+from console.profile import Profile, api_key, hub_token
 from console.host.base import Host
 from console.parsers.text import clean_block
 from backend.runs import RunDirError
@@ -33,6 +33,7 @@ from backend.pipeline import STAGES as PIPELINE_STAGES
 from console.control import stage_argv
 from console.control import drafter_server as ds
 from console.control.bench_pair import pair_argv, pair_plan
+from console.control.stages import FETCH_DRAFTER
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name, tmux_target)
@@ -181,6 +182,28 @@ async def upload_api_key(host: Host, profile: Profile) -> str | None:
     return path
 
 
+async def upload_hub_token(host: Host, profile: Profile) -> str | None:
+    """The Hub token for a gated or private drafter, handed over like the API key: a 0600 file on the host."""
+    token = hub_token(profile)
+    if not token:
+        return None
+    secrets_dir = f"{profile.paths.work_dir}/secrets"
+    await host.run(["sh", "-c", 'umask 077 && mkdir -p "$1" && chmod 700 "$1"', "sh", secrets_dir],
+                   timeout=30, check=True)
+    path = f"{secrets_dir}/hf-token"
+    await host.upload(token.encode() + b"\n", path, mode=0o600)
+    return path
+
+
+def check_host_path(value: str, what: str) -> str:
+    """A path on the host given on the console's command line: absolute, no control characters."""
+    from console.profile import check_path
+
+    if problem := check_path(value):
+        raise StageError(f"{what} {value!r}: expected {problem}")
+    return value
+
+
 def run_dir_path(profile: Profile, run_id: str) -> str:
     return f"{profile.paths.work_dir}/runs/{run_id}"
 
@@ -251,6 +274,7 @@ class StageRequest:
     from_stage: str | None = None  # pipeline
     to_stage: str | None = None  # pipeline
     online: bool | None = None  # train (and pipeline): hidden states fetched during training; None: the profile's
+    checkpoint: str | None = None  # verify: another drafter's checkpoint on the host (a fetched one)
 
     def is_online(self, profile: Profile | None = None) -> bool:
         """Online training: the request says so, else the profile's [extract] online."""
@@ -334,7 +358,10 @@ class _Launcher:
                 ids = json.loads(await self.host_query(stage_argv.aux_layers_argv(p), "aux layer ids"))
                 plan_file = await self.upload_swap_plan(run_id, ids["aux_layer_ids"])
                 if stage == "verify":
-                    return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file), None
+                    if req.checkpoint is not None:
+                        check_host_path(req.checkpoint, "--checkpoint")
+                    return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file,
+                                                  checkpoint=req.checkpoint), None
                 return (stage_argv.train_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file),
                         stage_argv.train_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file,
                                               preflight_only=True))
@@ -342,7 +369,12 @@ class _Launcher:
                 return (stage_argv.train_argv(p, run_id, input_run, fresh=fresh),
                         stage_argv.train_argv(p, run_id, input_run, fresh=fresh, preflight_only=True))
             if stage == "verify":
-                return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh), None
+                if req.checkpoint is not None:
+                    check_host_path(req.checkpoint, "--checkpoint")
+                return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh, checkpoint=req.checkpoint), None
+            if stage == FETCH_DRAFTER:
+                token = await upload_hub_token(self.host, p)
+                return stage_argv.fetch_drafter_argv(p, run_id, token_path=token, fresh=fresh), None
         except (stage_argv.StageArgError, ExtractionPlanError) as exc:
             raise StageError(str(exc)) from None
         raise StageError(f"stage {stage!r} cannot be started from this version of the console")
@@ -423,7 +455,7 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
         if stops_baseline(req, profile):
             stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
     else:
-        if stage not in PIPELINE_STAGES:
+        if stage not in (*PIPELINE_STAGES, FETCH_DRAFTER):
             raise StageError(f"stage {stage!r} cannot be started from this version of the console yet")
         input_run = await launcher.input_run(stage, req.input_run, req.is_online(profile))
         argv, preflight = await launcher.argv(stage, run_id, input_run, req)

@@ -107,9 +107,10 @@ def train_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: b
 
 
 def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False,
-                plan_file: str | None = None) -> list[str]:
+                plan_file: str | None = None, checkpoint: str | None = None) -> list[str]:
     """`python -m backend.verify ...`: k draft tokens as the drafter will be served, on held-out samples
-    (with a swap plan, those of an online train run come from the plan's extraction server)."""
+    (with a swap plan, those of an online train run come from the plan's extraction server).
+    `checkpoint` verifies another drafter (a fetched one) on the train run's held-out rows."""
     argv = [profile.paths.python, "-m", "backend.verify", "--work-dir", profile.paths.work_dir, "--run-id", run_id,
             "--speculative-tokens", str(profile.drafter.num_speculative_tokens),
             "--samples", str(profile.verify.samples)]
@@ -117,6 +118,28 @@ def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: 
         argv += ["--input-run", input_run]
     if plan_file:
         argv += ["--plan", plan_file, "--served-model", profile.server.model_id]
+    if checkpoint:
+        argv += ["--checkpoint", checkpoint, "--verifier", verifier_path(profile)]
+    if fresh:
+        argv.append("--fresh")
+    return argv
+
+
+def fetch_drafter_argv(profile: Profile, run_id: str, *, token_path: str | None = None,
+                       fresh: bool = False) -> list[str]:
+    """`python -m backend.fetch_drafter ...`: [bench].third_drafter downloaded on the host, converted against
+    the verifier when it is not in speculators format. The token travels as a file, never as an argument."""
+    b = profile.bench
+    if not b.third_drafter:
+        raise StageArgError("no drafter to fetch: set [bench].third_drafter in the profile to a published EAGLE-3 "
+                            "drafter for this model (owner/name on the Hub)")
+    argv = [profile.paths.python, "-m", "backend.fetch_drafter", "--work-dir", profile.paths.work_dir,
+            "--run-id", run_id, "--repo", b.third_drafter, "--revision", b.third_revision,
+            "--verifier", verifier_path(profile)]
+    if b.hub_endpoint:
+        argv += ["--endpoint", b.hub_endpoint]
+    if token_path:
+        argv += ["--token-file", token_path]
     if fresh:
         argv.append("--fresh")
     return argv

@@ -1,10 +1,13 @@
 """The pipeline's stages as the console shows and starts them, in order.
 
 The host-side stages (backend/pipeline.py) framed by what the console itself drives: the baseline
-server before them, serving with the drafter and benchmarking after, and a pipeline run of them all.
+server before them, serving with the drafter, fetching a published drafter to compare against (the bench's
+third contender) and benchmarking after, and a pipeline run of them all.
 """
 from __future__ import annotations
 
 from backend.pipeline import STAGES as HOST_STAGES
 
-STAGES: tuple[str, ...] = ("serve", *HOST_STAGES, "serve_drafter", "bench", "pipeline")
+# A stage the console starts on its own, outside a pipeline run: it needs no GPU and no input run.
+FETCH_DRAFTER = "fetch_drafter"
+STAGES: tuple[str, ...] = ("serve", *HOST_STAGES, "serve_drafter", FETCH_DRAFTER, "bench", "pipeline")

@@ -16,7 +16,7 @@ from console.ui.panes.generation import pick_run
 from console.ui.panes.messages import StageSelected
 
 LABELS = {"serve": "serve", "generate": "generate", "prepare": "prepare", "extract": "extract", "train": "train",
-          "verify": "verify", "serve_drafter": "serve+drafter", "bench": "bench", "pipeline": "pipeline"}
+          "verify": "verify", "serve_drafter": "serve+drafter", "fetch_drafter": "fetch drafter", "bench": "bench", "pipeline": "pipeline"}
 # "?" is kept for what the console cannot tell (stale: no finish and no unit); a stop is a known end
 _STATE_STYLE = {"running": ("▶", "yellow"), "done": ("✔", "green"), "failed": ("✖", "red"),
                 "stopped": ("■", "blue"), "stale": ("?", "magenta"), "idle": ("·", "dim")}
