@@ -64,7 +64,7 @@ def test_tmux_drafter_session_argv():
     # the stage builders' own tmux session: refuses a live one, fresh log beside the stages' logs
     assert start.argv == tmux_start_argv("demo-vllm-drafter", program, "/tmp/demo/logs/demo-vllm-drafter.log",
                                          cwd="/tmp/demo", env={})
-    assert "tmux new-session -d -s demo-vllm-drafter" in start.argv[2]
+    assert "tmux new-session -d -P -F '#{session_id}' -s demo-vllm-drafter" in start.argv[2]
     assert start.shown == f"tmux start session demo-vllm-drafter: {shlex.join(program)}"
     # the server's own stop timeout (20 s), not a stage's
     assert drafter_stop_command(p).argv == tmux_stop_argv("demo-vllm-drafter", 20)
