@@ -87,7 +87,7 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
     return p
 
 
-def write_demo_dataset(path: Path, rows: int = 200) -> None:
+def write_demo_dataset(path: Path, rows: int = 500) -> None:
     """Small ShareGPT-shaped prompts (as open-perfectblend), made here: nothing is downloaded."""
     if path.exists():
         return

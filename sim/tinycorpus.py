@@ -201,7 +201,13 @@ def _reasoning(rng: random.Random, subject: str) -> str:
     return f"The user asks about {subject}. {rng.choice(_DOC_THINKING)}"
 
 
-def samples(canned: int, seed: int) -> list[Turn]:
+def samples(count: int, seed: int) -> list[Turn]:
+    """`count` conversations like the ones the verifier learned (documentation answers and a share of
+    canned turns, drawn with `seed`): rows for tests and benchmarks that train drafters on its text."""
+    return training_turns(max(1, count // 8), seed)[:count]
+
+
+def training_turns(canned: int, seed: int) -> list[Turn]:
     """Every documentation answer once, asked with a random question about its section, plus `canned`
     turns of the stand-in's canned text for the original demo questions; shuffled. About one turn in
     eight has thinking off (`<think></think>` in the prompt, the answer alone after it)."""

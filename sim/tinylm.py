@@ -69,7 +69,7 @@ class Recipe:
     heads: int = 4
     kv_heads: int = 2
     max_positions: int = 4096
-    canned: int = 150  # turns of canned text besides the documentation turns (tinycorpus.samples)
+    canned: int = 150  # turns of canned text besides the documentation turns (tinycorpus.training_turns)
     seed: int = 1
     steps: int = 1200
     batch: int = 8
@@ -117,7 +117,7 @@ def cache_root() -> Path:
 
 def _turns(recipe: Recipe) -> list[tinycorpus.Turn]:
     try:
-        return tinycorpus.samples(recipe.canned, recipe.seed)
+        return tinycorpus.training_turns(recipe.canned, recipe.seed)
     except tinycorpus.CorpusUnavailable as exc:
         raise TinyLMUnavailable(str(exc)) from None
 

@@ -117,8 +117,8 @@ def test_corpus_is_documentation_prose_in_the_chat_layout():
     assert not [p for p in prose if ">>>" in p or "::=" in p or "\n" in p]  # no code, grammar or raw lines
     assert any("AssertionError" in p for s in sections if "assert" in s.subject for p in s.paragraphs)
     recipe = tinylm.DEFAULT_RECIPE
-    turns = tinycorpus.samples(recipe.canned, recipe.seed)
-    assert tinycorpus.digest(turns) == tinycorpus.digest(tinycorpus.samples(recipe.canned, recipe.seed))
+    turns = tinycorpus.training_turns(recipe.canned, recipe.seed)
+    assert tinycorpus.digest(turns) == tinycorpus.digest(tinycorpus.training_turns(recipe.canned, recipe.seed))
     gen_prompt = "<|im_assistant|>assistant<|im_middle|>"
     for t in turns:
         assert t.prompt.startswith(("<|im_system|>system<|im_middle|>", "<|im_user|>user<|im_middle|>")), t.prompt
@@ -177,7 +177,7 @@ def test_demo_answers_vary_and_finish(tiny_text):
     from console.profile import load_profile
     from sim.tinylm_text import Sampling
 
-    g = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "demo.toml").generate
+    g = load_profile(Path(__file__).resolve().parents[1] / "console" / "demo.toml").generate
     texts = []
     for i, q in enumerate(tinycorpus.demo_questions(12)):
         messages = [{"role": "user", "content": q}]
