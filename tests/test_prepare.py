@@ -15,7 +15,7 @@ from tests.sim_support import SimServer
 
 pytestmark = pytest.mark.timeout(240)
 
-SEQ = 256
+SEQ = 512  # the demo records' canned answers fit (the tiny verifier's 512-token BPE splits words finely)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def env(tmp_path_factory) -> dict[str, str]:
 def bad_token_lines(tok: Tokenizer, first: dict) -> tuple[list[bytes], dict[str, int]]:
     """Token rows a generation run should never hold, one per reason, and a long row that is only clipped."""
     prompt = tok.chat([{"role": "user", "content": "hello"}], generation_prompt=True)
-    answer = tok.encode("word " * 200)  # > SEQ tokens after the prompt: kept, clipped to SEQ
+    answer = tok.encode("word " * SEQ)  # > SEQ tokens after the prompt: kept, clipped to SEQ
     long_prompt = tok.encode("question " * 300)
     rows = [
         {"id": "long", "input_ids": prompt + answer, "loss_mask": [0] * len(prompt) + [1] * len(answer)},
