@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from backend.bench.compare import comparison_from_dict, format_table  # noqa: E402
 from sim import tinylm  # noqa: E402
-from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS  # noqa: E402
+from sim.tinycorpus import demo_questions  # noqa: E402
 from tests.sim_support import SimServer  # noqa: E402
 from tests.specdec_support import dry_run, stage_drafter  # noqa: E402
 
@@ -124,8 +124,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="e3-demo-speedup-") as tmp:
         work = Path(tmp)
         verifier = tinylm.ensure_model()
-        rows = [{"conversations": [{"from": "human", "value": ask.format(t=t)}, {"from": "gpt", "value": "-"}]}
-                for t in DEMO_TOPICS for ask in DEMO_ASKS]
+        rows = [{"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": "-"}]}
+                for q in demo_questions(48)]
         (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         t0 = time.monotonic()
         untrained = dry_run(verifier, work / "untrained", env())

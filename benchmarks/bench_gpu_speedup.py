@@ -202,10 +202,8 @@ def main() -> None:
     phase("verifier built", t)
 
     # the prompts: the demo's questions and the corpus' others, split once: training vs held out
-    questions = tinycorpus.questions()
-    train_q = [questions[i % len(questions)] for i in range(a.samples)]
-    asks = tinycorpus.DEMO_ASKS
-    heldout_q = [f"{asks[i % len(asks)].format(t=f'topic number {i}')}" for i in range(a.prompts)]
+    questions = tinycorpus.demo_questions(a.samples + a.prompts)
+    train_q, heldout_q = questions[:a.samples], questions[a.samples:]
     for name, qs in (("train.jsonl", train_q), ("heldout.jsonl", heldout_q)):
         (work / name).write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n"
                                          for q in qs))

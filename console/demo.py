@@ -19,7 +19,7 @@ from pathlib import Path
 import sim
 from console.profile import DEFAULT_GPU_QUERY, Profile, ProfileError, check_path, load_profile, write_profile
 from sim import tinylm
-from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
+from sim.tinycorpus import demo_questions
 from console.host.base import CommandResult
 from console.host.factory import env_prefix
 from console.control.units import server_log_path, server_start_argv, server_stop_argv, tmux_target
@@ -87,14 +87,13 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
     return p
 
 
-def write_demo_dataset(path: Path, rows: int = 200) -> None:
+def write_demo_dataset(path: Path, rows: int = 500) -> None:
     """Small ShareGPT-shaped prompts (as open-perfectblend), made here: nothing is downloaded."""
     if path.exists():
         return
     lines = []
-    for i in range(rows):
-        # the same questions the tiny verifier was trained on, so its answers stay on topic
-        q = DEMO_ASKS[i % len(DEMO_ASKS)].format(t=DEMO_TOPICS[(i // len(DEMO_ASKS)) % len(DEMO_TOPICS)])
+    # distinct questions drawn from those the tiny verifier was trained on, so its answers stay on topic
+    for q in demo_questions(rows):
         lines.append(json.dumps({"conversations": [{"from": "human", "value": q},
                                                    {"from": "gpt", "value": "(original answer, dropped)"}],
                                  "source": "demo"}))

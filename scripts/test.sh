@@ -17,4 +17,8 @@ if "$PY" -m pip show -q torchvision >/dev/null 2>&1 || "$PY" -m pip show -q torc
     "$PY" -m pip uninstall -q -y torchvision torchaudio
 fi
 
+# The demo's tiny verifier, built once into the user cache (about a minute of CPU on first use): the demo
+# tests start the stand-in against that cache and would otherwise spend their ready timeout building it.
+"$PY" -c 'from sim import tinylm; tinylm.ensure_model()'
+
 exec "$PY" -m pytest "$@"

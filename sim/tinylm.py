@@ -1,15 +1,19 @@
 """The tiny verifier: a small Llama causal LM and its tokenizer, built locally at first use (no download).
 
-A byte-level BPE tokenizer is trained with `tokenizers` on tinycorpus's chat turns, a 4-layer
-LlamaForCausalLM is initialised at random and trained for a few seconds on CPU on the same turns, so its
-output has the `<think> ... </think> answer <|im_end|>` structure. The result is an ordinary Hugging Face
-directory (config.json, generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json
-with the chat template) that `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` load: the stand-in
-generates with it, and the later stages (hidden states, speculators training) use it as their verifier.
+A byte-level BPE tokenizer is trained with `tokenizers` on tinycorpus's chat turns (answers taken from the
+English reference documentation that CPython ships as `pydoc_data.topics`, plus some of the stand-in's
+canned turns), a 4-layer LlamaForCausalLM is initialised at random and trained for about a minute on CPU
+on the same turns, so its output has the `<think> ... </think> answer <|im_end|>` structure and answers
+vary from question to question (a drafter trained on its output has to use its hidden states; see
+benchmarks/bench_demo_verifier.py). The result is an ordinary Hugging Face directory (config.json,
+generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json with the chat template)
+that `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` load: the stand-in generates with it, and
+the later stages (hidden states, speculators training) use it as their verifier.
 
 Cache: $XDG_CACHE_HOME/eagle3-console/tiny-verifier/<recipe id>/. The id hashes the recipe and the corpus,
-so a changed recipe builds a new directory. A build goes to a temp dir beside it and is renamed into
-place when complete; a lock file keeps two processes from building the same recipe at once.
+so a changed recipe (or another Python's documentation) builds a new directory. A build goes to a temp
+dir beside it and is renamed into place when complete; a lock file keeps two processes from building the
+same recipe at once.
 
 Four layers at least: speculators' default aux layer ids (2, n//2, n-3) are distinct only from n = 6,
 so with this model pass explicit target layer ids (e.g. 1,2,3 of 4), see speculators-cpu.md.
@@ -57,17 +61,17 @@ CHAT_TEMPLATE = (
 @dataclass(frozen=True)
 class Recipe:
     """Everything that decides the built weights; its hash names the cache directory."""
-    version: int = 4
-    vocab_size: int = 1024
+    version: int = 5
+    vocab_size: int = 512  # few merges: words span several tokens, which a drafter can learn to complete
     hidden_size: int = 64
     intermediate_size: int = 192
     layers: int = 4
     heads: int = 4
     kv_heads: int = 2
     max_positions: int = 4096
-    samples: int = 400
+    canned: int = 150  # turns of canned text besides the documentation turns (tinycorpus.training_turns)
     seed: int = 1
-    steps: int = 240
+    steps: int = 1200
     batch: int = 8
     block: int = 128
     lr: float = 8e-3
@@ -100,6 +104,10 @@ def check_available() -> None:
         import transformers  # noqa: F401
     except Exception as exc:  # a broken install raises more than ImportError (e.g. torchvision ops)
         raise TinyLMUnavailable(f"{type(exc).__name__}: {exc}") from None
+    try:
+        tinycorpus.doc_sections()
+    except tinycorpus.CorpusUnavailable as exc:
+        raise TinyLMUnavailable(str(exc)) from None
 
 
 def cache_root() -> Path:
@@ -107,15 +115,22 @@ def cache_root() -> Path:
     return Path(base) / "eagle3-console" / "tiny-verifier"
 
 
+def _turns(recipe: Recipe) -> list[tinycorpus.Turn]:
+    try:
+        return tinycorpus.training_turns(recipe.canned, recipe.seed)
+    except tinycorpus.CorpusUnavailable as exc:
+        raise TinyLMUnavailable(str(exc)) from None
+
+
 def model_dir(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None) -> Path:
-    turns = tinycorpus.samples(recipe.samples, recipe.seed)
+    turns = _turns(recipe)
     return (root or cache_root()) / recipe.ident(tinycorpus.digest(turns))
 
 
 def ensure_model(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None,
                  on_build: Callable[[Path], None] | None = None) -> Path:
     """The model directory for `recipe`, built first if it is not in the cache yet."""
-    turns = tinycorpus.samples(recipe.samples, recipe.seed)
+    turns = _turns(recipe)
     root = root or cache_root()
     final = root / recipe.ident(tinycorpus.digest(turns))
     if (final / "config.json").is_file():
@@ -188,7 +203,7 @@ def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path) -> None:
         gen = torch.Generator().manual_seed(recipe.seed)
         torch.manual_seed(recipe.seed)
         model = LlamaForCausalLM(config)
-        loss = _train(model, tok, turns, recipe, gen)
+        first_loss, loss = _train(model, tok, turns, recipe, gen)
     finally:
         torch.set_num_threads(threads)
     model.generation_config = GenerationConfig(
@@ -196,11 +211,12 @@ def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path) -> None:
         eos_token_id=ids[EOS], pad_token_id=ids[PAD])
     model.save_pretrained(str(out))
     (out / "recipe.json").write_text(json.dumps({
-        "recipe": asdict(recipe), "corpus_sha256": tinycorpus.digest(turns), "final_loss": round(loss, 4),
+        "recipe": asdict(recipe), "corpus_sha256": tinycorpus.digest(turns), "first_loss": round(first_loss, 4),
+        "final_loss": round(loss, 4),
         "build_seconds": round(time.monotonic() - started, 2), "simulated": True}, indent=2) + "\n")
 
 
-def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, gen: Any) -> float:
+def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, gen: Any) -> tuple[float, float]:
     """Next-token training on the turns packed into fixed blocks (no padding, no attention mask:
     cheapest). Only completions are learned: trained on the prompts too, the model picks up that a
     question mark ends a turn, and with thinking-off prompts it learns to skip its own thinking."""
@@ -220,7 +236,7 @@ def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, g
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=recipe.steps, pct_start=0.1)
     model.train()
-    loss = float("nan")
+    losses: list[float] = []
     for _ in range(recipe.steps):
         pick = torch.randint(0, len(blocks), (recipe.batch,), generator=gen)
         out = model(input_ids=blocks[pick], labels=targets[pick])
@@ -228,6 +244,7 @@ def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, g
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
-        loss = out.loss.item()
+        losses.append(out.loss.item())
     model.eval()
-    return loss
+    tail = losses[-max(1, len(losses) // 20):]  # one batch's loss is noisy on varied text
+    return losses[0], sum(tail) / len(tail)

@@ -77,7 +77,7 @@ class Tokenizer:
 def sample_record(tok: Tokenizer, index: int, *, answer_words: int | None = None) -> dict[str, Any]:
     """One generation record as backend.generate writes it, with the ids the verifier would have returned:
     the prompt rendered with the generation prompt, then `<think>reasoning</think>answer<|im_end|>`."""
-    qs = tinycorpus.questions()
+    qs = tinycorpus.canned_questions()
     prompt = [{"role": "user", "content": qs[index % len(qs)]}]
     reasoning, answer = textgen.generate(1000 + index, qs[index % len(qs)], thinking=True, quote_topic=False)
     answer_text = answer.text if answer_words is None else " ".join(answer.text.split()[:answer_words])

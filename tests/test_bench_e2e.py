@@ -20,13 +20,13 @@ MODEL = "kimi"
 
 @pytest.fixture(scope="module")
 def bench_env(tiny_drafters, tmp_path_factory):
-    from sim.tinycorpus import DEMO_ASKS, DEMO_TOPICS
+    from sim.tinycorpus import demo_questions
 
     root = tmp_path_factory.mktemp("bench")
     prompts = root / "prompts.jsonl"
     # the demo's questions, asked the way an operator's dataset would (ShareGPT rows)
-    rows = [{"conversations": [{"from": "human", "value": a.format(t=t)}, {"from": "gpt", "value": "-"}]}
-            for t in DEMO_TOPICS[6:] for a in DEMO_ASKS]
+    rows = [{"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": "-"}]}
+            for q in demo_questions(72)[24:]]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root, prompts
 
@@ -81,7 +81,7 @@ def test_trained_drafter_against_baseline_then_untrained_flagged(tiny_drafters, 
     assert finish_event(root, "bench-drafter")["summary"]["comparison"] == d["comparison"]
     rows = [r for r in d["comparison"]["rows"] if r["label"] == "drafter"]
     assert [r["concurrency"] for r in rows] == [1, 2]
-    assert all(r["acceptance_length"] > 2.2 and r["acceptance_rate"] > 0.4 for r in rows), rows
+    assert all(r["acceptance_length"] > 1.6 and r["acceptance_rate"] > 0.2 for r in rows), rows
     assert d["result"]["server"]["spec_decode"] is True
     # same prompts, greedy: the drafter changes the speed, never the tokens
     assert d["result"]["workload"]["digest"] == b["result"]["workload"]["digest"]

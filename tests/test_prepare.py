@@ -15,7 +15,7 @@ from tests.sim_support import SimServer
 
 pytestmark = pytest.mark.timeout(240)
 
-SEQ = 256
+SEQ = 1024  # the canned demo records fit (up to ~550 tokens with the tiny verifier's 512-token BPE)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def env(tmp_path_factory) -> dict[str, str]:
 def bad_token_lines(tok: Tokenizer, first: dict) -> tuple[list[bytes], dict[str, int]]:
     """Token rows a generation run should never hold, one per reason, and a long row that is only clipped."""
     prompt = tok.chat([{"role": "user", "content": "hello"}], generation_prompt=True)
-    answer = tok.encode("word " * 200)  # > SEQ tokens after the prompt: kept, clipped to SEQ
+    answer = tok.encode("word " * SEQ)  # > SEQ tokens after the prompt: kept, clipped to SEQ
     long_prompt = tok.encode("question " * 300)
     rows = [
         {"id": "long", "input_ids": prompt + answer, "loss_mask": [0] * len(prompt) + [1] * len(answer)},
@@ -99,7 +99,7 @@ def test_token_rows_are_judged_exactly_and_split_by_sample_id(tiny, tok, env, tm
     assert sum(int(v) for v in (freq.values() if isinstance(freq, dict) else freq.tolist())) > 0
     assert not (run / "rows").exists()  # intermediate row files are gone
     # the stage says it on stdout too
-    assert "31 kept (27 train, 4 held out), 7 dropped, 1 clipped to 256 tokens" in res.stdout
+    assert f"31 kept (27 train, 4 held out), 7 dropped, 1 clipped to {SEQ} tokens" in res.stdout
     assert "dropped 1: token id outside the verifier's vocabulary" in res.stdout
     assert f"{100 * supervised / tokens:.1f}%" in res.stdout
     events = [json.loads(l) for l in (run / "events.jsonl").read_text().splitlines()]

@@ -40,6 +40,33 @@ def test_replaced_run_dir_is_read_from_the_start():
     assert book.reads_wanted()[0].offset == 0
 
 
+def test_a_run_that_writes_between_the_listing_and_the_read_stays_listed():
+    """One probe stats the runs, then reads them: the read can return more than the listing saw."""
+    book = RunBook("tmux")
+    start, step = line("start", total=3), line("progress", done=1, total=3)
+    book.apply_listing([RunFile("/w/runs/r1", "r1", size=len(start), mtime=0)])
+    book.apply_events("/w/runs/r1", start)
+    read = book.reads_wanted()[0]
+    book.apply_listing([RunFile("/w/runs/r1", "r1", size=len(start), mtime=1)])  # stat, then the stage writes
+    book.apply_events("/w/runs/r1", step, offset=read.offset)
+    book.apply_unit_states("e3-generate-r1 0\n", book.pending_units())
+    assert [(r.run_id, r.state, r.done) for r in book.infos()] == [("r1", "running", 1)]
+    # the next probe's listing is newer than that read: nothing is read again
+    book.apply_listing([RunFile("/w/runs/r1", "r1", size=len(start + step), mtime=2)])
+    assert book.reads_wanted()[0].offset == len(start + step)
+
+
+def test_a_read_of_a_file_replaced_meanwhile_is_dropped():
+    book = RunBook("tmux")
+    first = line("start", total=3) + line("progress", done=2, total=3)
+    book.apply_listing([RunFile("/w/runs/r1", "r1", size=len(first), mtime=0)])
+    book.apply_events("/w/runs/r1", first)
+    read = book.reads_wanted()[0]
+    book.apply_listing([RunFile("/w/runs/r1", "r1", size=5, mtime=1)])  # --fresh archived it
+    book.apply_events("/w/runs/r1", line("progress", done=3, total=3), offset=read.offset)  # the old file's bytes
+    assert book.reads_wanted()[0].offset == 0 and not book.infos()
+
+
 def test_running_eta_from_rate():
     book = RunBook("tmux")
     book.apply_listing([RunFile("/w/runs/r1", "r1", size=1, mtime=0)])

@@ -59,7 +59,9 @@ def test_build_is_a_complete_hf_directory_and_cached(tiny_dir, cache_home, monke
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] >= 4
     assert not config["tie_word_embeddings"]  # speculators looks up lm_head.weight by name
     recipe = json.loads((tiny_dir / "recipe.json").read_text())
-    assert recipe["final_loss"] < 1.0  # it learned the corpus, not just noise
+    # it learned the corpus, not just noise. English prose keeps a per-token loss well above the canned
+    # sentences' (the previous corpus went under 1.0): ask for a large drop from the random start instead
+    assert recipe["final_loss"] < recipe["first_loss"] / 3
     # the second call finds it (and the same id comes from the cache root the stand-in computes)
     stamp = (tiny_dir / "model.safetensors").stat().st_mtime_ns
     again = tinylm.ensure_model(root=tiny_dir.parent, on_build=lambda _: pytest.fail("rebuilt"))
@@ -105,6 +107,85 @@ def test_template_render_is_prefix_stable(tiny_text):
         assert tiny_text.chat_prompt(conv, thinking=thinking) == tiny_text.encode(turn.prompt)
         done = conv + [{"role": "assistant", "content": "A.", "reasoning": "R." if thinking else None}]
         assert tiny_text.chat_prompt(done, thinking=thinking, add_generation_prompt=False) == tiny_text.encode(turn.text)
+
+
+# ---- the corpus and the demo's questions -----------------------------------------------------------
+def test_corpus_is_documentation_prose_in_the_chat_layout():
+    sections = tinycorpus.doc_sections()
+    assert len(sections) > 200 and sum(len(s.paragraphs) for s in sections) > 1000
+    prose = [p for s in sections for p in s.paragraphs]
+    assert not [p for p in prose if ">>>" in p or "::=" in p or "\n" in p]  # no code, grammar or raw lines
+    assert any("AssertionError" in p for s in sections if "assert" in s.subject for p in s.paragraphs)
+    recipe = tinylm.DEFAULT_RECIPE
+    turns = tinycorpus.training_turns(recipe.canned, recipe.seed)
+    assert tinycorpus.digest(turns) == tinycorpus.digest(tinycorpus.training_turns(recipe.canned, recipe.seed))
+    gen_prompt = "<|im_assistant|>assistant<|im_middle|>"
+    for t in turns:
+        assert t.prompt.startswith(("<|im_system|>system<|im_middle|>", "<|im_user|>user<|im_middle|>")), t.prompt
+        assert t.prompt.endswith((gen_prompt, gen_prompt + "<think></think>")) and t.completion.endswith("<|im_end|>")
+        if t.prompt.endswith(gen_prompt):  # thinking on: the reasoning parser splits at </think>
+            assert t.completion.startswith("<think>") and t.completion.count("</think>") == 1
+        else:
+            assert "<think>" not in t.completion and "</think>" not in t.completion
+    canned = set(tinycorpus.canned_questions())
+    asked = [t.prompt.split("<|im_user|>user<|im_middle|>")[1].split("<|im_end|>")[0] for t in turns]
+    assert sum(q in canned for q in asked) == recipe.canned
+    doc_answers = [t.completion for t, q in zip(turns, asked) if q not in canned]
+    assert len(doc_answers) > 1000 and len(set(doc_answers)) > 0.95 * len(doc_answers)
+
+
+def test_demo_dataset_questions_are_distinct(tmp_path):
+    from console.demo import write_demo_dataset
+
+    path = tmp_path / "demo-prompts.jsonl"
+    write_demo_dataset(path, rows=400)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    questions = [r["conversations"][0]["value"] for r in rows]
+    assert len(rows) == 400 and len(set(questions)) == 400
+    assert all(r["conversations"][0]["from"] == "human" and r["source"] == "demo" for r in rows)
+    # asked as the model was trained to be asked, so its answers stay on topic
+    assert set(questions) <= set(tinycorpus.doc_questions()) | set(tinycorpus.canned_questions())
+    assert questions == tinycorpus.demo_questions(400)  # the same file on every machine
+
+
+def test_without_the_documentation_corpus_auto_serves_canned(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_pydoc_data(name, *args, **kwargs):
+        if name.startswith("pydoc_data"):
+            raise ImportError("No module named 'pydoc_data'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delenv(tinylm.DISABLE_ENV, raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_pydoc_data)
+    tinycorpus.doc_sections.cache_clear()
+    try:
+        with pytest.raises(tinylm.TinyLMUnavailable, match="pydoc_data.topics cannot be imported"):
+            tinylm.check_available()
+        with pytest.raises(tinylm.TinyLMUnavailable, match="pydoc_data.topics"):
+            tinylm.model_dir()
+        resolved = textbackend.resolve("auto")
+        assert resolved.backend.name == "canned" and "pydoc_data.topics" in resolved.note
+    finally:
+        tinycorpus.doc_sections.cache_clear()
+
+
+def test_demo_answers_vary_and_finish(tiny_text):
+    """At the demo's sampling settings the answers differ from question to question and end on their own."""
+    import asyncio
+
+    from console.profile import load_profile
+    from sim.tinylm_text import Sampling
+
+    g = load_profile(Path(__file__).resolve().parents[1] / "console" / "demo.toml").generate
+    texts = []
+    for i, q in enumerate(tinycorpus.demo_questions(12)):
+        messages = [{"role": "user", "content": q}]
+        out = asyncio.run(tiny_text.chat(messages, tiny_text.chat_prompt(messages, thinking=True), thinking=True,
+                                         max_tokens=g.max_tokens, sampling=Sampling(g.temperature, g.top_p, None, i)))
+        assert out.finish_reason == "stop" and out.reasoning_text and out.content_text, (q, out)
+        texts.append(out.content_text)
+    assert len(set(texts)) == len(texts)
 
 
 # ---- output splitting -----------------------------------------------------------------------------

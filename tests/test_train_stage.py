@@ -21,7 +21,7 @@ from tests import train_support as ts
 
 pytestmark = pytest.mark.timeout(600)
 
-EPOCHS = 2
+EPOCHS = 3  # the demo verifier's varied answers (issue 13) need a third epoch for the loss to halve
 TRAIN_ARGS = ("--epochs", str(EPOCHS), "--seq-length", "256", "--lr", "0.003", "--optimizer", "adamw",
               "--draft-vocab-size", "512", "--checkpoint-freq", "0.25", "--run-id", "train-1")
 

@@ -1,8 +1,8 @@
 """Shared pieces of the train/verify tests: the tiny verifier, a prepared dataset with its hidden states,
 and completed prepare/extract runs written the way those stages write them (manifest, events, summary).
 
-The tiny verifier and the stage environment are tests/drafter_support.py's (one build per session). Rows come from sim.tinycorpus
-with a seed the verifier never trained on; hidden states from sim/hidden_states.py, the one definition.
+The tiny verifier and the stage environment are tests/drafter_support.py's (one build per session). Rows are
+the verifier's own answers to demo questions; hidden states from sim/hidden_states.py, the one definition.
 """
 from __future__ import annotations
 
@@ -18,18 +18,31 @@ LAYERS = [1, 2, 3]  # aux layer ids for the 4-layer tiny verifier (speculators' 
 
 
 def token_rows(verifier: Path, count: int, seed: int, max_len: int = 256) -> list[dict[str, list[int]]]:
-    """Rows as speculators' prepare-data writes them: input ids and a loss mask over the completion."""
-    from tokenizers import Tokenizer
+    """Rows as speculators' prepare-data writes them (input ids, a loss mask over the completion), made
+    as the pipeline makes them: demo questions answered by the verifier itself at the demo's sampling
+    settings. A drafter learns to predict that model, not the text the model was trained on."""
+    from sim.tinycorpus import demo_questions
+    from sim.tinylm_text import Sampling
 
-    from sim import tinycorpus
-
-    tok = Tokenizer.from_file(str(verifier / "tokenizer.json"))
+    text = _tiny_text(verifier)
     rows = []
-    for turn in tinycorpus.samples(count, seed):
-        prompt, completion = tok.encode(turn.prompt).ids, tok.encode(turn.completion).ids
+    for i, q in enumerate(demo_questions(count, seed=seed)):
+        prompt = text.chat_prompt([{"role": "user", "content": q}], thinking=True)
+        completion = text._generate(prompt, max_len, Sampling(temperature=0.6, top_p=0.95, seed=seed * 1000 + i))
         ids = (prompt + completion)[:max_len]
         rows.append({"input_ids": ids, "loss_mask": ([0] * len(prompt) + [1] * len(completion))[:max_len]})
     return rows
+
+
+_TEXTS: dict[Path, Any] = {}
+
+
+def _tiny_text(verifier: Path) -> Any:
+    from sim.tinylm_text import TinyText
+
+    if verifier not in _TEXTS:
+        _TEXTS[verifier] = TinyText(verifier)
+    return _TEXTS[verifier]
 
 
 def write_prepared(out: Path, rows: list[dict[str, list[int]]]) -> Path:

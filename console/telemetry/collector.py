@@ -269,14 +269,17 @@ class Collector:
         self.port_listening = parse_listen(sections["listen"].text) if "listen" in sections else None
         if "disk" in sections:
             self.free_bytes = parse_df(sections["disk"].text)
+        # the listing first: the probe stats the files before it reads them, so a run that wrote
+        # meanwhile has read bytes beyond its listed size, which read the other way round looks like a
+        # file replaced by a shorter one (the run vanished for a tick and was read again from 0)
+        if "runs" in sections:
+            self.runbook.apply_listing(parse_runs_listing(sections["runs"].text))
         for i, ev in enumerate(events):
             sec = sections.get(f"events:{i}")
             if sec is not None:
-                self.runbook.apply_events(ev.run_dir, sec.data, ev.limit)
+                self.runbook.apply_events(ev.run_dir, sec.data, ev.limit, offset=ev.offset)
         if "stage_units" in sections:
             self.runbook.apply_unit_states(sections["stage_units"].text, pending_units)
-        if "runs" in sections:
-            self.runbook.apply_listing(parse_runs_listing(sections["runs"].text))
         return res.elapsed_s
 
     def _service_info(self, sec, unit: str) -> ServiceInfo:

@@ -130,8 +130,12 @@ class RunBook:
                     track.offset, track.skip_partial = rf.size - TAIL_BYTES, True
             track.size, track.mtime = rf.size, rf.mtime
 
-    def apply_events(self, run_dir: str, data: bytes, limit: int = READ_LIMIT) -> None:
-        track = self.tracks[run_dir]
+    def apply_events(self, run_dir: str, data: bytes, limit: int = READ_LIMIT, offset: int | None = None) -> None:
+        """`offset`: where the read began; a read asked before the listing found the file replaced
+        (`--fresh`) belongs to the old file and is dropped."""
+        track = self.tracks.get(run_dir)
+        if track is None or (offset is not None and offset != track.offset):
+            return
         full = len(data) >= limit
         if track.skip_partial:
             cut = data.find(b"\n")
