@@ -86,6 +86,22 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def read_json_object(path: str, error: type[Exception], missing: str) -> dict[str, Any]:
+    """A JSON object from `path`, or `error` saying what is wrong with it (`missing` when it is absent)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise error(missing) from None
+    except OSError as exc:
+        raise error(f"cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise error(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise error(f"{path} is not a JSON object")
+    return data
+
+
 def write_json_atomic(path: str, data: Any) -> None:
     """Write via a temp file + fsync + rename so a reader never sees half a JSON document."""
     tmp = f"{path}.tmp-{os.getpid()}"

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from backend.runs import write_json_atomic
+from backend.runs import read_json_object, write_json_atomic
 
 CONVERT_TIMEOUT_S = 3600.0
 LOG_FILE = "convert.log"
@@ -24,17 +24,7 @@ class ConvertError(Exception):
 
 
 def read_config(ckpt: str) -> dict[str, Any]:
-    path = os.path.join(ckpt, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ConvertError(f"{ckpt} has no config.json") from None
-    except (OSError, ValueError) as exc:
-        raise ConvertError(f"{path} is not readable JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConvertError(f"{path} is not a JSON object")
-    return data
+    return read_json_object(os.path.join(ckpt, "config.json"), ConvertError, f"{ckpt} has no config.json")
 
 
 def is_speculators_format(config: dict[str, Any]) -> bool:

@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from backend.runs import write_json_atomic
+from backend.runs import read_json_object, write_json_atomic
 from backend.train.verifier import VerifierInfo
 
 VERIFIER_FILE = "verifier.json"
@@ -41,17 +41,9 @@ def best_checkpoint(save_path: str) -> str | None:
 
 
 def read_config(ckpt: str) -> dict[str, Any]:
-    path = os.path.join(ckpt, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"{ckpt} has no config.json: not a speculators checkpoint") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not readable JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} is not a JSON object")
-    return data
+    return read_json_object(os.path.join(ckpt, "config.json"), CheckpointError,
+                            f"{ckpt} has no config.json: not a speculators checkpoint")
+
 
 
 def saved_verifier(config: dict[str, Any]) -> dict[str, Any]:

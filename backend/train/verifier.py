@@ -24,6 +24,7 @@ from typing import Any
 
 from backend import verifier as config_reader
 from backend.verifier import VerifierError, check_layer_ids  # noqa: F401 - one error type, one rule
+from backend.runs import read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -68,18 +69,8 @@ def speculators_pick(name: str, keys: list[str]) -> str | None:
 
 
 def _read_json(path: str, what: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise VerifierError(f"{path} is missing: {what}") from None
-    except OSError as exc:
-        raise VerifierError(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise VerifierError(f"{path} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise VerifierError(f"{path} is not a JSON object")
-    return data
+    return read_json_object(path, VerifierError, f"{path} is missing: {what}")
+
 
 
 def weight_shapes(path: str) -> dict[str, list[int]]:

@@ -72,10 +72,14 @@ def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
         return True
     why = {"bench": "the drafter server is benched",
            "extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed")
-    question = (f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
-                f"again afterwards. Go on? [y/N] ")
+    return ask(f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
+               f"again afterwards. Go on? [y/N] ", f"{req.stage} stops the baseline server")
+
+
+def ask(question: str, refusal: str) -> bool:
+    """Yes or no on the terminal, default No; without a terminal, No with `refusal` and the way out."""
     if not sys.stdin.isatty():
-        print(f"error: {req.stage} stops the baseline server; pass --yes to confirm", file=sys.stderr)
+        print(f"error: {refusal}; pass --yes to confirm", file=sys.stderr)
         return False
     return input(question).strip().lower() in ("y", "yes")
 
@@ -90,10 +94,7 @@ def confirmed_switch(a: argparse.Namespace, profile) -> bool:
     else:
         question = (f"serve-baseline stops {profile.server.unit}-drafter (the drafter server) on {profile.host.name} "
                     f"and starts {profile.server.unit} again. Go on? [y/N] ")
-    if not sys.stdin.isatty():
-        print(f"error: {a.stage} stops a running server; pass --yes to confirm", file=sys.stderr)
-        return False
-    return input(question).strip().lower() in ("y", "yes")
+    return ask(question, f"{a.stage} stops a running server")
 
 
 async def switch_server(a: argparse.Namespace, profile) -> int:

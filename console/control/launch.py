@@ -168,31 +168,26 @@ async def resolve_dataset(host: Host, profile: Profile, dataset: str | None) -> 
     return path
 
 
-async def upload_api_key(host: Host, profile: Profile) -> str | None:
-    """The stage runs detached, where the console's environment does not reach: hand it the API key as
-    a 0600 file in a 0700 dir on the host, so it is in no command line, unit property or log."""
-    key = api_key(profile)
-    if not key:
+async def upload_secret(host: Host, profile: Profile, secret: str | None, name: str) -> str | None:
+    """The stage runs detached, where the console's environment does not reach: hand it a secret as a
+    0600 file in a 0700 dir on the host, so it is in no command line, unit property or log."""
+    if not secret:
         return None
     secrets_dir = f"{profile.paths.work_dir}/secrets"
     await host.run(["sh", "-c", 'umask 077 && mkdir -p "$1" && chmod 700 "$1"', "sh", secrets_dir],
                    timeout=30, check=True)
-    path = f"{secrets_dir}/vllm-api-key"
-    await host.upload(key.encode() + b"\n", path, mode=0o600)
+    path = f"{secrets_dir}/{name}"
+    await host.upload(secret.encode() + b"\n", path, mode=0o600)
     return path
+
+
+async def upload_api_key(host: Host, profile: Profile) -> str | None:
+    return await upload_secret(host, profile, api_key(profile), "vllm-api-key")
 
 
 async def upload_hub_token(host: Host, profile: Profile) -> str | None:
-    """The Hub token for a gated or private drafter, handed over like the API key: a 0600 file on the host."""
-    token = hub_token(profile)
-    if not token:
-        return None
-    secrets_dir = f"{profile.paths.work_dir}/secrets"
-    await host.run(["sh", "-c", 'umask 077 && mkdir -p "$1" && chmod 700 "$1"', "sh", secrets_dir],
-                   timeout=30, check=True)
-    path = f"{secrets_dir}/hf-token"
-    await host.upload(token.encode() + b"\n", path, mode=0o600)
-    return path
+    """The Hub token for a gated or private drafter, handed over like the API key."""
+    return await upload_secret(host, profile, hub_token(profile), "hf-token")
 
 
 def check_host_path(value: str, what: str) -> str:
