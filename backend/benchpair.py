@@ -11,6 +11,10 @@ commands to start, stop and check each server. Steps:
     4. bench the drafter server (its bench waits for it to answer, and compares with step 2)
     5. always, also after a failure or SIGTERM: stop the drafter server, start the baseline again
 
+With a third contender in the plan (`third`: a published drafter's bench, `start_third`: the drafter
+server's unit loading that checkpoint), it is benched between 2 and 3 in the drafter server's unit, and
+the drafter's bench compares with both (`--third-run`): one table of the three.
+
 The run directory R holds its events (progress per step) and a summary with the drafter bench's
 comparison, so the console shows it as a bench run. Exit 0 done, 3 done and the drafter is slower, 1
 failed, 2 bad plan or run directory; a stop (SIGTERM) ends as stopped, exit 0, after step 5.
@@ -33,6 +37,8 @@ from backend.runs import Manifest, RunDirError, open_run_dir, run_path, write_js
 STAGE = "bench"
 PLAN_FILE = "benchpair-plan.json"
 STEPS = ("baseline serving", "bench baseline", "swap to the drafter", "bench drafter", "back to the baseline")
+THIRD_STEPS = ("baseline serving", "bench baseline", "swap to the published drafter", "bench published drafter",
+               "swap to the drafter", "bench drafter", "back to the baseline")
 _COMMANDS = ("stop_baseline", "start_baseline", "baseline_alive", "stop_drafter", "start_drafter", "drafter_alive")
 STOP_CHECK_S = 30.0  # after a stop command returned, how long the unit may take to be seen gone
 
@@ -53,7 +59,11 @@ def load_plan(path: str) -> dict[str, Any]:
         v = data.get(key)
         if not (isinstance(v, list) and v and all(isinstance(a, str) for a in v)):
             raise PlanError(f"{path}: {key!r} must be a non-empty list of strings (a command line)")
-    for key in ("baseline", "drafter"):
+    if "third" in data:
+        v = data.get("start_third")
+        if not (isinstance(v, list) and v and all(isinstance(a, str) for a in v)):
+            raise PlanError(f"{path}: 'start_third' must be a non-empty list of strings (a command line)")
+    for key in ("baseline", "drafter", *(("third",) if "third" in data else ())):
         b = data.get(key)
         if not (isinstance(b, dict) and isinstance(b.get("run_id"), str) and isinstance(b.get("argv"), list)
                 and b["argv"] and all(isinstance(a, str) for a in b["argv"])):
@@ -68,6 +78,8 @@ class BenchPair:
         self.stopping = False
         self.log: EventLog | None = None
         self.steps: list[dict[str, Any]] = []
+        self.step_names = THIRD_STEPS if "third" in plan else STEPS
+        self.loaded: str | None = None  # which checkpoint the drafter server's unit was started with here
 
     def _on_signal(self, sig: int, _frame) -> None:
         self.stopping = True
@@ -88,6 +100,7 @@ class BenchPair:
         return res.returncode == 0, f"{key} exit {res.returncode}" + (f": {out[-1][:300]}" if out else "")
 
     def alive(self, which: str) -> bool:
+        which = "drafter" if which == "third" else which  # the published drafter runs in the drafter's unit
         try:
             return subprocess.run(self.plan[f"{which}_alive"], capture_output=True, timeout=60).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
@@ -109,12 +122,18 @@ class BenchPair:
         if self.alive(which):
             return None
         ok, text = self.command(f"start_{which}")
+        if ok:
+            self.loaded = which
         return None if ok else text
 
     def serve(self, which: str) -> str | None:
-        """One server at a time: the other is stopped (and checked down) before `which` starts."""
-        other = "baseline" if which == "drafter" else "drafter"
-        return self.stop(other) or self.start(which)
+        """One server at a time: the other is stopped (and checked down) before `which` starts; the drafter
+        server's unit is restarted when it holds the other drafter."""
+        if which == "baseline":
+            return self.stop("drafter") or self.start("baseline")
+        if self.loaded not in (None, which) and (error := self.stop("drafter")):
+            return error
+        return self.stop("baseline") or self.start(which)
 
     def bench(self, which: str) -> tuple[str | None, dict[str, Any] | None, int]:
         spec = self.plan[which]
@@ -136,13 +155,15 @@ class BenchPair:
 
     def step(self, index: int, error: str | None = None, **extra: Any) -> None:
         assert self.log is not None
-        self.steps.append({"step": STEPS[index], "ok": error is None, **({"error": error} if error else {}), **extra})
-        self.log.emit("progress", done=index + 1 if error is None else index, total=len(STEPS), current=STEPS[index],
+        names = self.step_names
+        self.steps.append({"step": names[index], "ok": error is None, **({"error": error} if error else {}), **extra})
+        self.log.emit("progress", done=index + 1 if error is None else index, total=len(names), current=names[index],
                       **({"error": error} if error else {}))
 
     def run(self, fresh: bool = False) -> int:
-        identity = {"baseline": self.plan["baseline"]["run_id"], "drafter": self.plan["drafter"]["run_id"],
-                    "checkpoint": self.plan.get("checkpoint")}
+        contenders = ["third", "drafter"] if "third" in self.plan else ["drafter"]
+        runs = {which: self.plan[which]["run_id"] for which in ("baseline", *contenders)}
+        identity = {**runs, "checkpoint": self.plan.get("checkpoint")}
         try:
             rd = open_run_dir(self.work_dir, self.run_id, Manifest(stage=STAGE, run_id=self.run_id, identity=identity),
                               fresh=fresh)
@@ -153,7 +174,7 @@ class BenchPair:
         self.log = EventLog(rd.events_path, STAGE, self.run_id)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        self.log.emit("start", total=len(STEPS), steps=list(STEPS), resumed=rd.resumed, pair=True)
+        self.log.emit("start", total=len(self.step_names), steps=list(self.step_names), resumed=rd.resumed, pair=True)
         started = time.monotonic()
         error, drafted, slower = None, None, False
         try:
@@ -162,21 +183,26 @@ class BenchPair:
             if error is None and not self.stopping:
                 error, _, _ = self.bench("baseline")
                 self.step(1, error)
-            if error is None and not self.stopping:
-                error = self.serve("drafter")
-                self.step(2, error)
-            if error is None and not self.stopping:
-                error, drafted, code = self.bench("drafter")
-                slower = code == 3 or bool((drafted or {}).get("slower"))
-                self.step(3, error, slower=slower)
+            for i, which in enumerate(contenders):
+                if error is not None or self.stopping:
+                    break
+                error = self.serve(which)
+                self.step(2 + 2 * i, error)
+                if error is None and not self.stopping:
+                    error, result, code = self.bench(which)
+                    if which == "drafter":
+                        drafted, slower = result, code == 3 or bool((result or {}).get("slower"))
+                        self.step(3 + 2 * i, error, slower=slower)
+                    else:
+                        self.step(3 + 2 * i, error)
         finally:
             back = self.serve("baseline")
-            self.step(4, back)
+            self.step(len(self.step_names) - 1, back)
         status = "stopped" if self.stopping else "failed" if (error or back) else "completed"
         summary: dict[str, Any] = {
             "stage": STAGE, "run_id": self.run_id, "status": status, "pair": True, "label": "drafter",
-            "runs": {"baseline": self.plan["baseline"]["run_id"], "drafter": self.plan["drafter"]["run_id"]},
-            "checkpoint": self.plan.get("checkpoint"), "steps": self.steps, "slower": slower,
+            "runs": runs, "checkpoint": self.plan.get("checkpoint"), "third_checkpoint": self.plan.get("third_checkpoint"),
+            "steps": self.steps, "slower": slower,
             "elapsed_s": round(time.monotonic() - started, 1)}
         if drafted and isinstance(drafted.get("comparison"), dict):
             summary["comparison"] = drafted["comparison"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from backend.events import EVENTS_FILE, parse_events
 from backend.runs import SUMMARY_FILE, RunDirError, read_manifest, run_path
@@ -95,8 +95,9 @@ def completed_run(work_dir: str, run_id: str, stage: str) -> CompletedRun:
     return CompletedRun(stage=stage, run_id=run_id, path=path, summary=summary, outputs=_outputs(summary))
 
 
-def latest_completed(work_dir: str, stage: str) -> CompletedRun:
-    """The most recently finished completed run of `stage` (the default input of the next stage)."""
+def latest_completed(work_dir: str, stage: str, where: Callable[[CompletedRun], bool] | None = None) -> CompletedRun:
+    """The most recently finished completed run of `stage` (the default input of the next stage); `where`:
+    only the runs it accepts."""
     runs_dir = os.path.join(os.path.abspath(work_dir), "runs")
     candidates: list[tuple[float, str]] = []
     for name in os.listdir(runs_dir) if os.path.isdir(runs_dir) else ():
@@ -107,9 +108,11 @@ def latest_completed(work_dir: str, stage: str) -> CompletedRun:
                 candidates.append((os.path.getmtime(summary), name))
     for _, run_id in sorted(candidates, reverse=True):
         try:
-            return completed_run(work_dir, run_id, stage)
+            run = completed_run(work_dir, run_id, stage)
         except InputError:
             continue
+        if where is None or where(run):
+            return run
     raise InputError(f"no completed {stage} run in {runs_dir}: run `{stage}` first, or name one with --input")
 
 

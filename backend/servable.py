@@ -3,8 +3,10 @@
 `python -m backend.servable --work-dir W [--run RUN]` prints `{"run_id", "stage", "checkpoint"}` as one
 JSON line, or says on stderr why there is none (exit 2). RUN may be a verify run (its checkpoint, which it
 verified: a verify run completes only when every check passed) or a train run (its best checkpoint, when
-a completed verify run verified that same checkpoint). Without RUN: the latest completed verify run. The
-console asks the host (where the runs are) rather than guess a path.
+a completed verify run verified that same checkpoint). Without RUN: the latest completed verify run of a
+train run's own checkpoint (a published drafter verified with `--checkpoint` is never served by default).
+`--third`: the published drafter the latest completed fetch-drafter run left, once a verify run verified it
+(the bench's third contender). The console asks the host (where the runs are) rather than guess a path.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from backend.pipeline import InputError, completed_run, latest_completed
+from backend.fetch_drafter import STAGE as FETCH_STAGE
 from backend.runs import RunDirError, read_manifest, run_path
 
 
@@ -43,7 +46,7 @@ def servable(work_dir: str, run_id: str | None = None) -> Servable:
     """The checkpoint to serve, or an InputError saying why there is none and what to run."""
     if run_id is None:
         try:
-            run = latest_completed(work_dir, "verify")
+            run = latest_completed(work_dir, "verify", where=lambda r: not r.summary.get("external_checkpoint"))
         except InputError:
             raise InputError("no verified drafter: no completed verify run in "
                              f"{os.path.join(os.path.abspath(work_dir), 'runs')}; run `verify` first "
@@ -64,13 +67,29 @@ def servable(work_dir: str, run_id: str | None = None) -> Servable:
     return Servable(verify, "train", checkpoint)
 
 
+def third(work_dir: str) -> Servable:
+    """The published drafter to bench beside ours: the latest fetch-drafter run's checkpoint, verified."""
+    try:
+        fetched = latest_completed(work_dir, FETCH_STAGE)
+    except InputError:
+        raise InputError("no published drafter fetched: run `fetch-drafter` first (it downloads "
+                         "[bench].third_drafter)") from None
+    checkpoint = fetched.output("checkpoint")
+    verify = _verified(work_dir, checkpoint)
+    if verify is None:
+        raise InputError(f"the published drafter {checkpoint} (fetch run {fetched.run_id}) has not been verified: "
+                         f"run `verify --checkpoint {checkpoint}` first")
+    return Servable(verify, FETCH_STAGE, checkpoint)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m backend.servable")
     p.add_argument("--work-dir", required=True)
     p.add_argument("--run", help="a verify run, or a train run a verify run verified (default: the latest verify)")
+    p.add_argument("--third", action="store_true", help="the fetched published drafter, verified")
     a = p.parse_args(argv)
     try:
-        found = servable(a.work_dir, a.run)
+        found = third(a.work_dir) if a.third else servable(a.work_dir, a.run)
     except RunDirError as exc:
         print(str(exc), file=sys.stderr)
         return 2

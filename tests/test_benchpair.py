@@ -21,13 +21,14 @@ pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny"
 
 
-def plan_for(tmp_path: Path, baseline_argv: list[str], drafter_argv: list[str]) -> Path:
+def plan_for(tmp_path: Path, baseline_argv: list[str], drafter_argv: list[str],
+             third_argv: list[str] | None = None) -> Path:
     servers = tmp_path / "servers"
     servers.mkdir(exist_ok=True)
     log = tmp_path / "server-commands.log"
 
-    def cmd(which: str, what: str) -> list[str]:
-        flag = servers / which
+    def cmd(which: str, what: str, unit: str | None = None) -> list[str]:
+        flag = servers / (unit or which)
         body = {"start": f'[ -e "$1" ] && exit 3; touch "$1"', "stop": 'rm -f "$1"', "alive": '[ -e "$1" ]'}[what]
         # every start/stop is logged with which servers run at that moment
         return ["sh", "-c", f'[ "$3" = alive ] || echo "$3 $2 (running: $(ls "$4" | tr "\\n" " "))" >> "$5"; {body}',
@@ -38,6 +39,9 @@ def plan_for(tmp_path: Path, baseline_argv: list[str], drafter_argv: list[str]) 
     for which in ("baseline", "drafter"):
         for what in ("start", "stop", "alive"):
             plan[f"{which}_alive" if what == "alive" else f"{what}_{which}"] = cmd(which, what)
+    if third_argv:  # the published drafter: the drafter server's unit, another checkpoint
+        plan.update(third={"run_id": "p-third", "argv": third_argv}, start_third=cmd("third", "start", "drafter"),
+                    third_checkpoint="/published")
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     return path
@@ -110,6 +114,35 @@ def test_sigterm_stops_the_drafter_bench_and_swaps_back(tmp_path, prompts):
         "stop drafter (running: drafter )", "start baseline (running: )"]
     finish = json.loads((work / "runs" / "p-drafter" / "events.jsonl").read_text().splitlines()[-1])
     assert finish["kind"] == "finish" and finish["status"] == "stopped"
+
+
+def test_a_third_contender_is_benched_in_the_drafters_unit_and_compared_in_one_table(tmp_path, prompts):
+    work = tmp_path / "w"
+    sim = SimServer(tmp_path, "--served-model-name", MODEL, "--response-tokens", "8").start().wait_ready()
+    try:
+        plan = plan_for(tmp_path, bench_argv(work, prompts, sim.url, "p-baseline", "baseline"),
+                        bench_argv(work, prompts, sim.url, "p-drafter", "drafter", "--baseline-run", "p-baseline",
+                                   "--third-run", "p-third"),
+                        bench_argv(work, prompts, sim.url, "p-third", "published", "--baseline-run", "p-baseline"))
+        (tmp_path / "servers" / "baseline").touch()
+        proc = pair(work, plan)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        sim.kill()
+    assert proc.returncode in (0, 3), out
+    summary = json.loads((work / "runs" / "p" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["runs"] == {
+        "baseline": "p-baseline", "third": "p-third", "drafter": "p-drafter"}
+    assert [s["step"] for s in summary["steps"] if s["ok"]] == [
+        "baseline serving", "bench baseline", "swap to the published drafter", "bench published drafter",
+        "swap to the drafter", "bench drafter", "back to the baseline"]
+    assert {r["label"] for r in summary["comparison"]["rows"]} >= {"published", "drafter"}
+    # one server at a time, and the drafter's unit restarted with our checkpoint after the published one
+    assert (tmp_path / "server-commands.log").read_text().splitlines() == [
+        "stop baseline (running: baseline )", "start third (running: )",
+        "stop drafter (running: drafter )", "start drafter (running: )",
+        "stop drafter (running: drafter )", "start baseline (running: )"]
+    assert sorted(os.listdir(tmp_path / "servers")) == ["baseline"]
 
 
 def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):

@@ -138,3 +138,22 @@ def test_drafter_session_starts_the_stand_in_with_the_drafter(tiny_drafters, tmp
         stop = subprocess.run(drafter_stop_command(p).argv, env=env, capture_output=True, text=True, timeout=60)
         subprocess.run(["tmux", "kill-server"], env=env, capture_output=True, timeout=30)
     assert stop.returncode == 0 and "[shutdown]" in log.read_text()
+
+
+def test_the_bench_plan_names_the_published_drafter_as_third():
+    from console.control.bench_pair import pair_plan
+
+    p = profile_from_dict({
+        "host": {"name": "localhost", "transport": "local"},
+        "server": {"model_path": "/m", "manager": "tmux", "unit": "demo-vllm", "port": 18000,
+                   "command": ["python3", "-m", "sim.vllm_server"]},
+        "paths": {"work_dir": "/tmp/demo"}, "bench": {"dataset": "/data/p.jsonl"}})
+    plain = pair_plan(p, "b1", "/ck")
+    assert "third" not in plain and "--third-run" not in plain["drafter"]["argv"]
+    plan = pair_plan(p, "b1", "/ck", third_checkpoint="/published")
+    # the published drafter runs in the drafter server's own unit, with its checkpoint; ours is compared to both
+    assert plan["start_third"] == drafter_start_command(p, "/published").argv
+    assert plan["start_drafter"] == drafter_start_command(p, "/ck").argv
+    assert plan["third"]["run_id"] == "b1-third" and plan["third"]["argv"][-2:] == ["--baseline-run", "b1-baseline"]
+    argv = plan["drafter"]["argv"]
+    assert argv[argv.index("--third-run") + 1] == "b1-third" and argv[argv.index("--baseline-run") + 1] == "b1-baseline"

@@ -26,12 +26,12 @@ pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parent.parent
 
 
-def finished_run(work: Path, stage: str, run_id: str, outputs: dict, status: str = "completed") -> Path:
+def finished_run(work: Path, stage: str, run_id: str, outputs: dict, status: str = "completed", **extra) -> Path:
     """A run directory as a stage leaves it: manifest, start and finish events, summary."""
     run = open_run_dir(str(work), run_id, Manifest(stage=stage, run_id=run_id, identity={"n": run_id}))
     events = EventLog(run.events_path, stage, run_id)
     events.emit("start", total=1, manifest=run.manifest.to_dict())
-    summary = {"stage": stage, "run_id": run_id, "ok": status == "completed", "outputs": outputs}
+    summary = {"stage": stage, "run_id": run_id, "ok": status == "completed", "outputs": outputs, **extra}
     run.write_summary(summary)
     events.emit("finish", status=status, summary=summary)
     events.close()
@@ -65,6 +65,25 @@ def test_servable_takes_the_latest_verified_checkpoint(tmp_path):
         servable(str(tmp_path), "prep-1")
     with pytest.raises(InputError, match="no run 'nope'"):
         servable(str(tmp_path), "nope")
+
+
+def test_a_published_drafter_is_benched_as_the_third_never_served_by_default(tmp_path):
+    from backend.servable import third
+
+    ours, published = tmp_path / "ck-ours", tmp_path / "ck-published"
+    ours.mkdir(), published.mkdir()
+    with pytest.raises(InputError, match="no published drafter fetched: run `fetch-drafter` first"):
+        third(str(tmp_path))
+    finished_run(tmp_path, "verify", "verify-ours", {"checkpoint": str(ours)}, external_checkpoint=False)
+    finished_run(tmp_path, "fetch_drafter", "fetch-1", {"checkpoint": str(published)})
+    with pytest.raises(InputError, match=r"has not been verified: run `verify --checkpoint .*ck-published` first"):
+        third(str(tmp_path))
+    time.sleep(0.02)
+    # verified with `run verify --checkpoint`, after ours: still not what serve-drafter picks
+    finished_run(tmp_path, "verify", "verify-published", {"checkpoint": str(published)}, external_checkpoint=True)
+    assert servable(str(tmp_path)).checkpoint == str(ours)
+    found = third(str(tmp_path))
+    assert (found.checkpoint, found.run_id, found.stage) == (str(published), "verify-published", "fetch_drafter")
 
 
 def test_live_servers_parsed_from_systemd_and_tmux():

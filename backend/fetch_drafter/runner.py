@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.events import EventLog
+from backend.fetch_drafter import STAGE
 from backend.fetch_drafter import convert as cv
 from backend.fetch_drafter import download as dl
 from backend.fetch_drafter.names import repo_id_problem, revision_problem
 from backend.runs import Manifest, RunDir, RunDirError, open_run_dir
 
-STAGE = "fetch_drafter"
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TOKEN_ENV = "HF_TOKEN"
 _ENDPOINT = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(?::\d{1,5})?(?:/[A-Za-z0-9._~/-]*)?")

@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         report["error"] = pre.failures()
     report["elapsed_s"] = round(time.monotonic() - started, 2)
     report["outputs"] = {"report": run_dir.file(REPORT_FILE), "checkpoint": os.path.realpath(ckpt)}
+    # another drafter (a published one) measured on this train run's rows: never the one `serve-drafter` picks
+    report["external_checkpoint"] = c.checkpoint is not None
     write_json_atomic(run_dir.file(REPORT_FILE), report)
     run_dir.write_summary(report)
     status = "completed" if report["ok"] else "failed"

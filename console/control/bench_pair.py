@@ -12,21 +12,32 @@ from console.control.units import server_log_path, server_start_argv, server_sto
 from console.profile import Profile
 
 
-def pair_run_ids(run_id: str) -> tuple[str, str]:
-    """The bench runs of one pair: (the baseline's, the drafter server's)."""
-    return f"{run_id}-baseline", f"{run_id}-drafter"
+def pair_run_ids(run_id: str) -> tuple[str, str, str]:
+    """The bench runs of one pair: (the baseline's, the drafter server's, the published drafter's)."""
+    return f"{run_id}-baseline", f"{run_id}-drafter", f"{run_id}-third"
 
 
 def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str | None = None,
-              api_key_path: str | None = None, no_expand_option: bool = False) -> dict[str, Any]:
-    """The plan backend/benchpair.py runs (raises DrafterServerError / ValueError with what to fix)."""
-    base_id, drafter_id = pair_run_ids(run_id)
+              api_key_path: str | None = None, no_expand_option: bool = False,
+              third_checkpoint: str | None = None) -> dict[str, Any]:
+    """The plan backend/benchpair.py runs (raises DrafterServerError / ValueError with what to fix).
+    `third_checkpoint`: a published drafter ([bench].third_drafter, fetched and verified), benched too."""
+    base_id, drafter_id, third_id = pair_run_ids(run_id)
     common = {"input_run": input_run, "api_key_path": api_key_path}
+    third: dict[str, Any] = {}
+    if third_checkpoint:
+        third = {"third_checkpoint": third_checkpoint,
+                 "third": {"run_id": third_id, "argv": bench_argv(profile, third_id, label="published",
+                                                                  baseline_run=base_id, **common)},
+                 "start_third": ds.drafter_start_command(profile, third_checkpoint,
+                                                         no_expand_option=no_expand_option).argv}
     return {
         "checkpoint": checkpoint,
         "baseline": {"run_id": base_id, "argv": bench_argv(profile, base_id, label="baseline", **common)},
         "drafter": {"run_id": drafter_id,
-                    "argv": bench_argv(profile, drafter_id, label="drafter", baseline_run=base_id, **common)},
+                    "argv": bench_argv(profile, drafter_id, label="drafter", baseline_run=base_id,
+                                       third_run=third_id if third_checkpoint else None, **common)},
+        **third,
         "stop_baseline": server_stop_argv(profile),
         "start_baseline": server_start_argv(profile, server_log_path(profile)),
         "baseline_alive": alive_argv(profile, profile.server.unit),

@@ -75,11 +75,12 @@ def parse_live_servers(profile: Profile, text: str) -> set[str]:
     return live
 
 
-def servable_argv(profile: Profile, run: str | None = None) -> list[str]:
+def servable_argv(profile: Profile, run: str | None = None, *, third: bool = False) -> list[str]:
     """Asks the host for the verified checkpoint to serve (backend/servable.py): the latest completed
-    verify run's, or that of `run` (a verify run, or a train run a verify run verified)."""
+    verify run's, or that of `run` (a verify run, or a train run a verify run verified); `third`: the
+    fetched published drafter's, once verified."""
     argv = [profile.paths.python, "-m", "backend.servable", "--work-dir", profile.paths.work_dir]
-    return argv + (["--run", run] if run else [])
+    return argv + (["--run", run] if run else []) + (["--third"] if third else [])
 
 
 def speculative_config(checkpoint: str, num_speculative_tokens: int, draft_tp: int) -> dict[str, Any]:

@@ -379,6 +379,10 @@ class _Launcher:
         its command line returned. `req.input_run`: the verify (or train) run whose checkpoint to bench."""
         p = self.profile
         found = json.loads(await self.host_query(ds.servable_argv(p, req.input_run), "no drafter to bench"))
+        third = None
+        if p.bench.third_drafter:  # the profile names a published drafter: it is benched in the same table
+            third = json.loads(await self.host_query(ds.servable_argv(p, third=True),
+                                                     f"no published drafter ({p.bench.third_drafter}) to bench"))
         prompts_run = None
         if not p.bench.dataset:
             prompts_run = await self.host_query(stage_argv.latest_argv(p, "prepare"),
@@ -387,7 +391,7 @@ class _Launcher:
         no_expand = p.server.manager == "systemd" and await systemd_run_expands(self.host)
         try:
             plan = pair_plan(p, run_id, str(found["checkpoint"]), input_run=prompts_run, api_key_path=key,
-                             no_expand_option=no_expand)
+                             no_expand_option=no_expand, third_checkpoint=third and str(third["checkpoint"]))
         except (ds.DrafterServerError, ValueError) as exc:
             raise StageError(str(exc)) from None
         plan_file = f"{p.paths.work_dir}/plans/{run_id}.json"

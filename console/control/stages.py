@@ -6,8 +6,7 @@ third contender) and benchmarking after, and a pipeline run of them all.
 """
 from __future__ import annotations
 
+from backend.fetch_drafter import STAGE as FETCH_DRAFTER  # noqa: F401 - started on its own: no GPU, no input run
 from backend.pipeline import STAGES as HOST_STAGES
 
-# A stage the console starts on its own, outside a pipeline run: it needs no GPU and no input run.
-FETCH_DRAFTER = "fetch_drafter"
 STAGES: tuple[str, ...] = ("serve", *HOST_STAGES, "serve_drafter", FETCH_DRAFTER, "bench", "pipeline")
