@@ -95,7 +95,8 @@ async def unit_state(ssh: SshHost, unit: str) -> dict[str, str]:
 
 
 async def test_run_generate_wait_in_a_transient_unit(systemd_rig, rig_ssh, tmp_path):
-    unit, profile_path, _ = await standin_with_dataset(rig_ssh, systemd_rig, tmp_path, rows=40)
+    unit, profile_path, _ = await standin_with_dataset(rig_ssh, systemd_rig, tmp_path, rows=40,
+                                                       latency=1.0)  # long enough to be seen active
     run_id = f"rig-{uuid.uuid4().hex[:8]}"
     stage_unit = f"e3-generate-{run_id}"
     run_dir = f"{unit.work_dir}/runs/{run_id}"
