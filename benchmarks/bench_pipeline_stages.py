@@ -12,7 +12,7 @@ reaches next to stock speculators trained on the same data.
    Its checkpoint is verified by the same verify stage on the same held-out rows (`--checkpoint`), so the
    two mean accepted lengths are measured the same way. Target: >= 2.5 at k=3, and no worse than stock.
 
-    python3 benchmarks/bench_pipeline_stages.py [--limit 40] [--speed 10]
+    python3 benchmarks/bench_pipeline_stages.py [--limit 300] [--speed 10]
 
 Figures are printed, never asserted.
 """
@@ -114,7 +114,7 @@ def verify(profile: str, work_dir: Path, checkpoint: str | None, run_id: str) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--limit", type=int, default=40, help="samples generated")
+    parser.add_argument("--limit", type=int, default=300, help="samples generated")
     parser.add_argument("--speed", type=float, default=10.0, help="the demo host's speed-up")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
