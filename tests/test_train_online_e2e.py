@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.drafter_support import tiny_verifier
+from tests.rig.availability import rig_unavailable
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parent.parent
@@ -49,12 +50,21 @@ def demo(tmp_path_factory):
         cli("demo-host", "stop", "--dir", str(work))
 
 
-def test_online_training_swaps_the_extraction_server_in_records_the_loss_and_brings_the_baseline_back(demo):
+@pytest.fixture(scope="module")
+def online_train(demo):
+    """`run train --online` on the demo's prepare run: (its command's result, after a refusal without --yes)."""
     runs, profile = demo
     refused = cli("run", "train", "--online", "--profile", profile, "--input", "on-prepare", "--run-id", "on-train")
-    assert refused.returncode == 2 and "pass --yes" in refused.stderr  # it stops the server: ask first
     done = cli("run", "train", "--online", "--profile", profile, "--input", "on-prepare", "--run-id", "on-train",
                "--yes", "--wait")
+    return refused, done
+
+
+def test_online_training_swaps_the_extraction_server_in_records_the_loss_and_brings_the_baseline_back(
+        demo, online_train):
+    runs, profile = demo
+    refused, done = online_train
+    assert refused.returncode == 2 and "pass --yes" in refused.stderr  # it stops the server: ask first
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "(server swap) stop_baseline:" in done.stderr  # the operator saw the swap's commands
     summary = json.loads((runs / "on-train" / "summary.json").read_text())
@@ -86,10 +96,9 @@ def assert_baseline_back(profile: str) -> None:
     assert "extract_hidden_states" not in json.dumps(status["server"])
 
 
-def test_verify_of_an_online_run_fetches_the_heldout_states_under_the_swap(demo):
+def test_verify_of_an_online_run_fetches_the_heldout_states_under_the_swap(demo, online_train):
     runs, profile = demo
-    if not (runs / "on-train" / "summary.json").exists():
-        pytest.skip("needs the online train run of the test before")
+    assert online_train[1].returncode == 0, "the online train run this verifies failed (see the test before)"
     done = cli("run", "verify", "--online", "--profile", profile, "--input", "on-train", "--run-id", "on-verify",
                "--yes", "--wait")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -113,7 +122,7 @@ def test_an_extraction_server_that_dies_during_online_training_fails_it_with_why
     from tests.test_extract_e2e import AUX, Host
 
     if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed")
+        rig_unavailable("tmux is not installed (scripts/install-system-deps.sh installs it)")
     tiny = tiny_verifier(tmp_path_factory)
     work = prepared_work(tmp_path_factory, tiny)
     sock = tmp_path / "tmux"
