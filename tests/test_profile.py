@@ -158,7 +158,11 @@ def test_third_drafter_is_a_hub_repo_id_checked_whole():
     p = profile_from_dict(with_value("bench", "third_drafter", "lightseekorg/kimi-k2.5-eagle3"))
     assert (p.bench.third_drafter, p.bench.third_revision, p.bench.hub_token_env) == \
         ("lightseekorg/kimi-k2.5-eagle3", "main", "HF_TOKEN")
-    assert load_profile(ROOT / "profiles/kimi-k25-int4.toml").bench.third_drafter == "lightseekorg/kimi-k2.5-eagle3"
+    # the example names one in a comment (run bench refuses while a named one is not fetched and verified)
+    example = (ROOT / "profiles/kimi-k25-int4.toml").read_text()
+    assert load_profile(ROOT / "profiles/kimi-k25-int4.toml").bench.third_drafter is None
+    uncommented = example.replace("# third_drafter = ", "third_drafter = ").replace("# third_revision", "third_revision")
+    assert profile_from_dict(tomllib.loads(uncommented)).bench.third_drafter == "owner/kimi-k2.5-eagle3"
     for bad in ("kimi-eagle3", "org/name\n", "org/../x", "org/name; rm -rf /", "-org/x", "org/x/y", "org/a--b",
                 "org/ümlaut", "org/x.git"):
         ((key, msg),) = problems(with_value("bench", "third_drafter", bad))
