@@ -7,6 +7,7 @@ exactly the bugs they exist to catch.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,13 @@ def tiny_drafters(tmp_path_factory):
     from tests.specdec_support import make_drafters
 
     return make_drafters(tmp_path_factory)
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    """Times rendered in UTC (snapshots hold clock times)."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

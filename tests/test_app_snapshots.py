@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import time
 
 import pytest
 
@@ -11,18 +10,9 @@ from console.ui.app import ConsoleApp
 from tests.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run, stage_unit,
                                      training_run)
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("utc")]  # times shown in UTC
 NOW = 1_700_000_030.0
 SIZE = (150, 48)
-
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def app_for(*snapshots, journal=None, **kwargs) -> ConsoleApp:

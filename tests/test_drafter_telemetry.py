@@ -4,7 +4,6 @@ line, in the snapshot (status --json) and in the readiness pane (text, and an SV
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,15 +93,6 @@ def test_readiness_says_with_drafter():
 
 
 NOW = 1_700_000_030.0
-
-
-@pytest.fixture
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 @pytest.mark.timeout(60)

@@ -3,7 +3,6 @@ verifier with mid-epoch checkpoints, and the verify run on it; paths rewritten t
 through the console's own run reader. SVG snapshot; regenerate with `--snapshot-update`."""
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,19 +14,10 @@ from console.ui.app import ConsoleApp
 from console.ui.panes.training import TrainHistory, training_markup, verify_markup
 from tests.fake_controller import SERVER_UNIT, FakeController, base_snapshot
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("utc")]  # times shown in UTC
 SAMPLES = Path(__file__).parent / "samples" / "train"
 NOW = 1_796_070_400.0
 SIZE = (150, 48)
-
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 def real_runs():
