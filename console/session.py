@@ -20,8 +20,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from console.control import launch
 from console.control import drafter_server as ds
-from console.control.launch import Launch, StageError, StageRequest, pipeline_range
-from console.control.stages import FETCH_DRAFTER
+from console.control.launch import Launch, StageError, StageRequest
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
                                    server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
@@ -329,11 +328,7 @@ class Session:
                 return refused, None
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
-            # a download needs no GPU: it may run beside a pipeline run, never beside another download
-            busy = (["pipeline", *pipeline_range(req, self.profile)] if stage == "pipeline" else
-                    [stage] if stage == FETCH_DRAFTER else [stage, "pipeline"])
-            if stage == "bench":
-                busy.append("extract")  # it swaps the servers too
+            busy = launch.busy_stages(req, self.profile)
         except StageError as e:
             return ActionResult(False, f"start {stage} failed: {e}"), None
         for name in busy:

@@ -5,7 +5,7 @@ import pytest
 
 from backend.train.config import parse_config
 from console.control import stage_argv
-from console.control.launch import StageError, StageRequest, pipeline_range, stops_baseline
+from console.control.launch import StageError, StageRequest, busy_stages, pipeline_range, stops_baseline
 from console.profile import profile_from_dict
 
 PROFILE = profile_from_dict({"host": {"name": "gpu-host.example"},
@@ -78,3 +78,16 @@ def test_online_train_and_verify_get_the_swap_plan_and_the_served_models_id():
     verify = stage_argv.verify_argv(ONLINE, "v1", "t1", plan_file="/data/eagle3/plans/v1.extract.json")
     assert verify[verify.index("--plan") + 1] == "/data/eagle3/plans/v1.extract.json"
     assert verify[verify.index("--served-model") + 1] == "kimi"
+
+
+def test_a_server_swap_never_starts_beside_another_swap_or_training():
+    # each stage refuses a second run of itself and a pipeline run
+    assert busy_stages(StageRequest("prepare"), PROFILE) == ["prepare", "pipeline"]
+    assert busy_stages(StageRequest("train"), PROFILE) == ["train", "pipeline"]
+    assert busy_stages(StageRequest("fetch_drafter"), PROFILE) == ["fetch_drafter"]  # no GPU: beside a pipeline
+    # extraction, online training and the bench swap the servers: not beside one another, nor beside training
+    swaps = {"extract", "bench", "train", "verify", "pipeline"}
+    assert set(busy_stages(StageRequest("extract"), PROFILE)) == swaps
+    assert set(busy_stages(StageRequest("bench"), PROFILE)) == swaps
+    assert set(busy_stages(StageRequest("train", online=True), PROFILE)) == swaps
+    assert set(busy_stages(StageRequest("pipeline"), PROFILE)) == swaps | {"generate", "prepare"}

@@ -307,6 +307,18 @@ def stops_baseline(req: StageRequest, profile: Profile | None = None) -> bool:
     return "extract" in stages or (online and ("train" in stages or "verify" in stages))
 
 
+def busy_stages(req: StageRequest, profile: Profile) -> list[str]:
+    """The stages whose live runs refuse `req`: its own and a pipeline's (two runs would fight over the same
+    GPUs and files); a download needs no GPU, so it may run beside a pipeline run, never beside another
+    download; a request that swaps the servers never runs beside another swap nor beside training."""
+    if req.stage == FETCH_DRAFTER:
+        return [FETCH_DRAFTER]
+    busy = ["pipeline", *pipeline_range(req, profile)] if req.stage == "pipeline" else [req.stage, "pipeline"]
+    if stops_baseline(req, profile):
+        busy += [s for s in ("extract", "bench", "train", "verify") if s not in busy]
+    return busy
+
+
 class _Launcher:
     """Builds one stage's command line on the host's terms: inputs it defaults to, files it needs there."""
 
