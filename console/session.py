@@ -377,12 +377,12 @@ class Session:
         return ds.parse_live_servers(self.profile, res.stdout)
 
     async def _swap_refused(self) -> ActionResult | None:
-        """A server swap while an extraction (its own swap) is going would fight over the GPUs."""
-        for name in ("extract", "pipeline"):
+        """A server swap beside another swap or a training run would fight over the GPUs."""
+        for name in launch.SWAP_EXCLUSIVE:
             live = [r.unit or r.run_id for r in self.running(name)] or await self._live_units(name)
             if live:
-                return ActionResult(False, f"{name} is running in {', '.join(live)} and swaps the servers "
-                                           f"itself: wait for it, or stop it first")
+                return ActionResult(False, f"{name} is running in {', '.join(live)} and needs the GPUs or swaps "
+                                           f"the servers itself: wait for it, or stop it first")
         return None
 
     async def _stop_server(self, which: str, shown: list[str]) -> ActionResult | None:

@@ -307,6 +307,11 @@ def stops_baseline(req: StageRequest, profile: Profile | None = None) -> bool:
     return "extract" in stages or (online and ("train" in stages or "verify" in stages))
 
 
+# the runs a server swap never starts beside: the other swaps (extract, bench, online train and verify)
+# and training, whose GPUs the swapped-in server would take
+SWAP_EXCLUSIVE = ("extract", "bench", "train", "verify", "pipeline")
+
+
 def busy_stages(req: StageRequest, profile: Profile) -> list[str]:
     """The stages whose live runs refuse `req`: its own and a pipeline's (two runs would fight over the same
     GPUs and files); a download needs no GPU, so it may run beside a pipeline run, never beside another
@@ -315,7 +320,7 @@ def busy_stages(req: StageRequest, profile: Profile) -> list[str]:
         return [FETCH_DRAFTER]
     busy = ["pipeline", *pipeline_range(req, profile)] if req.stage == "pipeline" else [req.stage, "pipeline"]
     if stops_baseline(req, profile):
-        busy += [s for s in ("extract", "bench", "train", "verify") if s not in busy]
+        busy += [s for s in SWAP_EXCLUSIVE if s not in busy]
     return busy
 
 
