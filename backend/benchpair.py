@@ -22,7 +22,6 @@ failed, 2 bad plan or run directory; a stop (SIGTERM) ends as stopped, exit 0, a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -32,7 +31,7 @@ from typing import Any
 
 from backend.events import EventLog
 from backend.pipeline import InputError, completed_run, last_finish
-from backend.runs import Manifest, RunDirError, open_run_dir, run_path, write_json_atomic
+from backend.runs import Manifest, RunDirError, open_run_dir, read_json_object, run_path, write_json_atomic
 
 STAGE = "bench"
 PLAN_FILE = "benchpair-plan.json"
@@ -48,13 +47,7 @@ class PlanError(ValueError):
 
 
 def load_plan(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"{path}: cannot read the plan: {exc}") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"{path}: expected a JSON object")
+    data = read_json_object(path, PlanError, f"{path}: no such plan file")
     for key in _COMMANDS:
         v = data.get(key)
         if not (isinstance(v, list) and v and all(isinstance(a, str) for a in v)):

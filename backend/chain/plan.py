@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backend.pipeline import STAGES
-from backend.runs import RunDirError, check_run_id
+from backend.runs import RunDirError, check_run_id, read_json_object
 
 PLAN_FILE = "plan.json"
 
@@ -67,14 +67,7 @@ def parse_plan(data: Any, source: str = "plan") -> list[PlannedStage]:
 
 
 def load_plan(path: str) -> list[PlannedStage]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read: {exc.strerror}") from None
-    except ValueError as exc:
-        raise PlanError(f"{path}: not JSON ({exc})") from None
-    return parse_plan(data, path)
+    return parse_plan(read_json_object(path, PlanError, f"{path}: no such plan file"), path)
 
 
 def dumps_plan(stages: list[PlannedStage]) -> str:

@@ -14,9 +14,10 @@ plus where the extractor answers (`endpoint`, `health_url`, `models_url`), how l
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from backend.runs import read_json_object
 
 PLAN_VERSION = 1
 STEPS = ("stop_baseline", "start_extractor", "stop_extractor", "start_baseline")
@@ -101,11 +102,4 @@ def plan_from_dict(data: Any, path: str = "<plan>") -> SwapPlan:
 
 
 def load_plan(path: str) -> SwapPlan:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise PlanError(f"--plan {path}: cannot read it ({exc.strerror})") from None
-    except ValueError as exc:
-        raise PlanError(f"--plan {path}: not valid JSON ({exc})") from None
-    return plan_from_dict(data, path)
+    return plan_from_dict(read_json_object(path, PlanError, f"--plan {path}: no such file"), path)
