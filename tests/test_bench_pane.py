@@ -120,3 +120,22 @@ async def test_console_shows_the_pane_only_with_a_bench_run():
         await pilot.pause(0.2)
         assert pane.has_class("-shown") and pane.error is None
         assert "1.65x" in pane.query_one("#bench-body").plain
+
+
+async def test_a_bench_that_starts_while_watched_scrolls_into_view():
+    """Below the training pane the bench is off screen on a short terminal: a new one comes into view."""
+    from textual.containers import ScrollableContainer
+
+    from tests.fake_controller import training_run
+
+    plain = with_runs(generation_run(), training_run())
+    benched = with_runs(generation_run(), training_run(), finished("demo_bench_summary.json", "bench-drafter"))
+    fake = FakeController([plain, plain, benched], journal={}, simulated=True)
+    app = ConsoleApp(fake, clock=lambda: NOW)
+    async with app.run_test(size=(150, 45)) as pilot:
+        await until(lambda: app.last_snapshot is benched, "the bench snapshot", timeout=10, pause=pilot.pause)
+        await pilot.pause(0.5)
+        main = app.query_one("#main", ScrollableContainer)
+        pane = app.query_one("#bench", BenchPane)
+        assert main.scroll_y > 0 and pane.region.bottom <= main.region.bottom, (main.scroll_y, pane.region,
+                                                                               main.region)

@@ -65,8 +65,17 @@ class BenchPane(Pane):
     def compose_body(self) -> ComposeResult:
         yield Text("", id="bench-body")
 
+    _seen: tuple[str, str] | None = None  # the bench run (id, state) last shown
+
     def render_snapshot(self, snapshot: Snapshot) -> None:
         run = pick_run(list(snapshot.runs), "bench")
         self.set_class(run is not None, "-shown")
         if run is not None:
             self.query_one("#bench-body", Text).show(bench_markup(bench_view(run)))
+            # it sits below the fold of the pane area: a bench started or finished while the operator
+            # watches scrolls into view (an old one found at start-up leaves the view where it is)
+            seen, self._seen = self._seen, (run.run_id, run.state)
+            if seen is not None and seen != self._seen:
+                self.call_after_refresh(self.scroll_visible)
+        elif self._seen is None:
+            self._seen = ("", "")  # nothing yet: the first bench run that appears is a new one
