@@ -395,6 +395,15 @@ def check_train_args(v: list[str]) -> str | None:
     return None
 
 
+def check_from_pretrained(v: str) -> str | None:
+    """A run id of the work dir (train or fetch_drafter run) or an absolute checkpoint directory."""
+    from backend.runs import RUN_ID_PATTERN
+
+    if RUN_ID_PATTERN.fullmatch(v) or check_path(v) is None:
+        return None
+    return "a train or fetch_drafter run id, or an absolute checkpoint directory on the host"
+
+
 @dataclass
 class TrainSection:
     """The drafter's training (python -m backend.train; speculators' EAGLE-3 trainer)."""
@@ -411,6 +420,10 @@ class TrainSection:
                                   doc="epochs between checkpoints; below 1 also saves within an epoch")
     seed: int = knob(0, min=0, max=2**31 - 1)
     extra_args: list[str] = knob([], check=check_train_args)
+    from_pretrained: str | None = knob(None, check=check_from_pretrained,
+                                       doc="warm start from this drafter (a train or fetch_drafter run id, or a "
+                                           "checkpoint directory); it must fit the verifier, the aux layers and "
+                                           "the draft vocabulary; its shape replaces draft_layers")
 
     def stage_args(self) -> list[str]:
         """These settings as `python -m backend.train` flags (backend/train/config.py); the draft tokens come
@@ -426,6 +439,8 @@ class TrainSection:
             args += ["--gpus", str(self.gpus)]
         if self.extra_args:
             args += ["--extra-args", json.dumps(self.extra_args)]
+        if self.from_pretrained is not None:
+            args += ["--from-pretrained", self.from_pretrained]
         return args
 
 

@@ -26,7 +26,7 @@ OWNED_FLAGS = ("--speculator-type", "--verifier-name-or-path", "--data-path", "-
                "--max-steps", "--draft-vocab-size", "--d2t-path", "--t2d-path", "--token-freq-path",
                "--hidden-states-path", "--on-missing", "--vllm-endpoint", "--trust-remote-code", "--logger",
                "--log-dir", "--draft-attn-impl", "--loss-implementation", "--no-resume-from-checkpoint",
-               "--dry-run", "--config", "--dump-config", "--hidden-states-backend")
+               "--dry-run", "--config", "--dump-config", "--hidden-states-backend", "--from-pretrained")
 
 
 def check_extra_args(args: list[str]) -> None:
@@ -65,6 +65,7 @@ class TrainStageConfig:
     served_model: str | None = None  # the id that server reports in /v1/models (default: the verifier path)
     plan: str | None = None  # online under the swap (backend/swap.py): the extraction server takes the baseline's place
     trust_remote_code: str = "auto"  # auto (when config.json has auto_map) | on | off
+    from_pretrained: str | None = None  # warm start: a train or fetch_drafter run id, or a checkpoint directory
     extra_args: list[str] = field(default_factory=list)
     min_free_bytes: int = 1 << 30
     fresh: bool = False
@@ -106,6 +107,16 @@ class TrainStageConfig:
         if self.aux_layer_ids is not None and not self.aux_layer_ids:
             raise ConfigError("--aux-layer-ids is empty")
         check_extra_args(self.extra_args)
+        if self.from_pretrained is not None:
+            from backend.train.warm_start import SHAPING_FLAGS
+
+            shaping = [a for a in self.extra_args if a.split("=", 1)[0] in SHAPING_FLAGS]
+            if shaping:
+                raise ConfigError(f"--extra-args {' '.join(shaping)}: a warm start takes the draft's shape from "
+                                  f"--from-pretrained, and speculators refuses decoder-shaping flags beside it")
+            if not self.from_pretrained.strip():
+                raise ConfigError("--from-pretrained is empty: give a train or fetch_drafter run id, or a "
+                                  "checkpoint directory")
 
     @property
     def online(self) -> bool:
@@ -152,6 +163,9 @@ _HELP = {
             "started again afterwards, also after a failure or SIGTERM; --vllm-endpoint defaults to its endpoint",
     "served_model": "online: the model id the extraction server serves (speculators checks it; default: "
                     "the verifier path, vLLM's default id)",
+    "from_pretrained": "warm start from this drafter: a train run or fetch_drafter run of the work dir (its "
+                       "checkpoint), or a checkpoint directory; it must fit the verifier, the aux layers and the "
+                       "draft vocabulary (its shape replaces --draft-layers)",
     "extra_args": "further `speculators train` flags, as one shell-quoted string or a JSON list",
     "fresh": "archive an existing run directory (renamed, never deleted) and start over",
     "preflight_only": "run the preflight checks, print them as JSON, and exit",

@@ -27,6 +27,7 @@ from backend.train import preflight as pf
 from backend.train.config import ConfigError, TrainStageConfig
 from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_status, speculators_argv
 from backend.train.verifier import VerifierError, VerifierInfo, check_layer_ids, inspect_verifier
+from backend.train.warm_start import WarmStart, WarmStartError
 
 STAGE = "train"
 
@@ -90,7 +91,13 @@ class Inputs:
         self.heldout_hs = self.run.outputs.get("heldout_hidden_states")
         if self.train_hs is not None and not any(n.startswith("hs_") for n in os.listdir(self.train_hs)):
             raise InputError(f"{self.run.stage} run {self.run.run_id}: {self.train_hs} holds no hs_*.safetensors")
-        if c.draft_vocab_size is not None and c.draft_vocab_size < self.info.vocab_size:
+        self.warm: WarmStart | None = None
+        if c.from_pretrained is not None:
+            from backend.train import warm_start
+
+            self.warm = warm_start.check_fit(c.from_pretrained, warm_start.resolve(c.work_dir, c.from_pretrained),
+                                             self.info, self.layer_ids, c.draft_vocab_size)
+        elif c.draft_vocab_size is not None and c.draft_vocab_size < self.info.vocab_size:
             if not self.token_freq or not os.path.exists(self.token_freq):
                 raise InputError(f"a draft vocabulary of {c.draft_vocab_size} needs the token frequencies of "
                                  f"{self.run.stage} run {self.run.run_id} (its token_freq output is missing)")
@@ -104,7 +111,8 @@ def identity_of(c: TrainStageConfig, inputs: Inputs) -> dict[str, Any]:
             "draft_vocab_size": c.draft_vocab_size, "seq_length": c.seq_length, "draft_layers": c.draft_layers,
             "optimizer": c.optimizer, "seed": c.seed, "hidden_states_dtype": c.hidden_states_dtype,
             "train_data_ratio": c.train_data_ratio, "max_steps": c.max_steps, "online": c.online,
-            "extra_args": c.extra_args}
+            "extra_args": c.extra_args,
+            **({"from_pretrained": inputs.warm.checkpoint} if inputs.warm else {})}
 
 
 def gpu_count() -> int:
@@ -125,7 +133,7 @@ def vocab_files(c: TrainStageConfig, inputs: Inputs, run_dir: str) -> tuple[int,
     """The reduced draft vocabulary as speculators' d2t/t2d files, built in the run dir (speculators would
     write them beside the input data, in another run's directory)."""
     size = c.draft_vocab_size
-    if size is None or size >= inputs.info.vocab_size:
+    if inputs.warm is not None or size is None or size >= inputs.info.vocab_size:
         return None
     import numpy as np
     import torch
@@ -222,7 +230,7 @@ class Stage:
         try:
             self.use_plan()
             inputs = Inputs(c)
-        except (InputError, VerifierError, UsageError, ConfigError) as exc:
+        except (InputError, VerifierError, UsageError, ConfigError, WarmStartError) as exc:
             print(f"train: {exc}", file=sys.stderr)
             return 2
         available = gpu_count()
@@ -263,6 +271,11 @@ class Stage:
                                     preflight=report.to_dict())
         ck.mark_save_root(save_path, inputs.info)
         vocab = vocab_files(c, inputs, run_dir.path)
+        staged = None
+        if inputs.warm is not None:
+            from backend.train import warm_start
+
+            staged = warm_start.stage(inputs.warm, run_dir.path, inputs.info)
         cpu = processes == 0
         workers = c.num_workers if c.num_workers is not None else (0 if cpu else 4)
         plan = TrainPlan(run_id=c.run_id, run_dir=run_dir.path, events_path=run_dir.events_path,
@@ -272,7 +285,8 @@ class Stage:
                                                save_path=save_path, layer_ids=inputs.layer_ids, vocab=vocab,
                                                remote_code=self._remote_code(inputs.info), cpu=cpu,
                                                num_workers=workers, log_dir=os.path.join(run_dir.path, "logs"),
-                                               cache_dir=os.path.join(run_dir.path, "hs-cache")))
+                                               cache_dir=os.path.join(run_dir.path, "hs-cache"),
+                                               warm_start=staged))
         plan_path = plan.save()
         self.emit("start", total=0, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
                   processes=plan.processes, device=plan.device, verifier=inputs.info.to_dict(),
@@ -346,11 +360,14 @@ class Stage:
                                    "outputs": {k: v for k, v in outputs.items() if v},
                                    "verifier": inputs.info.path, "aux_layer_ids": inputs.layer_ids,
                                    "speculative_tokens": self.c.speculative_tokens,
-                                   "draft_vocab_size": self.c.draft_vocab_size or inputs.info.vocab_size,
+                                   "draft_vocab_size": (inputs.warm.draft_vocab_size if inputs.warm else
+                                                        self.c.draft_vocab_size or inputs.info.vocab_size),
                                    "epochs": self.c.epochs, "steps": state.get("global_step"),
                                    "done": state.get("global_step") or 0,
                                    "checkpoint_epochs": ck.epoch_dirs(save_path), "online": self.c.online,
                                    "vllm_endpoint": self.c.vllm_endpoint, **extra}
+        if inputs.warm is not None:
+            summary["warm_start"] = inputs.warm.to_dict()
         if self.server is not None:
             summary["swap"] = self.server.record.to_dict()
         if status == "completed":
