@@ -65,6 +65,9 @@ class TrainStageConfig:
     served_model: str | None = None  # the id that server reports in /v1/models (default: the verifier path)
     plan: str | None = None  # online under the swap (backend/swap.py): the extraction server takes the baseline's place
     trust_remote_code: str = "auto"  # auto (when config.json has auto_map) | on | off
+    acceptance_samples: int = 16  # held-out rows each checkpoint's acceptance is measured on (0: off)
+    acceptance_patience: int = 3  # stop after this many epochs without a better acceptance (0: never)
+    acceptance_min_delta: float = 0.01  # mean accepted length a better epoch must gain (measurement noise)
     from_pretrained: str | None = None  # warm start: a train or fetch_drafter run id, or a checkpoint directory
     extra_args: list[str] = field(default_factory=list)
     min_free_bytes: int = 1 << 30
@@ -107,6 +110,11 @@ class TrainStageConfig:
         if self.aux_layer_ids is not None and not self.aux_layer_ids:
             raise ConfigError("--aux-layer-ids is empty")
         check_extra_args(self.extra_args)
+        for name in ("acceptance_samples", "acceptance_patience"):
+            if not 0 <= getattr(self, name) <= 100_000:
+                raise ConfigError(f"--{name.replace('_', '-')} must be 0 .. 100000, got {getattr(self, name)}")
+        if not 0 <= self.acceptance_min_delta < 100:
+            raise ConfigError(f"--acceptance-min-delta must be in [0, 100), got {self.acceptance_min_delta}")
         if self.from_pretrained is not None:
             from backend.train.warm_start import SHAPING_FLAGS
 
@@ -163,6 +171,11 @@ _HELP = {
             "started again afterwards, also after a failure or SIGTERM; --vllm-endpoint defaults to its endpoint",
     "served_model": "online: the model id the extraction server serves (speculators checks it; default: "
                     "the verifier path, vLLM's default id)",
+    "acceptance_samples": "held-out rows each saved checkpoint's acceptance is measured on; the checkpoint with "
+                          "the best mean accepted length is the one handed on (0: speculators' lowest "
+                          "validation loss)",
+    "acceptance_patience": "stop early after this many epochs without a better acceptance (0: never)",
+    "acceptance_min_delta": "mean accepted length an epoch must gain to count as better",
     "from_pretrained": "warm start from this drafter: a train run or fetch_drafter run of the work dir (its "
                        "checkpoint), or a checkpoint directory; it must fit the verifier, the aux layers and the "
                        "draft vocabulary (its shape replaces --draft-layers)",

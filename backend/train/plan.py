@@ -27,6 +27,7 @@ class TrainPlan:
     processes: int  # 1: in-process; more: torchrun
     device: str  # "cpu" or "gpu"
     served_model: str | None = None  # online: the extraction server's model id
+    selection: dict[str, Any] | None = None  # acceptance-driven choice (backend/train/selection.py settings)
     argv: list[str] = field(default_factory=list)  # speculators train flags
 
     def to_dict(self) -> dict[str, Any]:

@@ -161,6 +161,19 @@ def estimate_checkpoint_bytes(c: TrainStageConfig, info: VerifierInfo, layers: i
     return pf.checkpoint_bytes(params, trainable, saves + 1)
 
 
+def selection_settings(c: TrainStageConfig, inputs: Inputs) -> dict[str, Any] | None:
+    """What the trainer measures each checkpoint on (backend/train/selection.py); None: nothing to measure."""
+    from backend.train.selection import SelectionSettings
+
+    if c.acceptance_samples < 1 or not inputs.heldout_data or not inputs.heldout_hs:
+        return None
+    if not (os.path.isdir(inputs.heldout_data) and os.path.isdir(inputs.heldout_hs)):
+        return None
+    return SelectionSettings(samples=c.acceptance_samples, k=c.speculative_tokens, patience=c.acceptance_patience,
+                             min_delta=c.acceptance_min_delta, heldout_data=inputs.heldout_data,
+                             heldout_hidden_states=inputs.heldout_hs).to_dict()
+
+
 class Stage:
     def __init__(self, config: TrainStageConfig):
         self.c = config
@@ -243,7 +256,9 @@ class Stage:
                             settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint, "plan": c.plan,
                                       "served_model": c.served_model,
                                       "checkpoint_freq": c.checkpoint_freq, "log_freq": c.log_freq,
-                                      "num_workers": c.num_workers})
+                                      "num_workers": c.num_workers, "acceptance_samples": c.acceptance_samples,
+                                      "acceptance_patience": c.acceptance_patience,
+                                      "acceptance_min_delta": c.acceptance_min_delta})
         try:
             run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
             save_path = os.path.join(run_dir.path, CHECKPOINTS_DIR)
@@ -287,6 +302,7 @@ class Stage:
                                                num_workers=workers, log_dir=os.path.join(run_dir.path, "logs"),
                                                cache_dir=os.path.join(run_dir.path, "hs-cache"),
                                                warm_start=staged))
+        plan.selection = selection_settings(c, inputs)
         plan_path = plan.save()
         self.emit("start", total=0, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
                   processes=plan.processes, device=plan.device, verifier=inputs.info.to_dict(),
@@ -351,7 +367,10 @@ class Stage:
 
     def _finish(self, run_dir: RunDir, inputs: Inputs, save_path: str, status: str, error: str | None,
                 **extra: Any) -> int:
-        best = ck.best_checkpoint(save_path)
+        from backend.train import selection
+
+        best = selection.chosen_checkpoint(save_path) or ck.best_checkpoint(save_path)
+        loss_best = ck.loss_best_epoch(save_path)
         state = read_status(run_dir.path) or {}
         outputs = {"checkpoints": save_path, "checkpoint": best, "heldout_data": inputs.heldout_data,
                    "heldout_hidden_states": inputs.heldout_hs, "token_freq": inputs.token_freq,
@@ -368,6 +387,10 @@ class Stage:
                                    "vllm_endpoint": self.c.vllm_endpoint, **extra}
         if inputs.warm is not None:
             summary["warm_start"] = inputs.warm.to_dict()
+        summary["selection"] = selection.describe(selection.read(save_path), loss_best) or {
+            "by": "validation loss", "epoch": loss_best, "why": "no held-out acceptance was measured (online "
+            "training, no held-out hidden states, or --acceptance-samples 0): speculators' lowest validation loss"}
+        summary["stopped_early"] = bool(state.get("stopped_early"))
         if self.server is not None:
             summary["swap"] = self.server.record.to_dict()
         if status == "completed":

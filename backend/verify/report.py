@@ -22,6 +22,13 @@ def table(report: dict[str, Any]) -> str:
         for name, a in (("trained", trained), ("untrained", base)):
             cells = "".join(f"  {p:<7.3f}" for p in a["per_position"])
             lines.append(f"  {name:<16}{cells}  {a['mean_accepted']:<13.3f}  {a['mean_acceptance_length']:.3f}")
+    if isinstance(report.get("k_table"), dict):
+        from backend.verify.k_table import KRow, KTable, format_table
+
+        t = report["k_table"]
+        table_ = KTable(rows=tuple(KRow(**r) for r in t["rows"]), draft_cost=t["draft_cost"],
+                        cost_source=t["cost_source"], recommended=t["recommended"])
+        lines += ["", *format_table(table_)]
     if report.get("error"):
         lines += ["", f"error: {report['error']}"]
     return "\n".join(lines)

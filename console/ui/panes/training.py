@@ -1,4 +1,5 @@
-"""Training progress: loss curve (train per step, validation per epoch), accuracy per draft position, epoch
+"""Training progress: loss curve (train per step, validation per epoch), held-out acceptance per saved epoch
+(the chosen checkpoint starred), accuracy per draft position, epoch
 and step, lr, rate and ETA, last and best checkpoint; and verify's table once it finishes.
 
 A real run's RunInfo carries its accumulated curves (`series`, console/telemetry/train_view.py); without
@@ -139,6 +140,22 @@ def _positions(values: list[Any] | None, with_bars: bool = True) -> str:
     return "  ".join(cells) or "N/A"
 
 
+def acceptance_line(series: dict[str, Any]) -> str | None:
+    """Held-out acceptance per saved epoch (mean acceptance length), the chosen one starred, and how much
+    patience is left before training stops early; None before the first measurement. Numbers only."""
+    points = [a for a in series.get("acceptance") or [] if isinstance(a, list) and len(a) >= 2
+              and _is_num(a[0]) and _is_num(a[1])]
+    if not points:
+        return None
+    chosen = series.get("chosen_epoch")
+    cells = [f"ep{int(e) + 1} {v:.2f}" + ("*" if e == chosen else "") for e, v, *_ in points[-8:]]
+    tail = f"   chosen: epoch {int(chosen) + 1}" if _is_num(chosen) else ""
+    patience, stale = series.get("acceptance_patience"), series.get("stale_epochs")
+    if _is_num(patience) and patience > 0 and _is_num(stale):
+        tail += f"   [dim]no gain {int(stale)}/{int(patience)} epochs[/]"
+    return f"accept   {'  '.join(cells)}{tail}"
+
+
 def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistory,
                     rate: float | None = None) -> Content:
     p = h.last
@@ -158,10 +175,12 @@ def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistor
     resumed = f"   [dim]resumed at step {series['resumed_from']}[/]" if _is_num(series.get("resumed_from")) else ""
     best = f"{h.best[1]} (val {h.best[0]:.4f})" if h.best else "N/A"
     val_acc = series.get("val_acc_k")
+    accept = acceptance_line(series)
     return lines(
         markup(f"run      [b]$run[/b]  [dim]$state[/]   epoch {epoch}  step {step}   "
                f"rate {num(rate, '{:.2f} step/s')}   ETA {duration(eta)}{resumed}", run=run_id, state=state),
         f"loss     {num(p.loss, '{:.4f}')}   val {num(p.val_loss, '{:.4f}')}   lr {num(p.lr, '{:.2e}')}",
+        *([accept] if accept else []),
         f"acc/pos  {_positions(p.acc)}" + (f"   [dim]val {_positions(val_acc, False)}[/]" if val_acc else ""),
         markup("ckpt     last $last   best $best", last=h.last_checkpoint or "N/A", best=best),
     )
@@ -190,7 +209,24 @@ def verify_markup(run: RunInfo) -> Content:
         cells = "".join(f"{v:<7.2f}" if _is_num(v) else "N/A    " for v in (a.get("per_position") or [])[:k])
         rows.append(f"         {name:<10} {cells}{num(a.get('mean_accepted'), '{:<9.2f}')} "
                     f"{num(a.get('mean_acceptance_length'), '{:.2f}')}")
-    return lines(*rows)
+    k_line = _k_line(report.get("k_table"))
+    return lines(*rows, *([k_line] if k_line else []))
+
+
+def _k_line(table: Any) -> Content | None:
+    """verify's K table in one line: expected length and speed-up per K, the recommended K and where the
+    draft cost came from (host text, as a variable)."""
+    if not isinstance(table, dict):
+        return None
+    cells = [f"{r['k']}:{r['expected_length']:.2f}/x{r['speedup']:.2f}" for r in table.get("rows") or []
+             if isinstance(r, dict) and _is_num(r.get("k")) and _is_num(r.get("expected_length"))
+             and _is_num(r.get("speedup"))]
+    if not cells:
+        return None
+    rec = table.get("recommended")
+    verdict = f"recommended K={int(rec)}" if _is_num(rec) and rec > 0 else "no K pays"
+    return markup(f"         K length/speed-up  {'  '.join(cells)}   [b]{verdict}[/b]  [dim]$source[/]",
+                  source=str(table.get("cost_source"))[:80])
 
 
 class TrainingPane(Pane):
