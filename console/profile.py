@@ -410,7 +410,8 @@ class TrainSection:
     epochs: int = knob(20, min=1, max=10000)
     learning_rate: float = knob(1e-3, min=0.0, max=10, doc="speculators' --lr")
     draft_vocab_size: int | None = knob(None, min=16, max=10_000_000,
-                                        doc="the draft's vocabulary: the N most frequent tokens; unset: all")
+                                        doc="the draft's vocabulary: the N most frequent tokens (>= the verifier's "
+                                            "vocabulary: all of it); unset: by vocab_coverage and vocab_floor")
     draft_layers: int = knob(1, min=1, max=64, doc="decoder layers of the draft")
     seq_length: int = knob(8192, min=16, max=10_000_000, doc="tokens per packed training batch")
     optimizer: str = knob("muon", choices=("muon", "adamw"))
@@ -424,6 +425,16 @@ class TrainSection:
                                        doc="warm start from this drafter (a train or fetch_drafter run id, or a "
                                            "checkpoint directory); it must fit the verifier, the aux layers and "
                                            "the draft vocabulary; its shape replaces draft_layers")
+    vocab_coverage: float = knob(0.99, min=0.01, max=1.0,
+                                 doc="the default draft vocabulary is the smallest covering this share of the "
+                                     "prepare run's supervised tokens")
+    vocab_floor: int = knob(32000, min=2, max=10_000_000,
+                            doc="the default draft vocabulary holds at least this many tokens")
+    acceptance_samples: int = knob(16, min=0, max=100_000,
+                                   doc="held-out rows each saved epoch's acceptance is measured on; the best "
+                                       "mean accepted length is the checkpoint handed on (0: lowest val loss)")
+    acceptance_patience: int = knob(3, min=0, max=100_000,
+                                    doc="stop early after this many epochs without a better acceptance (0: never)")
 
     def stage_args(self) -> list[str]:
         """These settings as `python -m backend.train` flags (backend/train/config.py); the draft tokens come
@@ -441,6 +452,9 @@ class TrainSection:
             args += ["--extra-args", json.dumps(self.extra_args)]
         if self.from_pretrained is not None:
             args += ["--from-pretrained", self.from_pretrained]
+        args += ["--vocab-coverage", repr(self.vocab_coverage), "--vocab-floor", str(self.vocab_floor),
+                 "--acceptance-samples", str(self.acceptance_samples),
+                 "--acceptance-patience", str(self.acceptance_patience)]
         return args
 
 

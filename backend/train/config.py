@@ -49,7 +49,9 @@ class TrainStageConfig:
     epochs: int = 20
     lr: float = 1e-3
     speculative_tokens: int = 3
-    draft_vocab_size: int | None = None  # None: the verifier's whole vocabulary
+    draft_vocab_size: int | None = None  # None: by coverage (backend/train/vocab.py); >= the verifier's: all of it
+    vocab_coverage: float = 0.99  # the default draft vocabulary covers this share of the supervised tokens
+    vocab_floor: int = 32000  # ... and holds at least this many tokens
     seq_length: int = 8192  # tokens per packed batch
     draft_layers: int = 1
     optimizer: str = "muon"
@@ -86,6 +88,10 @@ class TrainStageConfig:
             raise ConfigError(f"--lr must be in (0, 10), got {self.lr}")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
             raise ConfigError(f"--draft-vocab-size must be >= 2, got {self.draft_vocab_size}")
+        if not 0 < self.vocab_coverage <= 1:
+            raise ConfigError(f"--vocab-coverage must be in (0, 1], got {self.vocab_coverage}")
+        if self.vocab_floor < 2:
+            raise ConfigError(f"--vocab-floor must be >= 2, got {self.vocab_floor}")
         if self.optimizer not in ("muon", "adamw"):
             raise ConfigError(f"--optimizer must be muon or adamw, got {self.optimizer!r}")
         if self.gpus is not None and not 0 <= self.gpus <= 1024:
@@ -160,7 +166,11 @@ _HELP = {
     "verifier": "the verifier model's directory on this host",
     "aux_layer_ids": "verifier layers whose input states the draft reads (vLLM's convention); default: the "
                      "extract run's",
-    "draft_vocab_size": "reduce the draft's vocabulary to the N most frequent tokens (default: the verifier's)",
+    "draft_vocab_size": "the draft's vocabulary: the N most frequent supervised tokens (N >= the verifier's "
+                        "vocabulary: all of it); default: by --vocab-coverage and --vocab-floor",
+    "vocab_coverage": "the default draft vocabulary is the smallest that covers this share of the prepare "
+                      "run's supervised tokens",
+    "vocab_floor": "the default draft vocabulary holds at least this many tokens (at most the verifier's)",
     "seq_length": "tokens per packed training batch",
     "gpus": "GPU processes (torchrun when > 1); 0 trains on the CPU; default: every visible GPU",
     "checkpoint_freq": "epochs between checkpoints; below 1 also saves within an epoch (e.g. 0.25)",

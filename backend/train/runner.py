@@ -27,6 +27,7 @@ from backend.train import preflight as pf
 from backend.train.config import ConfigError, TrainStageConfig
 from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_status, speculators_argv
 from backend.train.verifier import VerifierError, VerifierInfo, check_layer_ids, inspect_verifier
+from backend.train.vocab import VocabChoice
 from backend.train.warm_start import WarmStart, WarmStartError
 
 STAGE = "train"
@@ -101,6 +102,33 @@ class Inputs:
             if not self.token_freq or not os.path.exists(self.token_freq):
                 raise InputError(f"a draft vocabulary of {c.draft_vocab_size} needs the token frequencies of "
                                  f"{self.run.stage} run {self.run.run_id} (its token_freq output is missing)")
+        self.vocab = choose_vocab(c, self)
+        if self.warm is None and c.draft_vocab_size is None and not self.vocab.full:
+            c.draft_vocab_size = self.vocab.size  # the run's identity and speculators' flags carry the size
+
+
+def choose_vocab(c: TrainStageConfig, inputs: "Inputs") -> "VocabChoice":
+    """The draft vocabulary and its coverage of the prepare run's supervised tokens (backend/train/vocab.py)."""
+    from backend.train import vocab as vb
+
+    freq = None
+    if inputs.token_freq and os.path.exists(inputs.token_freq):
+        try:
+            freq = vb.load_freq(inputs.token_freq)
+            vb.counts(freq)
+        except Exception as exc:  # torch raises its own kinds for a damaged file
+            raise InputError(f"{inputs.run.stage} run {inputs.run.run_id}: its token frequencies "
+                             f"{inputs.token_freq} are unreadable ({exc})") from None
+    vocab = inputs.info.vocab_size
+    if inputs.warm is not None:
+        ranked = vb.counts(freq) if freq is not None else None
+        return vb.VocabChoice(size=inputs.warm.draft_vocab_size, vocab=vocab, chosen_by="warm start",
+                              coverage=vb.covered(ranked, inputs.warm.draft_vocab_size) if ranked else None)
+    if c.draft_vocab_size is not None:
+        return vb.given(freq, vocab, c.draft_vocab_size)
+    if freq is None or not freq:
+        return vb.VocabChoice(size=vocab, vocab=vocab, coverage=None, chosen_by="no token frequencies")
+    return vb.by_coverage(freq, vocab, c.vocab_coverage, c.vocab_floor)
 
 
 def identity_of(c: TrainStageConfig, inputs: Inputs) -> dict[str, Any]:
@@ -304,7 +332,9 @@ class Stage:
                                                warm_start=staged))
         plan.selection = selection_settings(c, inputs)
         plan_path = plan.save()
+        print(f"train: {inputs.vocab.describe()}", file=sys.stderr)
         self.emit("start", total=0, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
+                  draft_vocab=inputs.vocab.to_dict(),
                   processes=plan.processes, device=plan.device, verifier=inputs.info.to_dict(),
                   aux_layer_ids=inputs.layer_ids, input_run=inputs.run.run_id)
         try:
@@ -387,6 +417,7 @@ class Stage:
                                    "vllm_endpoint": self.c.vllm_endpoint, **extra}
         if inputs.warm is not None:
             summary["warm_start"] = inputs.warm.to_dict()
+        summary["draft_vocab"] = {**inputs.vocab.to_dict(), "text": inputs.vocab.describe()}
         summary["selection"] = selection.describe(selection.read(save_path), loss_best) or {
             "by": "validation loss", "epoch": loss_best, "why": "no held-out acceptance was measured (online "
             "training, no held-out hidden states, or --acceptance-samples 0): speculators' lowest validation loss"}
