@@ -492,7 +492,9 @@ class BenchSection:
                                doc="a file of prompts; default the held-out rows of the latest prepare run")
     num_prompts: int = knob(200, min=1, max=1_000_000)
     concurrency: list[int] = knob([1, 4, 16], check=check_levels, doc="the concurrency levels measured")
-    max_tokens: int = knob(256, min=1, max=10_000_000, doc="output length per request")
+    max_tokens: int | None = knob(None, min=1, max=10_000_000,
+                                  doc="output length per request; unset: the median completion length of the "
+                                      "generation records the prompts come from (the workload's own)")
     temperature: float = knob(0.0, min=0, max=5)
     seed: int = knob(0, min=0, max=2**31 - 1, doc="picks the prompts; request i samples with seed + i")
     client: str = knob("auto", choices=("auto", "vllm", "ours"),

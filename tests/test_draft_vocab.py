@@ -58,3 +58,10 @@ def test_the_train_stage_resolves_the_default_before_it_trains(tmp_path):
     assert choose_vocab(c, Inputs()).chosen_by == "given"
     Inputs.token_freq = None
     assert choose_vocab(parse_config(["--verifier", "/m"]), Inputs()).chosen_by == "no token frequencies"
+
+
+def test_every_choice_describes_itself():
+    for choice in (vb.given(FREQ, 512, 3), vb.given(None, 512, 600),
+                   vb.VocabChoice(size=512, vocab=512, coverage=None, chosen_by="no token frequencies"),
+                   vb.VocabChoice(size=256, vocab=512, coverage=0.5, chosen_by="warm start")):
+        assert choice.describe().startswith(f"draft vocabulary {choice.size} of 512 tokens (")

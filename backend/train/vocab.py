@@ -36,9 +36,12 @@ class VocabChoice:
 
     def describe(self) -> str:
         cover = f", covering {self.coverage:.2%} of the supervised tokens" if self.coverage is not None else ""
-        how = {"coverage": f"the smallest that covers {self.share:.2%} (floor {self.floor})",
-               "given": "as given", "warm start": "the warm-start checkpoint's",
-               "no token frequencies": "the verifier's whole vocabulary: no token frequencies"}.get(self.chosen_by, "")
+        if self.chosen_by == "coverage":
+            how = f"the smallest that covers {self.share or 0:.2%} (floor {self.floor})"
+        else:
+            how = {"given": "as given", "warm start": "the warm-start checkpoint's",
+                   "no token frequencies": "the verifier's whole vocabulary: no token frequencies"}.get(
+                self.chosen_by, self.chosen_by)
         return f"draft vocabulary {self.size} of {self.vocab} tokens ({how}{cover})"
 
 
