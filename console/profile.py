@@ -303,6 +303,20 @@ class GpusSection:
     count: int | None = knob(None, min=1, max=1024)
 
 
+def check_sources(v: list[dict[str, Any]]) -> str | None:
+    """[[generate.sources]] tables: name, dataset (a host path), count or share (backend/generate/sources.py)."""
+    from backend.generate.sources import SourceError, parse
+
+    try:
+        parse(v) if v else None
+    except SourceError as exc:
+        return str(exc).replace("--sources", "sources")
+    for item in v:
+        if check_path(item["dataset"]):
+            return f"sources: {item['name']}: dataset must be {check_path(item['dataset'])}"
+    return None
+
+
 @dataclass
 class GenerateSection:
     dataset: str | None = knob(None, check=check_path)
@@ -320,6 +334,11 @@ class GenerateSection:
     chat_template_kwargs: dict[str, Any] = knob({})
     return_token_ids: str = knob("auto", choices=("auto", "on", "off"))
     max_retries: int = knob(5, min=0, max=100)
+    sources: list[dict[str, Any]] = knob([], check=check_sources,
+                                         doc="instead of dataset: several datasets, each {name, dataset, count} or "
+                                             "{name, dataset, share} (a share of `samples`), sampled with "
+                                             "selection_seed")
+    selection_seed: int = knob(0, min=0, max=2**31 - 1, doc="which rows the sources' sample takes")
 
 
 def check_layer_ids(v: list[int]) -> str | None:

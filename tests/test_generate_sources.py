@@ -105,3 +105,29 @@ def test_a_sourced_run_killed_and_resumed_keeps_its_rows_and_counts(standin, tmp
     manifest = json.loads((run / "manifest.json").read_text())
     assert [s["count"] for s in manifest["identity"]["sources"]] == [7, 8, 5]
     assert manifest["identity"]["selection_seed"] == 7
+
+
+def test_the_generation_pane_shows_per_source_counts():
+    from console.ui.panes.generation import source_line
+
+    line = source_line({"by_source": {"done": {"chat": 7, "code": 2}, "selected": {"chat": 7, "code": 8, "m[b]": 5}}})
+    assert line.plain == "sources  chat 7/7 · code 2/8 · m[b] 0/5"
+    assert source_line({"done": 3}) is None
+
+
+def test_the_profile_names_sources_and_the_stage_gets_them():
+    from backend.generate.config import parse_config
+    from console.control.stage_argv import generate_argv
+    from console.profile import ProfileError, profile_from_dict
+
+    base = {"host": {"name": "gpu-host.example"}, "server": {"model_path": "/m"}, "paths": {"work_dir": "/w"}}
+    spec = [{"name": "chat", "dataset": "/d/chat.jsonl", "count": 600},
+            {"name": "code", "dataset": "/d/code", "share": 1.0}]
+    p = profile_from_dict({**base, "generate": {"sources": spec, "samples": 800, "selection_seed": 7}})
+    argv = generate_argv(p, "g1")
+    c = parse_config(argv[3:])
+    assert (c.sources, c.sample_total, c.selection_seed, c.dataset, c.limit) == (spec, 800, 7, "", None)
+    with pytest.raises(ProfileError, match="generate.sources: expected sources\\[0\\] \\(a\\): give exactly one"):
+        profile_from_dict({**base, "generate": {"sources": [{"name": "a", "dataset": "/d"}]}})
+    with pytest.raises(ProfileError, match="dataset must be"):
+        profile_from_dict({**base, "generate": {"sources": [{"name": "a", "dataset": "/d;rm", "count": 1}]}})

@@ -84,6 +84,24 @@ def outcome_lines(event: dict[str, Any]) -> list[Content]:
     return out
 
 
+def source_line(event: dict[str, Any], limit: int = 6) -> Content | None:
+    """`sources  chat 7/7 · code 2/8`: done of selected per source (--sources runs only). The names come
+    from the host: cut, stripped of control characters, and passed as a `markup()` value."""
+    by = event.get("by_source")
+    if not isinstance(by, dict) or not isinstance(by.get("selected"), dict):
+        return None
+    done = by.get("done") if isinstance(by.get("done"), dict) else {}
+    cells = []
+    for name, selected in list(by["selected"].items())[:limit]:
+        if isinstance(selected, int) and not isinstance(selected, bool):
+            n = done.get(name)
+            cells.append(f"{''.join(ch for ch in str(name) if ch.isprintable())[:32]} "
+                         f"{n if isinstance(n, int) and not isinstance(n, bool) else 0}/{selected}")
+    if len(by["selected"]) > limit:
+        cells.append(f"+{len(by['selected']) - limit} more")
+    return markup("sources  $cells", cells=" · ".join(cells)) if cells else None
+
+
 def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60) -> Content:
     event = run.last_event or {}
     done = int(_number(event, "done") or run.done)
@@ -102,6 +120,7 @@ def generation_markup(run: RunInfo, tokens_per_s: float | None, width: int = 60)
         f"tokens/s {num(tokens_per_s, '{:.0f}')}   written {human_bytes(_number(event, 'bytes_written'))}"
         f"   free disk {human_bytes(free) if isinstance(free, (int, float)) else 'N/A'}",
         *outcome_lines(event),
+        *([line] if (line := source_line(event)) is not None else []),
     )
 
 
