@@ -160,6 +160,11 @@ def test_a_warm_started_run_trains_from_the_checkpoint_and_resumes_after_kill9(c
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["draft_vocab_size"] == VOCAB
     assert summary["warm_start"]["checkpoint"] == str(cold["checkpoint"])
+    # held-out acceptance was measured at both epochs' checkpoints, across the kill, and chose the one handed on
+    measured = {e["epoch"]: e["mean_acceptance_length"] for e in events if e.get("phase") == "acceptance"}
+    assert sorted(measured) == [0, 1] and summary["selection"]["by"] == "acceptance"
+    assert summary["outputs"]["checkpoint"] == str(run_dir / "checkpoints" / str(summary["selection"]["epoch"]))
+    assert summary["draft_vocab"]["chosen_by"] == "warm start"
     plan = json.loads((run_dir / "train_plan.json").read_text())
     assert "--from-pretrained" in plan["argv"] and "--num-layers" not in plan["argv"]
     # the staged copy names this host's verifier; the checkpoint itself is untouched
