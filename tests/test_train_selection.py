@@ -53,8 +53,9 @@ def test_acceptance_turning_over_before_loss_chooses_the_best_acceptance_checkpo
     assert sel.chosen_checkpoint(str(save)) == str(save / "1")
     described = sel.describe(sel.read(str(save)), ck.loss_best_epoch(str(save)))
     assert described["epoch"] == 1 and described["loss_best_epoch"] == 3 and described["stopped_early"]
-    assert "epoch 1 had the best held-out mean acceptance length (2.550" in described["why"]
-    assert "lowest validation loss was at epoch 3" in described["why"] and "patience 2" in described["why"]
+    assert "epoch 2 (checkpoint 1) had the best held-out mean acceptance length (2.550" in described["why"]
+    assert "the last measured, epoch 4, reached 2.300" in described["why"]
+    assert "lowest validation loss was at epoch 4" in described["why"] and "patience 2" in described["why"]
 
 
 def test_the_history_survives_a_restart_and_a_missing_checkpoint_falls_back(tmp_path):

@@ -135,19 +135,25 @@ def describe(data: dict[str, Any] | None, loss_best_epoch: int | None) -> dict[s
     history = [h for h in data.get("history", []) if isinstance(h, dict)]
     won = next((h for h in history if h.get("epoch") == data["chosen_epoch"]), {})
     last = history[-1] if history else {}
-    why = (f"epoch {won.get('epoch')} had the best held-out mean acceptance length "
-           f"({won.get('mean_acceptance_length'):.3f}")
+    # people count epochs from 1; speculators' checkpoint directories from 0
+    why = (f"epoch {_human(won.get('epoch'))} (checkpoint {won.get('epoch')}) had the best held-out mean "
+           f"acceptance length ({won.get('mean_acceptance_length'):.3f}")
     if last and last.get("epoch") != won.get("epoch"):
-        why += f"; the last measured, epoch {last.get('epoch')}, reached {last.get('mean_acceptance_length'):.3f}"
+        why += (f"; the last measured, epoch {_human(last.get('epoch'))}, reached "
+                f"{last.get('mean_acceptance_length'):.3f}")
     why += ")"
     if loss_best_epoch is not None and loss_best_epoch != won.get("epoch"):
-        why += f"; the lowest validation loss was at epoch {loss_best_epoch}"
+        why += f"; the lowest validation loss was at epoch {_human(loss_best_epoch)}"
     if data.get("stopped_early"):
         why += f"; stopped early: no improvement for {data.get('stale_epochs')} epochs (patience {data.get('patience')})"
     return {"by": "acceptance", "epoch": won.get("epoch"), "mean_acceptance_length": won.get("mean_acceptance_length"),
             "loss_best_epoch": loss_best_epoch, "stopped_early": bool(data.get("stopped_early")), "why": why,
             "history": [{"epoch": h.get("epoch"), "mean_acceptance_length": h.get("mean_acceptance_length"),
                          "val_loss": h.get("val_loss")} for h in history]}
+
+
+def _human(epoch: Any) -> Any:
+    return epoch + 1 if isinstance(epoch, int) and not isinstance(epoch, bool) else epoch
 
 
 class Probe:
