@@ -36,9 +36,13 @@ def cache_home(tmp_path_factory) -> Path:
 def tiny_dir(cache_home) -> Path:
     _needs_train_extra()
     built: list[Path] = []
-    path = tinylm.ensure_model(root=cache_home / "eagle3-console" / "tiny-verifier", on_build=built.append)
+    path = tinylm.ensure_model(root=cache_home / "eagle3-console" / "tiny-verifier", on_build=built.append,
+                               progress=lambda *report: BUILD_PROGRESS.append(report))
     assert built == [path]  # a fresh cache really builds
     return path
+
+
+BUILD_PROGRESS: list[tuple[int, int, float]] = []
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +52,25 @@ def tiny_text(tiny_dir):
 
 
 # ---- the checkpoint -------------------------------------------------------------------------------
+def test_first_build_reports_progress_to_the_end(tiny_dir):
+    steps = tinylm.DEFAULT_RECIPE.steps
+    done = [step for step, _, _ in BUILD_PROGRESS]
+    assert done[0] == 0 and done[-1] == steps and done == sorted(done) and len(done) > 10
+    assert all(total == steps for _, total, _ in BUILD_PROGRESS)
+
+
+def test_terminal_progress_line():
+    import io
+    out = io.StringIO()
+    show = tinylm.TerminalProgress(out)
+    show.started -= 10.0  # 10 s for the first quarter: 30 s left
+    show(300, 1200, 2.5)
+    show(1200, 1200, 1.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("demo: building the tiny verifier: step 300/1200 (25 %, about 30 s left")
+    assert lines[1] == "demo: building the tiny verifier: step 1200/1200 (100 %)"
+
+
 def test_build_is_a_complete_hf_directory_and_cached(tiny_dir, cache_home, monkeypatch):
     names = {p.name for p in tiny_dir.iterdir()}
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
