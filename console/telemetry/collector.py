@@ -236,6 +236,18 @@ class Collector:
         await self._remember_load()
         return self.snapshot()
 
+    async def check_ready_now(self, *, attempts: int = 50, gap_s: float = 0.02) -> Snapshot:
+        """The log just said `Application startup complete.`: ask /health and /v1/models now rather
+        than at the next probe. The socket opens a few ms after that line, so a refused connect is
+        asked again shortly (up to about a second)."""
+        for attempt in range(attempts):
+            self.port_listening = None  # the last probe's "not listening" is stale by definition
+            await self._check_http(extras=False)
+            if self.http.listening or self.service.active_state not in phases.ACTIVE_STATES:
+                break
+            await asyncio.sleep(gap_s)
+        return self.snapshot()  # the next tick records the load (a write on the host: not on this path)
+
     async def _probe(self) -> float | None:
         events = self.runbook.reads_wanted()
         pending_units = self.runbook.pending_units()
@@ -346,16 +358,21 @@ class Collector:
         else:
             self.gpus, self.gpu_error = tuple(parse_gpu_csv(sec.text)), None
 
-    async def _check_http(self) -> None:
+    async def _check_http(self, *, extras: bool = True) -> None:
         if self.service.active_state not in phases.ACTIVE_STATES:
             self.http = HttpState()
             return
         if self.port_listening is False:
             self.http = HttpState()  # still loading: nothing to ask, and no channel spent asking
+            if self._client is None:  # but the client ready (an SSL context costs ~0.2 s), for the ready check
+                with contextlib.suppress(HostError, OSError):
+                    await self._http()
             return
         try:
             client = await self._http()
             self.http = await check_http(client, self.profile)
+            if not extras:
+                return  # the ready check: /health and /v1/models only; the next tick brings the rest
             if self.profile.host.simulated and self.http.health == 200 and self.sim_text is None:
                 self.sim_text = await sim_text_backend(client)
             if self.http.health == 200 and self.metrics.due(self.clock()):
