@@ -99,6 +99,13 @@ def test_train_history_keeps_points_once_and_best_checkpoint():
 def test_readiness_markup_loading_and_failed():
     text = readiness_markup(base_snapshot(phase="loading_weights").server).plain
     assert "loading_weights" in text and "from shard progress" in text
+    assert "ready in 5m30s (each step from 2 previous loads)" in text
+    assert "weights  1m35s" in text
+    first = replace(base_snapshot(phase="loading_weights").server, eta_ready_s=95, eta_ready_confidence="low",
+                    eta_ready_basis=0)
+    assert "ready in >1m35s (low confidence: no previous load; weights only)" in readiness_markup(first).plain
+    unknown = replace(first, phase="compiling", eta_ready_s=None)
+    assert "ready in unknown (no previous load" in readiness_markup(unknown).plain
     failed = readiness_markup(base_snapshot(phase="failed").server)
     assert "✖ torch.OutOfMemoryError" in failed.plain and "[b red]✖ torch.OutOfMemoryError" in failed.markup
 

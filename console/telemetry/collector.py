@@ -26,6 +26,8 @@ from console.parsers.systemd import parse_systemctl_show
 from console.parsers.tmux import tmux_status
 from console.profile import Profile
 from console.telemetry import phase as phases
+from console.telemetry.eta_ready import (STEPS, comparable, estimate_ready, settings_key, step_durations,
+                                         weights_elapsed)
 from console.telemetry.eta import LOADS_FILE, LoadRecord, estimate_load, last_load, parse_load_history
 from console.telemetry.http_checks import HttpState, check_http, deep_check, fetch_metrics, model_mismatch, \
     sim_text_backend
@@ -394,7 +396,8 @@ class Collector:
         self._recorded_start = t.load_started_ts
         ready = t.ready_ts if t.ready_ts is not None else self.clock()
         rec = LoadRecord(model=self.profile.server.model_id, started=t.load_started_ts, ready=ready,
-                         weights_gib=t.weights_gib, weights_s=t.weights_seconds, baseline_mib=self._baseline_mib)
+                         weights_gib=t.weights_gib, weights_s=t.weights_seconds, baseline_mib=self._baseline_mib,
+                         settings=self.load_settings(), phases=step_durations(t.phase_started, ready) or None)
         if any(abs(r.ready - rec.ready) < 1 and r.model == rec.model for r in self.history):
             return
         self.history.append(rec)
@@ -425,7 +428,18 @@ class Collector:
                           drafter=self.drafter_info())
         if decision.estimate_load:
             info = self._estimate(info)
+        if decision.phase in STEPS:
+            ready = estimate_ready(phase=decision.phase, phase_started=t.phase_started, now=self.clock(),
+                                   weights_eta_s=info.eta_s,
+                                   history=comparable(self.history, self.profile.server.model_id,
+                                                      self.load_settings()))
+            info = dataclasses.replace(info, eta_ready_s=ready.eta_s, eta_ready_confidence=ready.confidence,
+                                       eta_ready_basis=ready.basis)
         return info
+
+    def load_settings(self) -> str:
+        srv = self.profile.server
+        return settings_key(self.active, srv.model_path, srv.vllm_args, srv.command)
 
     def drafter_info(self) -> DrafterInfo | None:
         if self.active != "drafter":
@@ -441,10 +455,7 @@ class Collector:
 
     def _estimate(self, info: ServerInfo) -> ServerInfo:
         t = self.tracker
-        start = t.load_started_ts
-        if start is None and self.service.since_ts is not None:
-            start = self.service.since_ts
-        elapsed = self.clock() - start if start else None
+        elapsed = weights_elapsed(t.phase, t.phase_started, self.clock(), t.load_started_ts or self.service.since_ts)
         est = estimate_load(
             elapsed_s=elapsed,
             shards=(t.progress.done, t.progress.total) if t.progress else None,
@@ -452,7 +463,8 @@ class Collector:
             shards_live=self.profile.server.manager == "tmux",
             gpus=list(self.gpus), expected_weights_gib=self.expected_weights_gib(),
             baseline_mib=self._baseline_mib,
-            previous=last_load(self.history, self.profile.server.model_id))
+            previous=(comparable(self.history, self.profile.server.model_id, self.load_settings()) or
+                      [last_load(self.history, self.profile.server.model_id)])[0])
         return dataclasses.replace(info, eta_s=None if est.eta_s is None else round(est.eta_s, 1),
                                    eta_source=est.source,
                                    fraction=None if est.fraction is None else round(est.fraction, 4))

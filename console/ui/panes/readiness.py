@@ -28,14 +28,29 @@ def drafter_lines(d: DrafterInfo) -> list[Content]:
     return out
 
 
+def ready_eta_line(srv: ServerInfo) -> Content:
+    """The one ETA to ready, and what it rests on (previous loads of the same model and settings)."""
+    if srv.eta_ready_confidence == "previous_loads":
+        loads = "load" if srv.eta_ready_basis == 1 else "loads"
+        return markup("ready in $eta [dim](each step from $n previous $loads)[/]",
+                      eta=duration(srv.eta_ready_s), n=str(srv.eta_ready_basis), loads=loads)
+    if srv.eta_ready_s is not None:
+        return markup("ready in >$eta [dim](low confidence: no previous load; weights only)[/]",
+                      eta=duration(srv.eta_ready_s))
+    return markup("ready in [dim]unknown (no previous load of this model and settings)[/]")
+
+
 def readiness_markup(srv: ServerInfo) -> Content:
     colour = _PHASE_COLOUR.get(srv.phase, "yellow")
     out = [markup(f"phase    [{colour}][b]$phase[/b][/]", phase=srv.phase)]
     if srv.drafter is not None:
         out.extend(drafter_lines(srv.drafter))
-    if srv.phase not in ("ready", "failed", "stopped") and (srv.eta_s is not None or srv.progress):
+    if srv.eta_ready_confidence is not None:
+        out.append(ready_eta_line(srv))
+    if srv.phase not in ("ready", "failed", "stopped") and (srv.eta_s is not None or srv.progress) \
+            and srv.phase in ("starting", "loading_weights"):
         source = _ETA_SOURCES.get(srv.eta_source or "", srv.eta_source or "source unknown")
-        out.append(markup("ETA      $eta [dim]($source)[/]", eta=duration(srv.eta_s), source=source))
+        out.append(markup("weights  $eta [dim]($source)[/]", eta=duration(srv.eta_s), source=source))
     if srv.phase == "ready" or srv.model_id:
         out.append(markup("model    [b]$model[/b]  max_model_len $mml", model=srv.model_id or "N/A",
                           mml=num(srv.max_model_len)))
