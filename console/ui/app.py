@@ -22,6 +22,8 @@ from textual.worker import Worker, WorkerState
 from console.control.stages import STAGES
 from console.session import ActionResult, Controller, JournalLine
 from console.parsers.text import clean_block
+from console.profile import NotifySection
+from console.ui.calls import CallEvent, Caller
 from console.ui.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
 from console.telemetry.snapshot import Snapshot
 from console.ui.panes.bench import BenchPane
@@ -57,7 +59,7 @@ class ConsoleApp(App[None]):
 
     def __init__(self, controller: Controller, readonly: bool = False,
                  keymap_path: str | os.PathLike[str] | None = None, *,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, notify: NotifySection | None = None) -> None:
         # Load the keymap first: a bad file must fail before anything starts (KeymapError names it).
         self.keymap = load_keymap(keymap_path)
         super().__init__()
@@ -71,6 +73,8 @@ class ConsoleApp(App[None]):
         self.results: list[tuple[str, ActionResult]] = []
         self._prev: Snapshot | None = None
         self._closed = False
+        # bell, tmux message, notify command when a load or a stage ends (also read-only)
+        self.caller = Caller(notify, bell=self.bell) if notify is not None else None
 
     def compose(self) -> ComposeResult:
         c = self.controller
@@ -117,6 +121,12 @@ class ConsoleApp(App[None]):
                 self.query_one(ConnectionBanner).post_message(StreamProblem(f"{type(exc).__name__}: {exc}"))
             await asyncio.sleep(RETRY_S)
 
+    @work(group="calls", exit_on_error=False)
+    async def _call(self, event: CallEvent) -> None:
+        assert self.caller is not None
+        for problem in await self.caller.call(event):
+            self.notify(problem, severity="warning", markup=False)
+
     def dispatch_snapshot(self, snapshot: Snapshot) -> None:
         self.last_snapshot = snapshot
         self.snapshot = snapshot
@@ -128,6 +138,10 @@ class ConsoleApp(App[None]):
             notices, unit, reachable = [], None, False
         for notice in notices:
             self.notify(notice.text, severity=notice.severity, markup=False)  # type: ignore[arg-type]
+            if self.caller is not None and notice.event:
+                self._call(CallEvent(event=notice.event, text=notice.text, profile=self.controller.profile_name,
+                                     host=self.controller.host_name, ts=self.clock(), stage=notice.stage,
+                                     run_id=notice.run_id, model=notice.model, error=notice.error))
         if reachable:
             self._prev = snapshot
         if self.journal_unit is None and isinstance(unit, str) and unit:
