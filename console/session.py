@@ -31,6 +31,7 @@ from console.parsers.text import clean, clean_block
 from console.parsers.vllm_log import STARTUP_COMPLETE, parse_line
 from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
+from console.telemetry.history import History
 from console.telemetry.server_log import LogFileCursor
 from console.telemetry.snapshot import RunInfo, Snapshot
 
@@ -109,6 +110,7 @@ class Session:
         self._waiting_since: float | None = None
         # set by the server's log stream on `Application startup complete.`: the loop checks HTTP at
         # once instead of at its next tick (readiness within one round trip of the server being ready)
+        self.history = History()  # the panes' strips: GPU memory and utilization, token rates
         self._ready_line = asyncio.Event()
         self._ready_watch: asyncio.Task | None = None
         self._ready_watch_path: str | None = None
@@ -129,12 +131,15 @@ class Session:
             started = time.monotonic()
             snap = await self.tick()
             self._ensure_ready_watch()
+            self.history.add(snap)
             yield snap
             if self.final_error:
                 return
             pause = self.interval if snap.host.reachable else 2 * self.interval
             while await self._ready_line_before(started + pause):
-                yield await self.collector.check_ready_now()
+                snap = await self.collector.check_ready_now()
+                self.history.add(snap)
+                yield snap
 
     async def _ready_line_before(self, until: float) -> bool:
         """Sleep until `until` (monotonic); True, early, when the server's ready line arrives."""

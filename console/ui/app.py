@@ -25,6 +25,7 @@ from console.parsers.text import clean_block
 from console.profile import NotifySection
 from console.ui.calls import CallEvent, Caller
 from console.ui.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
+from console.telemetry.history import History
 from console.telemetry.snapshot import Snapshot
 from console.ui.panes.bench import BenchPane
 from console.ui.panes.command_log import CommandLogPane
@@ -75,6 +76,9 @@ class ConsoleApp(App[None]):
         self._closed = False
         # bell, tmux message, notify command when a load or a stage ends (also read-only)
         self.caller = Caller(notify, bell=self.bell) if notify is not None else None
+        session_history = getattr(controller, "history", None)
+        self.history: History = session_history if isinstance(session_history, History) else History()
+        self._feed_history = not isinstance(session_history, History)
 
     def compose(self) -> ComposeResult:
         c = self.controller
@@ -128,6 +132,11 @@ class ConsoleApp(App[None]):
             self.notify(problem, severity="warning", markup=False)
 
     def dispatch_snapshot(self, snapshot: Snapshot) -> None:
+        if self._feed_history:
+            try:
+                self.history.add(snapshot)
+            except Exception:  # a malformed snapshot: the panes show the error
+                pass
         self.last_snapshot = snapshot
         self.snapshot = snapshot
         try:

@@ -7,7 +7,8 @@ from textual.widgets import ProgressBar
 
 from console.telemetry.snapshot import DrafterInfo, ServerInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
-from console.ui.panes.gauges import duration, num
+from console.telemetry.history import WINDOW_S
+from console.ui.panes.gauges import duration, num, sparkline
 
 _PHASE_COLOUR = {"ready": "green", "failed": "red", "stopped": "dim", "unknown": "dim"}
 _ETA_SOURCES = {"shards": "from shard progress", "gpu_memory": "from GPU memory growth",
@@ -40,7 +41,20 @@ def ready_eta_line(srv: ServerInfo) -> Content:
     return markup("ready in [dim]unknown (no previous load of this model and settings)[/]")
 
 
-def readiness_markup(srv: ServerInfo) -> Content:
+RATE_STRIP = 30
+
+
+def rate_strip(rates: list[float | None]) -> Content | None:
+    """Generated tokens per second over the last minutes, scaled to the window's peak."""
+    known = [r for r in rates if r is not None]
+    if len(known) < 2:
+        return None
+    peak = max(known)
+    return markup(f"rate     [cyan]$strip[/] [dim]generated tok/s, last {int(WINDOW_S // 60)} min, peak $peak[/]",
+                  strip=sparkline(rates, RATE_STRIP, top=peak or 1.0), peak=f"{peak:,.0f}")
+
+
+def readiness_markup(srv: ServerInfo, rates: list[float | None] | None = None) -> Content:
     colour = _PHASE_COLOUR.get(srv.phase, "yellow")
     out = [markup(f"phase    [{colour}][b]$phase[/b][/]", phase=srv.phase)]
     if srv.drafter is not None:
@@ -63,6 +77,9 @@ def readiness_markup(srv: ServerInfo) -> Content:
         tps = f"{m.generation_tps:,.0f} tok/s" if m.generation_tps is not None else "N/A tok/s"
         out.append(markup("load     $running running, $waiting waiting, KV $kv, $tps",
                           running=num(m.requests_running), waiting=num(m.requests_waiting), kv=kv, tps=tps))
+        strip = rate_strip(rates or [])
+        if strip is not None:
+            out.append(strip)
         if m.spec_mean_acceptance_length is not None:
             rate = f"{m.spec_acceptance_rate:.0%}" if m.spec_acceptance_rate is not None else "N/A"
             pos = " ".join(f"{p:.2f}" for p in (m.spec_per_position or []))
@@ -93,7 +110,9 @@ class ReadinessPane(Pane):
 
     def render_snapshot(self, snapshot: Snapshot) -> None:
         srv = snapshot.server
-        self.query_one("#readiness-body", Text).show(readiness_markup(srv))
+        history = getattr(self.app, "history", None)
+        rates = history.generation_tps.values() if history is not None else None
+        self.query_one("#readiness-body", Text).show(readiness_markup(srv, rates))
         bar = self.query_one("#shards", ProgressBar)
         weights = srv.phase in ("starting", "loading_weights")
         shards = weights and srv.progress is not None and srv.progress.total > 0
