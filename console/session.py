@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
-from console.control import launch
+from console.control import disk, launch
+from console.control.disk import DiskReport
 from console.control import drafter_server as ds
 from console.control.launch import Launch, StageError, StageRequest
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
@@ -77,6 +78,30 @@ class Controller(Protocol):
     async def serve_drafter(self, input_run: str | None = None) -> ActionResult: ...
 
     async def serve_baseline(self) -> ActionResult: ...
+
+    async def disk_report(self) -> DiskReport:
+        await self.host.connect()
+        return await disk.survey(self.host, self.profile, readonly=self.readonly)
+
+    def _prune_selection(self) -> list[str]:
+        running = [r.run_id for r in self.collector.run_infos() if r.state == "running"]
+        return disk.selection_args(running=running, older_than_s=None, stage=None, archived=False)
+
+    async def prune_plan(self) -> disk.PrunePlan:
+        return await disk.prune(self.host, self.profile, self._prune_selection())
+
+    async def prune_runs(self, names: list[str]) -> ActionResult:
+        """Delete the runs the operator agreed to; the host plans again first and keeps what is protected now."""
+        if refused := self._refused():
+            return refused
+        try:
+            done = await disk.prune(self.host, self.profile, self._prune_selection(), only=names)
+        except (disk.DiskError, HostError) as e:
+            return ActionResult(False, clean_block(str(e)))
+        kept = [n for n in names if n not in done.deleted]
+        note = f"; kept after all (protected or gone meanwhile): {', '.join(kept)}" if kept else ""
+        return ActionResult(True, f"deleted {len(done.deleted)} run(s): {', '.join(done.deleted) or 'none'}{note}",
+                            (f"python -m backend.disk prune --delete ({len(names)} run(s))",))
 
     async def deep_check(self) -> ActionResult: ...
 

@@ -150,3 +150,91 @@ def test_preflight_disk_checks_name_the_runs_whose_removal_makes_room(tmp_path, 
     report = gp.PreflightReport()
     tp.check_disk(report, str(work / "runs" / "t"), 600 * 1024, str(work))
     assert "removing old-gen (" in report.checks[0].fix
+
+
+# ---- the Disk pane and its keys ----------------------------------------------------------------------
+
+def _report():
+    from console.control.disk import DiskReport, RunSpace, VolumeSpace
+    now = 1_700_000_010.0
+    return DiskReport(volumes=(VolumeSpace("/data/eagle3", 50 * 2**30, 1000 * 2**30),),
+                      runs=(RunSpace("hs-1", "hs-1", "extract", "completed", 828 * 2**30, now - 3 * DAY, False),
+                            RunSpace("gen-1.archived-20261130T0101", "gen-1", "generate", "completed", 143 * 2**30,
+                                     now - 9 * DAY, True),
+                            RunSpace("gen-2", "gen-2", "generate", "completed", 2**30, now - DAY, False)))
+
+
+def test_disk_pane_text_names_volumes_runs_and_archived_space():
+    from console.ui.panes.disk import disk_markup
+    text = disk_markup(_report(), 1_700_000_010.0).plain
+    assert "volume   /data/eagle3  50.0 GiB free of 1000.0 GiB" in text
+    assert "runs     3, 972.0 GiB; 1 archived by --fresh hold 143.0 GiB" in text
+    lines = text.splitlines()
+    assert lines[2].split()[:4] == ["828.0", "GiB", "extract", "completed"] and lines[3].endswith("(archived)")
+
+
+async def test_u_shows_the_disk_pane_and_p_asks_before_pruning_what_it_lists():
+    from console.control.disk import PrunePlan, RunSpace
+    from console.session import ActionResult
+    from console.ui.app import ConsoleApp
+    from console.ui.panes.disk import DiskPane
+    from console.ui.screens.confirm import ConfirmScreen
+    from tests.fake_controller import FakeController, base_snapshot
+
+    old = RunSpace("gen-1.archived-20261130T0101", "gen-1", "generate", "completed", 143 * 2**30, 0.0, True)
+    newest = RunSpace("gen-2", "gen-2", "generate", "completed", 2**30, 0.0, False, "the newest completed generate run")
+    deleted: list[list[str]] = []
+
+    class Fake(FakeController):
+        async def disk_report(self):
+            return _report()
+
+        async def prune_plan(self):
+            return PrunePlan(delete=(old,), keep=(newest,), total_bytes=old.size)
+
+        async def prune_runs(self, names):
+            deleted.append(names)
+            return ActionResult(True, f"deleted {len(names)} run(s)")
+
+    app = ConsoleApp(Fake([base_snapshot()]), clock=lambda: 1_700_000_010.0)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        assert not app.query_one(DiskPane).has_class("-shown")
+        await pilot.press("u")
+        for _ in range(50):
+            if app.query_one(DiskPane).has_class("-shown"):
+                break
+            await pilot.pause(0.05)
+        assert "828.0 GiB" in app.query_one("#disk-body").plain
+        await pilot.press("p")
+        for _ in range(50):
+            if isinstance(app.screen, ConfirmScreen):
+                break
+            await pilot.pause(0.05)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert app.screen.question == "Delete 1 run(s), 143.0 GiB on gpu-host?"
+        assert "gen-1.archived-20261130T0101" in app.screen.detail
+        assert "kept: gen-2 (the newest completed generate run)" in app.screen.detail
+        await pilot.press("enter")  # No has the focus
+        await pilot.pause(0.2)
+        assert deleted == []
+        await pilot.press("p")
+        for _ in range(50):
+            if isinstance(app.screen, ConfirmScreen):
+                break
+            await pilot.pause(0.05)
+        await pilot.press("y")
+        for _ in range(50):
+            if deleted:
+                break
+            await pilot.pause(0.05)
+        assert deleted == [["gen-1.archived-20261130T0101"]]
+
+
+async def test_prune_is_not_offered_read_only():
+    from console.ui.app import ConsoleApp
+    from tests.fake_controller import FakeController, base_snapshot
+    app = ConsoleApp(FakeController([base_snapshot()]), readonly=True, clock=lambda: 1_700_000_010.0)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        assert app.check_action("prune", ()) is False and app.check_action("disk", ()) is True

@@ -21,6 +21,7 @@ from textual.worker import Worker, WorkerState
 
 from console.control.stages import STAGES
 from console.session import ActionResult, Controller, JournalLine
+from backend.generate.preflight import human_bytes
 from console.parsers.text import clean_block
 from console.profile import NotifySection
 from console.ui.calls import CallEvent, Caller
@@ -29,6 +30,7 @@ from console.telemetry.history import History
 from console.telemetry.snapshot import Snapshot
 from console.ui.panes.bench import BenchPane
 from console.ui.panes.command_log import CommandLogPane
+from console.ui.panes.disk import DiskPane
 from console.ui.panes.generation import GenerationPane
 from console.ui.panes.gpus import GpusPane
 from console.ui.panes.header import ConnectionBanner, HeaderPane
@@ -98,6 +100,7 @@ class ConsoleApp(App[None]):
                 yield GenerationPane(id="generation").data_bind(bound)
                 yield TrainingPane(id="training").data_bind(bound)
                 yield BenchPane(id="bench").data_bind(bound)
+                yield DiskPane(id="disk").data_bind(bound)
         with Horizontal(id="bottom"):
             yield JournalPane(id="journal")
             yield CommandLogPane(id="commands")
@@ -316,6 +319,53 @@ class ConsoleApp(App[None]):
 
     def action_deep_check(self) -> None:
         self._run("deep check", self.controller.deep_check)
+
+    def action_disk(self) -> None:
+        self.run_worker(self._survey_disk(), group="disk", exclusive=True, exit_on_error=False)
+
+    async def _survey_disk(self) -> None:
+        pane = self.query_one(DiskPane)
+        survey = getattr(self.controller, "disk_report", None)
+        if survey is None:
+            pane.show_problem("this console cannot read the host's disk")
+            return
+        pane.set_subtitle("sizing runs…")
+        try:
+            pane.show_report(await survey())
+        except Exception as exc:  # DiskError, HostError: said in the pane
+            pane.show_problem(f"{type(exc).__name__}: {exc}")
+        finally:
+            pane.set_subtitle("")
+        pane.scroll_visible()
+
+    def action_prune(self) -> None:
+        if self._refused("prune"):
+            return
+        self.run_worker(self._ask_to_prune(), group="disk", exclusive=True, exit_on_error=False)
+
+    async def _ask_to_prune(self) -> None:
+        plan_of = getattr(self.controller, "prune_plan", None)
+        if plan_of is None:
+            return
+        try:
+            plan = await plan_of()
+        except Exception as exc:
+            self.notify(f"prune: {type(exc).__name__}: {exc}", severity="error", markup=False)
+            return
+        kept = "\n".join(f"kept: {r.name} ({r.reason})" for r in plan.keep[:6])
+        if not plan.delete:
+            self.notify(clean_block(f"nothing to prune\n{kept}".strip()), markup=False)
+            return
+        names = [r.name for r in plan.delete]
+        shown = "\n".join(f"{human_bytes(r.size):>10}  {r.stage or '?'} {r.state}  {r.name}" for r in plan.delete[:12])
+        more = f"\n… and {len(names) - 12} more" if len(names) > 12 else ""
+        self._confirm(f"Delete {len(names)} run(s), {human_bytes(plan.total_bytes)} on {self.controller.host_name}?",
+                      f"{shown}{more}\n{kept}".strip(), "prune", lambda: self._prune_then_refresh(names))
+
+    async def _prune_then_refresh(self, names: list[str]) -> ActionResult:
+        result = await self.controller.prune_runs(names)  # type: ignore[attr-defined]
+        self.action_disk()
+        return result
 
     def _confirm(self, question: str, detail: str, name: str,
                  call: Callable[[], Awaitable[ActionResult]]) -> None:
