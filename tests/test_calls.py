@@ -147,7 +147,7 @@ def test_the_readonly_console_in_tmux_rings_the_bell_says_it_in_tmux_and_runs_th
             t("capture-pane", "-p", "-t", "ops:console")
         event = json.loads(out.read_text().splitlines()[0])
         assert event["event"] == "load_ready" and event["text"].startswith("Server ready: ")
-        assert event["profile"] == "profile" and event["ts"] > 0
+        assert event["profile"] == "demo" and event["ts"] > 0
         # the bell rang in the console's window (not the one looked at), and the message reached the client
         assert t("display-message", "-p", "-t", "ops:console", "#{window_bell_flag}").strip() == "1"
         assert wait_for(lambda: b"eagle3-console: Server ready" in bytes(terminal.data), 10)
