@@ -44,6 +44,7 @@ class RunDisk:
     mtime: float  # the newest of the directory and its events file
     archived: bool = False
     inputs: tuple[str, ...] = ()  # runs it consumes (its manifest's input_run; a pipeline's stage runs)
+    link: str | None = None  # runs/<name> is a symbolic link to this directory (another volume, typically)
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,9 @@ def read_run(path: str) -> RunDisk | None:
     if os.path.exists(events):
         mtimes.append(os.stat(events).st_mtime)
     stage = manifest.get("stage") if isinstance(manifest.get("stage"), str) else None
+    link = os.path.realpath(path) if os.path.islink(path) else None
     return RunDisk(name=name, run_id=m["run_id"] if m else name, path=path, stage=stage, state=state,
-                   size=_size(path), mtime=max(mtimes), archived=bool(m), inputs=_inputs(manifest))
+                   size=_size(path), mtime=max(mtimes), archived=bool(m), inputs=_inputs(manifest), link=link)
 
 
 def survey(work_dir: str) -> tuple[list[Volume], list[RunDisk]]:
@@ -123,7 +125,7 @@ def survey(work_dir: str) -> tuple[list[Volume], list[RunDisk]]:
     if os.path.isdir(runs_dir):
         for name in sorted(os.listdir(runs_dir)):
             path = os.path.join(runs_dir, name)
-            if os.path.isdir(path) and not os.path.islink(path):
+            if os.path.isdir(path):  # a link to a directory on another volume counts too
                 run = read_run(path)
                 if run is not None:
                     runs.append(run)
@@ -172,7 +174,9 @@ def plan_prune(runs: Iterable[RunDisk], *, running: Iterable[str] = (), now: flo
             continue
         if older_than_s is not None and now - r.mtime < older_than_s:
             continue
-        if not r.archived and r.run_id in live:
+        if r.link is not None:
+            plan.keep.append((r, f"a link to {r.link}: remove it there by hand"))
+        elif not r.archived and r.run_id in live:
             plan.keep.append((r, "running" if r.run_id in set(running) else
                               f"unfinished and written {now - r.mtime:.0f} s ago: may be running"))
         elif not r.archived and r.run_id in protected_inputs:
@@ -210,7 +214,7 @@ def delete(work_dir: str, plan: Plan, only: Iterable[str]) -> list[str]:
     done = []
     for name in only:
         r = allowed.get(name)
-        if r is None or os.path.dirname(r.path) != runs_dir:
+        if r is None or os.path.dirname(r.path) != runs_dir or os.path.islink(r.path):
             continue
         shutil.rmtree(r.path)
         done.append(name)

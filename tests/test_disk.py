@@ -238,3 +238,17 @@ async def test_prune_is_not_offered_read_only():
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.pause()
         assert app.check_action("prune", ()) is False and app.check_action("disk", ()) is True
+
+
+def test_a_run_linked_to_another_volume_is_listed_with_its_volume_never_deleted(tmp_path):
+    work = tmp_path / "w"
+    make_run(work, "new", "generate", age_s=DAY)
+    elsewhere = tmp_path / "big-volume" / "runs"
+    make_run(tmp_path / "big-volume", "hs", "extract", age_s=9 * DAY, payload=1 << 16)
+    os.symlink(elsewhere / "hs", work / "runs" / "hs")
+    volumes, runs = disk.survey(str(work))
+    hs = next(r for r in runs if r.name == "hs")
+    assert hs.link == str((elsewhere / "hs").resolve()) and hs.size >= 1 << 16 and hs.stage == "extract"
+    plan = disk.plan_prune(runs, now=time.time())
+    assert dict((r.name, why) for r, why in plan.keep)["hs"].startswith("a link to ")
+    assert disk.delete(str(work), disk.Plan(delete=[hs]), ["hs"]) == [] and (elsewhere / "hs").exists()
