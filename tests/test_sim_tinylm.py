@@ -8,7 +8,9 @@ the fallback to canned text runs everywhere.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -36,13 +38,9 @@ def cache_home(tmp_path_factory) -> Path:
 def tiny_dir(cache_home) -> Path:
     _needs_train_extra()
     built: list[Path] = []
-    path = tinylm.ensure_model(root=cache_home / "eagle3-console" / "tiny-verifier", on_build=built.append,
-                               progress=lambda *report: BUILD_PROGRESS.append(report))
+    path = tinylm.ensure_model(root=cache_home / "eagle3-console" / "tiny-verifier", on_build=built.append)
     assert built == [path]  # a fresh cache really builds
     return path
-
-
-BUILD_PROGRESS: list[tuple[int, int, float]] = []
 
 
 @pytest.fixture(scope="session")
@@ -52,11 +50,16 @@ def tiny_text(tiny_dir):
 
 
 # ---- the checkpoint -------------------------------------------------------------------------------
-def test_first_build_reports_progress_to_the_end(tiny_dir):
-    steps = tinylm.DEFAULT_RECIPE.steps
-    done = [step for step, _, _ in BUILD_PROGRESS]
-    assert done[0] == 0 and done[-1] == steps and done == sorted(done) and len(done) > 10
-    assert all(total == steps for _, total, _ in BUILD_PROGRESS)
+def test_first_build_reports_progress_to_the_end(tmp_path):
+    _needs_train_extra()
+    recipe = dataclasses.replace(tinylm.DEFAULT_RECIPE, steps=100, canned=10, batch=2, block=32)  # seconds
+    reports: list[tuple[int, int, float]] = []
+    tinylm.ensure_model(recipe, root=tmp_path, progress=lambda *report: reports.append(report))
+    done = [step for step, _, _ in reports]
+    assert done == [0, 25, 50, 75, 100]
+    assert all(total == 100 for _, total, _ in reports) and not math.isnan(reports[-1][2])  # the last loss
+    tinylm.ensure_model(recipe, root=tmp_path, progress=lambda *report: reports.append(report))
+    assert len(reports) == 5  # cached: no build, no progress
 
 
 def test_terminal_progress_line():
