@@ -17,7 +17,7 @@ from console.session import Session
 from tests.rig import keys
 from tests.test_generate_rig import sh, wait_health
 from tests.test_serve_drafter_rig import put_verify_run
-from tests.test_telemetry_rig import MODEL_PATH, REPO, SERVED, write_profile
+from tests.test_telemetry_rig import MODEL_PATH, REPO, SERVED, cli, write_profile
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(240)]
 SERVICE_USER = "e3svc"
@@ -92,3 +92,39 @@ async def test_drafter_server_runs_the_units_command_with_its_environment_and_us
             assert back.ok, back
     finally:
         await rig_ssh.run(["systemctl", "stop", drafter, name], timeout=60)
+
+
+async def test_profile_init_from_unit_and_check_reports_drift(systemd_rig, rig_ssh, tmp_path):
+    """The seed unit's shape (no --served-model-name), installed but never started: `profile init
+    --from-unit` writes a profile that `profile check` finds matching; a served id edited in is drift."""
+    name = f"e3seed-{uuid.uuid4().hex[:8]}"
+    unit = "\n".join(["[Unit]", "Description=seed-shaped unit", "", "[Service]", "Type=simple",
+                      "Environment=NCCL_P2P_DISABLE=1",
+                      "ExecStart=/opt/venv/bin/vllm serve /shared/kimi-k2.5-int4 --tensor-parallel-size 8 "
+                      "--trust-remote-code --tool-call-parser kimi_k2 --reasoning-parser kimi_k2 --port 8011", ""])
+    await sh(rig_ssh, 'cat > "$1" && systemctl daemon-reload', f"/etc/systemd/system/{name}.service", input=unit)
+    path = tmp_path / "from-unit.toml"
+    connect = ["--host", "127.0.0.1", "--port", str(systemd_rig.port), "--user", systemd_rig.username,
+               "--identity-file", str(systemd_rig.identity_file), "--known-hosts", str(systemd_rig.known_hosts)]
+    res = cli("profile", "init", str(path), *connect, "--from-unit", name, "--work-dir", f"/root/e3rig/{name}")
+    assert res.returncode == 0, res.stderr
+    assert "served as /shared/kimi-k2.5-int4" in res.stdout and "tensor parallel size 8" in res.stdout
+    p = load_profile(path)
+    assert (p.server.unit, p.server.model_path, p.server.served_model_name, p.server.port) == (
+        name, "/shared/kimi-k2.5-int4", None, 8011)
+    assert p.server.reasoning_parser == "kimi_k2" and p.server.model_id == "/shared/kimi-k2.5-int4"
+    again = cli("profile", "init", str(path), *connect, "--from-unit", name, "--work-dir", "/x")
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+    res = cli("profile", "check", str(path))
+    assert res.returncode == 0 and f"unit {name}: matches the profile" in res.stdout, res
+    path.write_text(path.read_text().replace("[server]\n", '[server]\nserved_model_name = "kimi-k2.5-int4"\n', 1))
+    res = cli("profile", "check", str(path))
+    assert res.returncode == 1, res
+    assert "served model id: the profile says 'kimi-k2.5-int4', the unit serves '/shared/kimi-k2.5-int4'" in res.stdout
+    assert cli("profile", "check", str(path), "--offline").returncode == 0
+
+    missing = cli("profile", "init", str(tmp_path / "none.toml"), *connect, "--from-unit", "e3-no-such-unit",
+                  "--work-dir", "/x")
+    assert missing.returncode == 2 and "LoadState=not-found" in missing.stderr
+    await sh(rig_ssh, 'rm -f "$1" && systemctl daemon-reload', f"/etc/systemd/system/{name}.service")

@@ -5,6 +5,7 @@ the fallback when busctl cannot answer). tmux: the profile's command, nothing to
 from __future__ import annotations
 
 from console.host.base import Host
+from console.parsers.vllm_cmdline import ServeSettings, read_serve_argv
 from console.parsers.systemd_unit import (UnitDefinition, UnitReadError, exec_start_json_argv, parse_exec_json,
                                           parse_unit_show, server_exec, show_argv)
 from console.profile import Profile
@@ -56,3 +57,46 @@ async def read_server_program(host: Host, profile: Profile) -> ServerProgram:
         return program_from_unit(defn, exact)
     except UnitReadError as exc:
         raise OperatorUnitError(f"the operator's unit {profile.server.unit}: {exc}") from None
+
+
+def unit_settings(program: ServerProgram) -> ServeSettings:
+    """What the unit's server serves (raises CmdlineError when its command line is not `vllm serve`)."""
+    return read_serve_argv(program.argv)
+
+
+def profile_server_values(settings: ServeSettings) -> dict[str, object]:
+    """The [server] values of a profile for a unit serving `settings` (profile init --from-unit)."""
+    values: dict[str, object] = {"model_path": settings.model, "port": settings.port}
+    if settings.served_model_names:
+        values["served_model_name"] = settings.served_id
+    if settings.reasoning_parser:
+        values["reasoning_parser"] = settings.reasoning_parser
+    args = ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
+    values["vllm_args"] = args + (["--trust-remote-code"] if settings.trust_remote_code else [])
+    return values
+
+
+def unit_drift(profile: Profile, settings: ServeSettings) -> list[str]:
+    """Where the profile says something other than what its unit serves, one line each (empty: none)."""
+    s = profile.server
+    out = []
+
+    def differ(what: str, ours: object, theirs: object, fix: str) -> None:
+        if ours != theirs:
+            out.append(f"{what}: the profile says {ours!r}, the unit serves {theirs!r} ({fix})")
+
+    differ("server.model_path", s.model_path, settings.model, "vLLM's --model / `vllm serve MODEL`")
+    differ("served model id", s.model_id, settings.served_id,
+           "server.served_model_name; without --served-model-name vLLM serves the model path as given")
+    differ("server.port", s.port, settings.port, "--port, default 8000")
+    differ("server.reasoning_parser", s.reasoning_parser, settings.reasoning_parser, "--reasoning-parser")
+    own = read_serve_argv(["vllm", "serve", s.model_path, *s.vllm_args])
+    if any(a.split("=", 1)[0] in ("-tp", "--tensor-parallel-size", "--tensor_parallel_size") for a in s.vllm_args):
+        differ("tensor parallel size (server.vllm_args)", own.tensor_parallel_size, settings.tensor_parallel_size,
+               "--tensor-parallel-size / -tp, default 1")
+    if profile.gpus.count is not None and profile.gpus.count < settings.tensor_parallel_size:
+        out.append(f"gpus.count: the profile says {profile.gpus.count}, the unit's tensor parallel size is "
+                   f"{settings.tensor_parallel_size}")
+    if settings.config_file:
+        out.append(f"the unit reads more options from --config {settings.config_file}: not compared")
+    return out
