@@ -72,3 +72,12 @@ def test_bus_label_matches_systemd():
     assert bus_label("vllm-kimi.service") == "vllm_2dkimi_2eservice"  # the path busctl answered on the rig
     assert bus_label("1x.service").startswith("_31")
     assert exec_start_json_argv("vllm-kimi")[4] == "/org/freedesktop/systemd1/unit/vllm_2dkimi_2eservice"
+
+
+def test_secret_looking_values_are_hidden_in_shown_commands():
+    from backend.redact import redacted
+
+    argv = ["systemd-run", "--setenv=HF_TOKEN=hf_x", "--setenv=NCCL_P2P_DISABLE=1", "env", "OPENAI_API_KEY=k",
+            "--api-key=not-an-env", "vllm", "serve", "/m"]
+    assert redacted(argv) == ["systemd-run", "--setenv=HF_TOKEN=***", "--setenv=NCCL_P2P_DISABLE=1", "env",
+                              "OPENAI_API_KEY=***", "--api-key=not-an-env", "vllm", "serve", "/m"]

@@ -9,12 +9,12 @@ first (one server at a time on the GPUs) and starts it again when switching back
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any, Mapping
 
-import shlex
-
+from backend.redact import redacted
 from console.control.units import (HostCommand, ServerProgram, checked_session, checked_unit,
-                                   derived_server_start_argv, profile_program, redacted, server_log_path,
+                                   derived_server_start_argv, profile_program, server_log_path,
                                    stage_log_path, stage_stop_command, tmux_stop_argv)
 from console.profile import Profile, check_path
 

@@ -18,7 +18,8 @@ import shlex
 from typing import Any, Sequence
 
 from backend.extract.plan import PLAN_VERSION
-from console.control.units import (ServerProgram, _sudo, derived_server_start_argv, profile_program, redacted,
+from backend.redact import redacted
+from console.control.units import (ServerProgram, _sudo, derived_server_start_argv, profile_program,
                                    server_log_path, server_start_argv, server_stop_argv, stage_log_path,
                                    stage_stop_argv, tmux_stop_argv, tmux_target)
 from console.profile import Profile

@@ -7,7 +7,6 @@ Every function returns argv lists; callers run them with Host.run and show them 
 """
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -70,21 +69,6 @@ class ServerProgram:
 def profile_program(profile: Profile) -> ServerProgram:
     """The profile's command (tmux; and what a caller gets that has not read the unit), in the work dir."""
     return ServerProgram(tuple(server_command(profile)), working_dir=profile.paths.work_dir)
-
-
-# names whose values a shown command line must not print (a unit's Environment= may hold a token)
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL|AUTH", re.IGNORECASE)
-
-
-def redacted(argv: Sequence[str]) -> list[str]:
-    """`argv` as it may be shown or logged: the values of secret-looking --setenv/env assignments hidden."""
-    out = []
-    for a in argv:
-        prefix = "--setenv=" if a.startswith("--setenv=") else ""
-        name, eq, _ = a[len(prefix):].partition("=")
-        secret = eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and _SECRET_NAME.search(name)
-        out.append(f"{prefix}{name}=***" if secret else a)
-    return out
 
 
 def _systemd_working_dir(value: str) -> str:
