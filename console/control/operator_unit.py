@@ -4,12 +4,12 @@ line from the D-Bus property (busctl's JSON; systemctl show's own text joins the
 the fallback when busctl cannot answer). tmux: the profile's command, nothing to read."""
 from __future__ import annotations
 
+from console.control.units import ServerProgram, checked_unit, profile_program
 from console.host.base import Host
-from console.parsers.vllm_cmdline import ServeSettings, read_serve_argv
 from console.parsers.systemd_unit import (UnitDefinition, UnitReadError, exec_start_json_argv, parse_exec_json,
                                           parse_unit_show, server_exec, show_argv)
+from console.parsers.vllm_cmdline import ServeSettings, read_serve_argv
 from console.profile import Profile
-from console.control.units import ServerProgram, checked_unit, profile_program
 
 READ_TIMEOUT_S = 30.0
 
