@@ -31,7 +31,7 @@ def program_from_unit(defn: UnitDefinition, exact_text: str | None = None) -> Se
                 f"(busctl did not answer): an argument holding a space would be split")
     return ServerProgram(argv=tuple(command.command), env=defn.environment, env_files=defn.environment_files,
                          user=defn.user, group=defn.group, working_dir=defn.working_directory,
-                         source=f"unit {defn.unit}", note=note)
+                         source=f"unit {defn.unit}", note=note, systemd_syntax=True)
 
 
 async def read_unit(host: Host, unit: str) -> tuple[UnitDefinition, str | None]:

@@ -64,6 +64,8 @@ class ServerProgram:
     working_dir: str | None = None  # systemd's spelling: `~`, a `!` prefix when a missing one is ok
     source: str = "the profile"
     note: str | None = None  # what the operator should know about how it was read
+    # argv as systemd stored it (a unit's ExecStart): its `$VAR`s are systemd's to expand; False: literal words
+    systemd_syntax: bool = False
 
 
 def profile_program(profile: Profile) -> ServerProgram:
@@ -83,8 +85,8 @@ def derived_server_start_argv(profile: Profile, unit: str, program: ServerProgra
     own program `unit`: with the baseline's environment (its Environment= and EnvironmentFile=, as systemd
     orders them: the files' values win), user, group and working directory, and `env` on top (the
     files still win over it, as in systemd). The unit's command line is passed as systemd stored it, so
-    its `$VAR`s expand from that same environment exactly as in the operator's unit; `extra` is escaped
-    (`$$`) so a path or JSON holding `$` arrives as written."""
+    its `$VAR`s expand from that same environment exactly as in the operator's unit; `extra` (and a
+    profile's command) is escaped (`$$`) so a path or JSON holding `$` arrives as written."""
     merged = {**dict(program.env), **dict(env or {})}
     if profile.server.manager != "systemd":
         return tmux_start_argv(unit, [*program.argv, *extra], log_path, cwd=profile.paths.work_dir, env=merged)
@@ -103,7 +105,8 @@ def derived_server_start_argv(profile: Profile, unit: str, program: ServerProgra
         cmd.append(f"--gid={program.group}")
     cmd += [f"--property=EnvironmentFile={'-' if ok else ''}{path}" for path, ok in program.env_files]
     cmd += [f"--setenv={k}={v}" for k, v in merged.items()]
-    return _sudo(profile, [*cmd, *program.argv, *systemd_literal_argv(extra)])
+    base = list(program.argv) if program.systemd_syntax else systemd_literal_argv(program.argv)
+    return _sudo(profile, [*cmd, *base, *systemd_literal_argv(extra)])
 
 
 def stage_unit_name(stage: str, run_id: str) -> str:
