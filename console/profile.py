@@ -482,6 +482,16 @@ class BenchSection:
 
 
 @dataclass
+class NotifySection:
+    """A call when a load finishes or fails, or a stage completes or fails (also with --readonly). The
+    user config ($XDG_CONFIG_HOME/eagle3-console/config.toml, table [notify]) overrides these keys."""
+    bell: bool = knob(True, doc="ring the terminal bell")
+    tmux: bool = knob(True, doc="a tmux display-message when the console runs inside tmux ($TMUX)")
+    command: list[str] = knob([], check=check_args,
+                              doc="a program on this machine (argv list), given the event as JSON on stdin")
+
+
+@dataclass
 class Profile:
     host: HostSection
     server: ServerSection
@@ -495,6 +505,7 @@ class Profile:
     verify: VerifySection = knob(None)
     serve_drafter: ServeDrafterSection = knob(None)
     bench: BenchSection = knob(None)
+    notify: NotifySection = knob(None)
     name: str = field(default="", metadata={"internal": True})
     source: str | None = field(default=None, metadata={"internal": True})
 
@@ -597,3 +608,37 @@ def hub_token(profile: Profile) -> str | None:
         except OSError:
             return None
     return None
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "eagle3-console" / "config.toml"
+
+
+def notify_settings(profile: Profile, path: str | Path | None = None) -> NotifySection:
+    """The profile's [notify], with the keys the user config's [notify] sets put over it (the operator's
+    own bell and notify command follow them from host to host). A bad user config: ProfileError naming it."""
+    path = Path(path) if path is not None else user_config_path()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return profile.notify
+    except OSError as e:
+        raise ProfileError(str(path), [("", f"cannot read: {e.strerror}")]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ProfileError(str(path), [("", f"not a TOML file: {e}")]) from None
+    problems: list[tuple[str, str]] = []
+    for key in data:
+        if key != "notify":
+            problems.append((key, "unknown table; expected: notify"))
+    table = data.get("notify", {})
+    if not isinstance(table, dict):
+        problems.append(("notify", "expected a table"))
+        table = {}
+    merged = {**dataclasses.asdict(profile.notify), **table}
+    settings = _build(NotifySection, merged, "notify", problems)
+    if problems:
+        raise ProfileError(str(path), problems)
+    return settings

@@ -65,6 +65,7 @@ def watch_key(doc: dict[str, Any]) -> dict[str, Any]:
     d["host"].pop("rtt_ms", None)
     server = d["server"]
     server.pop("eta_s", None)
+    server.pop("eta_ready_s", None)
     server.pop("metrics", None)
     if server.get("fraction") is not None:
         server["fraction"] = round(server["fraction"], 2)
@@ -110,6 +111,8 @@ def human(snap: Snapshot) -> str:
         extra += f" {v.fraction:.0%}"
     if v.eta_s is not None:
         extra += f" ETA {int(v.eta_s)} s ({v.eta_source})"
+    if v.eta_ready_s is not None:
+        extra += f", ready in {int(v.eta_ready_s)} s ({v.eta_ready_confidence})"
     lines.append(f"server   {v.phase}{extra}" + (" (with drafter)" if v.drafter is not None else ""))
     if v.drafter is not None:
         d = v.drafter

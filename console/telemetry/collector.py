@@ -26,6 +26,8 @@ from console.parsers.systemd import parse_systemctl_show
 from console.parsers.tmux import tmux_status
 from console.profile import Profile
 from console.telemetry import phase as phases
+from console.telemetry.eta_ready import (STEPS, comparable, estimate_ready, settings_key, step_durations,
+                                         weights_elapsed)
 from console.telemetry.eta import LOADS_FILE, LoadRecord, estimate_load, last_load, parse_load_history
 from console.telemetry.http_checks import HttpState, check_http, deep_check, fetch_metrics, model_mismatch, \
     sim_text_backend
@@ -236,6 +238,18 @@ class Collector:
         await self._remember_load()
         return self.snapshot()
 
+    async def check_ready_now(self, *, attempts: int = 50, gap_s: float = 0.02) -> Snapshot:
+        """The log just said `Application startup complete.`: ask /health and /v1/models now rather
+        than at the next probe. The socket opens a few ms after that line, so a refused connect is
+        asked again shortly (up to about a second)."""
+        for attempt in range(attempts):
+            self.port_listening = None  # the last probe's "not listening" is stale by definition
+            await self._check_http(extras=False)
+            if self.http.listening or self.service.active_state not in phases.ACTIVE_STATES:
+                break
+            await asyncio.sleep(gap_s)
+        return self.snapshot()  # the next tick records the load (a write on the host: not on this path)
+
     async def _probe(self) -> float | None:
         events = self.runbook.reads_wanted()
         pending_units = self.runbook.pending_units()
@@ -346,16 +360,21 @@ class Collector:
         else:
             self.gpus, self.gpu_error = tuple(parse_gpu_csv(sec.text)), None
 
-    async def _check_http(self) -> None:
+    async def _check_http(self, *, extras: bool = True) -> None:
         if self.service.active_state not in phases.ACTIVE_STATES:
             self.http = HttpState()
             return
         if self.port_listening is False:
             self.http = HttpState()  # still loading: nothing to ask, and no channel spent asking
+            if self._client is None:  # but the client ready (an SSL context costs ~0.2 s), for the ready check
+                with contextlib.suppress(HostError, OSError):
+                    await self._http()
             return
         try:
             client = await self._http()
             self.http = await check_http(client, self.profile)
+            if not extras:
+                return  # the ready check: /health and /v1/models only; the next tick brings the rest
             if self.profile.host.simulated and self.http.health == 200 and self.sim_text is None:
                 self.sim_text = await sim_text_backend(client)
             if self.http.health == 200 and self.metrics.due(self.clock()):
@@ -377,7 +396,8 @@ class Collector:
         self._recorded_start = t.load_started_ts
         ready = t.ready_ts if t.ready_ts is not None else self.clock()
         rec = LoadRecord(model=self.profile.server.model_id, started=t.load_started_ts, ready=ready,
-                         weights_gib=t.weights_gib, weights_s=t.weights_seconds, baseline_mib=self._baseline_mib)
+                         weights_gib=t.weights_gib, weights_s=t.weights_seconds, baseline_mib=self._baseline_mib,
+                         settings=self.load_settings(), phases=step_durations(t.phase_started, ready) or None)
         if any(abs(r.ready - rec.ready) < 1 and r.model == rec.model for r in self.history):
             return
         self.history.append(rec)
@@ -408,7 +428,18 @@ class Collector:
                           drafter=self.drafter_info())
         if decision.estimate_load:
             info = self._estimate(info)
+        if decision.phase in STEPS:
+            ready = estimate_ready(phase=decision.phase, phase_started=t.phase_started, now=self.clock(),
+                                   weights_eta_s=info.eta_s,
+                                   history=comparable(self.history, self.profile.server.model_id,
+                                                      self.load_settings()))
+            info = dataclasses.replace(info, eta_ready_s=ready.eta_s, eta_ready_confidence=ready.confidence,
+                                       eta_ready_basis=ready.basis)
         return info
+
+    def load_settings(self) -> str:
+        srv = self.profile.server
+        return settings_key(self.active, srv.model_path, srv.vllm_args, srv.command)
 
     def drafter_info(self) -> DrafterInfo | None:
         if self.active != "drafter":
@@ -424,10 +455,7 @@ class Collector:
 
     def _estimate(self, info: ServerInfo) -> ServerInfo:
         t = self.tracker
-        start = t.load_started_ts
-        if start is None and self.service.since_ts is not None:
-            start = self.service.since_ts
-        elapsed = self.clock() - start if start else None
+        elapsed = weights_elapsed(t.phase, t.phase_started, self.clock(), t.load_started_ts or self.service.since_ts)
         est = estimate_load(
             elapsed_s=elapsed,
             shards=(t.progress.done, t.progress.total) if t.progress else None,
@@ -435,7 +463,8 @@ class Collector:
             shards_live=self.profile.server.manager == "tmux",
             gpus=list(self.gpus), expected_weights_gib=self.expected_weights_gib(),
             baseline_mib=self._baseline_mib,
-            previous=last_load(self.history, self.profile.server.model_id))
+            previous=(comparable(self.history, self.profile.server.model_id, self.load_settings()) or
+                      [last_load(self.history, self.profile.server.model_id)])[0])
         return dataclasses.replace(info, eta_s=None if est.eta_s is None else round(est.eta_s, 1),
                                    eta_source=est.source,
                                    fraction=None if est.fraction is None else round(est.fraction, 4))

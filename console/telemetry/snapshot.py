@@ -93,6 +93,9 @@ class ServerInfo:
     eta_s: float | None = None
     eta_source: str | None = None  # "shards", "gpu_memory", "checkpoint_size", "previous_load"
     fraction: float | None = None  # 0..1 of the weight loading, from the best signal
+    eta_ready_s: float | None = None  # to ready: the weights and every step after (eta_ready.py)
+    eta_ready_confidence: str | None = None  # "previous_loads", or "low": no previous load, weights only
+    eta_ready_basis: int = 0  # how many previous loads of the same model and settings it comes from
     model_id: str | None = None
     max_model_len: int | None = None
     version: str | None = None
