@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backend.events import Event, parse_events
+from backend.events import Event, read_events
+from backend.numbers import count, finite
 from console.telemetry.snapshot import RunInfo
 from console.control.units import stage_unit_name
 from console.telemetry.probe import EventsRead, RunFile
@@ -45,6 +46,7 @@ class RunTrack:
     progress: dict | None = None
     finish: dict | None = None
     errors: int = 0
+    skipped_lines: int = 0  # lines of its events.jsonl that were not events (counted, never raised)
     started: float | None = None
     history: list[dict] = field(default_factory=list)
     series: TrainSeries | None = None  # train runs only
@@ -64,7 +66,7 @@ class RunTrack:
         if ev.kind == "resume" and isinstance(ev.data.get("step"), int):
             self._supersede(ev.data["step"])
         if ev.kind == "start":
-            self.total = int(ev.data.get("total") or 0)
+            self.total = count(ev.data.get("total"))
             self.started = ev.ts
             self.finish = None  # a resumed run starts again
             unit = ev.data.get("unit")
@@ -73,7 +75,7 @@ class RunTrack:
                 self.progress = {k: v for k, v in d.items() if k != "manifest"}
         elif ev.kind == "progress":
             self.progress = d
-            self.total = int(ev.data.get("total") or self.total)
+            self.total = count(ev.data.get("total")) or self.total
             self.history.append(d)
             del self.history[:-HISTORY_MAX]
         elif ev.kind == "error":
@@ -86,10 +88,6 @@ class RunTrack:
         self.history = [h for h in self.history if not isinstance(h.get("step"), int) or h["step"] < step]
         if self.progress is not None and isinstance(self.progress.get("step"), int) and self.progress["step"] >= step:
             self.progress = self.history[-1] if self.history else None
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class RunBook:
@@ -144,8 +142,10 @@ class RunBook:
                 return
             track.offset += cut + 1
             data, track.skip_partial = data[cut + 1:], False
-        events, consumed = parse_events(data)
+        parsed = read_events(data)
+        events, consumed = parsed.events, parsed.consumed
         track.offset += consumed
+        track.skipped_lines += parsed.skipped
         if consumed == 0 and full:
             if track.read_limit < READ_LIMIT_MAX:
                 track.read_limit = min(READ_LIMIT_MAX, track.read_limit * 4)  # one long line: read more
@@ -153,7 +153,11 @@ class RunBook:
                 track.offset += len(data)
                 track.skip_partial = True  # beyond any sane size: skip that line
         for ev in events:
-            track.apply(ev)
+            try:
+                track.apply(ev)
+            except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError, RecursionError):
+                # the conversions are total; this is the net for a shape nobody foresaw: one line lost
+                track.skipped_lines += 1
 
     def apply_unit_states(self, text: str, units: list[str]) -> None:
         if self.manager == "systemd":  # `systemctl show U1 U2 -p Id,ActiveState,...`: blocks per unit
@@ -191,13 +195,14 @@ class RunBook:
                 state = "running"
             else:
                 state = "stale"
-            done, total, rate = int(p.get("done") or 0), int(p.get("total") or t.total), p.get("rate")
+            done, total, rate = count(p.get("done")), count(p.get("total")) or t.total, finite(p.get("rate"))
             # rows skipped (bad rows, prompts too long) or failed will not be generated: not in the ETA
-            left = total - done - _count(p.get("skipped")) - _count(p.get("failed"))
-            eta = p.get("eta_s")
-            if eta is None and state == "running" and isinstance(rate, (int, float)) and rate > 0 and left > 0:
+            left = total - done - count(p.get("skipped")) - count(p.get("failed"))
+            eta = finite(p.get("eta_s"))
+            if eta is None and state == "running" and rate is not None and rate > 0 and left > 0:
                 eta = round(left / rate, 1)  # the stage reports its rate; the ETA follows
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
-                               failed=int(p.get("failed") or 0), rate=rate, eta_s=eta, last_event=p or None,
-                               series=t.series.to_dict() if t.series is not None else None))
+                               failed=count(p.get("failed")), rate=rate, eta_s=eta, last_event=p or None,
+                               series=t.series.to_dict() if t.series is not None else None,
+                               skipped_lines=t.skipped_lines))
         return out
