@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import tomllib
@@ -160,7 +161,9 @@ def _matches(value: Any, tp: Any) -> bool:
     if origin is dict:
         return isinstance(value, dict)
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        # TOML has nan and inf: neither is a timeout, a learning rate or a size (`nan < lo` is false,
+        # so no range check would ever refuse it)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if tp is bool:
@@ -200,6 +203,9 @@ def _build(cls: type, table: Any, prefix: str, problems: list[tuple[str, str]]) 
         value = table[name]
         if nested:
             values[name] = _build(nested, value, key, problems)
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append((key, f"expected a finite number, got {_describe(value)}"))
             continue
         if not _matches(value, tp):
             problems.append((key, f"expected {_type_name(tp)}, got {_describe(value)}"))
