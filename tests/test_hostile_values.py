@@ -185,3 +185,27 @@ async def test_the_console_keeps_refreshing_beside_a_poisoned_run(tmp_path):
         assert app.last_snapshot.host.reachable
         old = next(r for r in app.last_snapshot.runs if r.run_id == "old")
         assert old.skipped_lines == len(POISON)
+
+
+def probe_loop(book: RunBook, files: dict[str, bytes], probes: int) -> None:
+    """What the probe does each tick: list the runs, then read each asked range (`tail -c +N | head -c L`)."""
+    for tick in range(probes):
+        book.apply_listing([RunFile(d, d.rsplit("/", 1)[-1], size=len(b), mtime=i) for i, (d, b) in
+                            enumerate(files.items())])
+        for read in book.reads_wanted():
+            data = files[read.run_dir][read.offset:read.offset + read.limit]
+            book.apply_events(read.run_dir, data, read.limit, offset=read.offset)
+
+
+def test_a_start_event_larger_than_the_probe_budget_is_read():
+    from console.telemetry.runs import PROBE_EVENTS_BUDGET
+    manifest = {f"file{i}": "x" * 100 for i in range(30_000)}  # ~3.3 MiB: a large dataset's manifest
+    start = line("start", total=9, unit="e3-chain-p1", manifest=manifest)
+    assert len(start) > PROBE_EVENTS_BUDGET
+    files = {"/w/runs/r1": start + line("progress", done=2, total=9)}
+    book = RunBook("systemd")
+    probe_loop(book, files, 6)
+    book.apply_unit_states("Id=e3-chain-p1.service\nActiveState=active\n", book.pending_units())
+    [info] = book.infos()
+    assert (info.state, info.unit, info.done, info.total) == ("running", "e3-chain-p1", 2, 9)
+    assert book.tracks["/w/runs/r1"].offset == len(files["/w/runs/r1"])

@@ -7,10 +7,11 @@ supersedes the progress of the steps a restart trains again (backend/events.py).
 A stale run shows what its last events said is on disk: the generate stage reports every durable batch
 and starts with what it found on disk, so that is the record count a resume would start from.
 
-Reads are bounded: one probe asks for at most PROBE_EVENTS_BUDGET bytes of events in all (unfinished and
+Reads are bounded: one probe asks for about PROBE_EVENTS_BUDGET bytes of events in all (unfinished and
 newest runs first, the rest on later probes), an old run found at start-up is read from its tail only
 (its last events say how it ended), and a line longer than one read makes the next read larger instead
-of stopping that run's reader for good.
+of stopping that run's reader for good: up to READ_LIMIT_MAX, the one bound on a line, which such a read
+may take beyond the probe's budget.
 """
 from __future__ import annotations
 
@@ -105,7 +106,10 @@ class RunBook:
         for t in wanted:
             if budget <= 0:
                 break
-            limit = min(t.read_limit, budget)
+            # a run in the middle of one line longer than its first read gets the whole larger read it
+            # asked for, budget or not (up to READ_LIMIT_MAX): capped at the budget, a line longer than
+            # the budget (a generation start with a large manifest) could never be read whole
+            limit = t.read_limit if t.read_limit > READ_LIMIT else min(t.read_limit, budget)
             if not (t.stage and t.finish is None):
                 # done, or not read yet: what the listing saw is all there is to read (a line longer
                 # than one read still gets the larger read it asked for)
