@@ -200,12 +200,12 @@ def probe_loop(book: RunBook, files: dict[str, bytes], probes: int) -> None:
 def test_a_start_event_larger_than_the_probe_budget_is_read():
     from console.telemetry.runs import PROBE_EVENTS_BUDGET
     manifest = {f"file{i}": "x" * 100 for i in range(30_000)}  # ~3.3 MiB: a large dataset's manifest
-    start = line("start", total=9, unit="e3-chain-p1", manifest=manifest)
+    start = line("start", total=9, unit="e3-pipeline-p1", manifest=manifest)
     assert len(start) > PROBE_EVENTS_BUDGET
     files = {"/w/runs/r1": start + line("progress", done=2, total=9)}
     book = RunBook("systemd")
     probe_loop(book, files, 6)
-    book.apply_unit_states("Id=e3-chain-p1.service\nActiveState=active\n", book.pending_units())
+    book.apply_unit_states("Id=e3-pipeline-p1.service\nActiveState=active\n", book.pending_units())
     [info] = book.infos()
-    assert (info.state, info.unit, info.done, info.total) == ("running", "e3-chain-p1", 2, 9)
+    assert (info.state, info.unit, info.done, info.total) == ("running", "e3-pipeline-p1", 2, 9)
     assert book.tracks["/w/runs/r1"].offset == len(files["/w/runs/r1"])

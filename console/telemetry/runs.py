@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from backend.events import Event, read_events
 from backend.numbers import count, finite
 from console.telemetry.snapshot import RunInfo
-from console.control.units import stage_unit_name
+from console.control.units import is_stage_unit, stage_unit_name
 from console.telemetry.probe import EventsRead, RunFile
 from console.telemetry.train_view import TrainSeries
 
@@ -71,7 +71,9 @@ class RunTrack:
             self.started = ev.ts
             self.finish = None  # a resumed run starts again
             unit = ev.data.get("unit")
-            self.started_in = unit if isinstance(unit, str) and unit else None
+            # only a unit this project names is believed: a foreign or hostile writer naming another unit
+            # would have the console ask it whether the run lives, and `stop` stop it
+            self.started_in = unit if is_stage_unit(unit) else None
             if "done" in ev.data:  # the counters as the run found them on disk (a resume starts from there)
                 self.progress = {k: v for k, v in d.items() if k != "manifest"}
         elif ev.kind == "progress":
