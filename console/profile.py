@@ -269,6 +269,8 @@ class HostSection:
     known_hosts: str | None = knob(None, check=check_local_path,
                                    doc="default ~/.ssh/known_hosts; checking is never switched off")
     simulated: bool = knob(False, doc="a demo host: every view is labelled SIMULATED")
+    forward_agent: bool = knob(False, doc="forward your ssh-agent to the host; off unless set here, whatever "
+                                          "~/.ssh/config says (whoever is root there can use the agent's keys)")
 
 
 @dataclass
