@@ -185,7 +185,7 @@ class FetchRun:
         progress = dl.Progress(listing.total_bytes, self._report)
         progress.flush()
         started = time.monotonic()
-        how = dl.download(listing, target, endpoint=c.endpoint, token=self.token, progress=progress)
+        how = dl.download(listing, target, endpoint=c.endpoint, token=self.token, progress=progress, fresh=c.fresh)
         self.summary.update(transfer=how, fetched_bytes=progress.fetched,
                             download_s=round(time.monotonic() - started, 2))
         config = cv.read_config(target)
@@ -195,7 +195,7 @@ class FetchRun:
             return
         self.summary["format"] = "eagle3-original"
         out = self.run_dir.file("checkpoint")
-        if os.path.isfile(os.path.join(out, "config.json")):  # converted by an earlier try of this run
+        if cv.converted_from(out) == listing.commit:  # converted by an earlier try of this run, same commit
             self.summary.update(converted=True)
             self.summary["outputs"]["checkpoint"] = out
             return
