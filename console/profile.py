@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import tomli_w
 
-from backend.fetch_drafter.names import repo_id_problem, revision_problem
+from backend.fetch_drafter.names import endpoint_problem, repo_id_problem, revision_problem
 
 # --- value checks -----------------------------------------------------------------------------------
 
@@ -461,7 +461,9 @@ _HUB_ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]+(?::\d{1,5})?(?:/[A-Za-z0-9.
 
 
 def check_hub_endpoint(v: str) -> str | None:
-    return None if _HUB_ENDPOINT.fullmatch(v) else "an http(s) URL such as https://huggingface.co"
+    if not _HUB_ENDPOINT.fullmatch(v):
+        return "an http(s) URL such as https://huggingface.co"
+    return endpoint_problem(v)
 
 
 @dataclass
@@ -487,6 +489,8 @@ class BenchSection:
     hub_token_env: str = knob("HF_TOKEN", check=check_env_name,
                               doc="the console's environment variable holding a Hub token (gated/private repos)")
     hub_token_file: str | None = knob(None, check=check_local_path, doc="or a file on this machine holding it")
+    hub_token_upload: bool = knob(False, doc="the drafter's repo is gated or private: hand `run fetch-drafter` the "
+                                             "Hub token (never otherwise; the stage removes it once read)")
 
 
 @dataclass

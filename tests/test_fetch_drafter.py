@@ -337,3 +337,25 @@ def test_a_resumed_run_whose_branch_moved_does_not_reuse_the_old_conversion(tmp_
         res = fetch(tmp_path, server.url, "--repo", REPO_ID)
     assert res.returncode == 0, res.stderr
     assert finish(tmp_path)["summary"]["outputs"]["checkpoint"] == str(ckpt)
+
+
+def test_the_consoles_token_copy_is_removed_once_read(tmp_path):
+    """The token the console hands over lives on the host only until the stage has it: gone after the run,
+    whether it succeeded or failed; a token file of the operator's own (no --remove-token-file) stays."""
+    secret = "hf_s3cretTokenValue0123456789"
+    hub = FakeHub(repos={"community/private": Repo(files={"config.json": SPEC_CONFIG})})
+    with HubServer(hub) as server:
+        for repo, rc in (("community/private", 0), ("community/missing", 1)):
+            token_file = tmp_path / "secrets" / "hf-token"
+            token_file.parent.mkdir(exist_ok=True)
+            token_file.write_text(secret + "\n")
+            res = fetch(tmp_path / "w", server.url, "--repo", repo, "--token-file", str(token_file),
+                        "--remove-token-file", run_id=f"r{rc}")
+            assert res.returncode == rc, res.stderr
+            assert not token_file.exists()
+        own = tmp_path / "own-token"
+        own.write_text(secret + "\n")
+        assert fetch(tmp_path / "w", server.url, "--repo", "community/private", "--token-file", str(own),
+                     run_id="own").returncode == 0
+        assert own.exists()
+    assert all(r.headers.get("authorization") == f"Bearer {secret}" for r in hub.requests)

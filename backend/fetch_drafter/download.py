@@ -75,10 +75,10 @@ def _describe_hub_error(exc: Exception, repo_id: str, revision: str, endpoint: s
 
     if isinstance(exc, GatedRepoError):
         return (f"{repo_id} on {endpoint} is gated: accept its terms on the Hub with your account and give "
-                f"the stage a token (HF_TOKEN, or the console's token file)")
+                f"the stage a token (set [bench].hub_token_upload = true in the profile)")
     if isinstance(exc, RepositoryNotFoundError):
         return (f"no model repo {repo_id!r} on {endpoint} (a typo in [bench].third_drafter, or a private repo "
-                f"that needs a token: HF_TOKEN)")
+                f"that needs a token: [bench].hub_token_upload = true)")
     if isinstance(exc, RevisionNotFoundError):
         return f"{repo_id} has no revision {revision!r} on {endpoint} ([bench].third_revision)"
     if isinstance(exc, HfHubHTTPError):

@@ -236,9 +236,30 @@ async def upload_api_key(host: Host, profile: Profile) -> str | None:
     return await upload_secret(host, profile, api_key(profile), "vllm-api-key")
 
 
-async def upload_hub_token(host: Host, profile: Profile) -> str | None:
-    """The Hub token for a gated or private drafter, handed over like the API key."""
+async def upload_hub_token(host: Host, profile: Profile, shown: list[str] | None = None) -> str | None:
+    """The Hub token for a gated or private drafter, handed over like the API key, and only when the profile
+    says the repo needs it ([bench].hub_token_upload): the operator's personal token never goes to the
+    host for a public repo. The stage removes it once read (--remove-token-file)."""
+    if not profile.bench.hub_token_upload:
+        return None
+    warning = readable_secret_warning(profile.bench.hub_token_file)
+    if warning and shown is not None:
+        shown.append(f"(warning) {warning}")
     return await upload_secret(host, profile, hub_token(profile), "hf-token")
+
+
+def readable_secret_warning(path: str | None) -> str | None:
+    """A secret file on this machine that others can read: say so (it is used all the same)."""
+    if not path:
+        return None
+    try:
+        mode = os.stat(os.path.expanduser(path)).st_mode
+    except OSError:
+        return None
+    if mode & 0o077:
+        return (f"{path} can be read by others (mode {mode & 0o777:o}): `chmod 600 {path}`; it holds your "
+                f"Hub token")
+    return None
 
 
 def check_host_path(value: str, what: str) -> str:
@@ -436,7 +457,7 @@ class _Launcher:
                     check_host_path(req.checkpoint, "--checkpoint")
                 return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh, checkpoint=req.checkpoint), None
             if stage == FETCH_DRAFTER:
-                token = await upload_hub_token(self.host, p)
+                token = await upload_hub_token(self.host, p, self.shown)
                 return stage_argv.fetch_drafter_argv(p, run_id, token_path=token, fresh=fresh), None
         except (stage_argv.StageArgError, ExtractionPlanError) as exc:
             raise StageError(str(exc)) from None
