@@ -147,6 +147,29 @@ def poison_run(work_dir: str) -> None:
         + line("finish", run_id="old", status="completed", summary={"done": NAN_FREE, "k": 10**9}))
 
 
+def poison_train_and_verify(work_dir: str) -> None:
+    """A train run and a verify run as a hostile writer would leave them: every value of the wrong kind."""
+    train = Path(work_dir) / "runs" / "t1"
+    train.mkdir(parents=True)
+    train.joinpath("events.jsonl").write_bytes(
+        line("start", stage="train", run_id="t1", total="many")
+        + b'{"ts":2,"kind":"progress","stage":"train","run_id":"t1","phase":"plan","total":1e999,'
+          b'"steps_per_epoch":"x","epochs":NaN}\n'
+        + b'{"ts":3,"kind":"progress","stage":"train","run_id":"t1","phase":"train","step":' + b"9" * 400
+        + b',"loss":"x","acc_k":[NaN,"a",1e999],"lr":Infinity,"epoch":"e","rate":-1e999,"eta_s":[]}\n'
+        + b'{"ts":4,"kind":"progress","stage":"train","run_id":"t1","phase":"val","step":1,"val_loss":1e308,'
+          b'"val_acc_k":{"a":1}}\n'
+        + b'{"ts":5,"kind":"resume","stage":"train","run_id":"t1","step":-' + b"9" * 400 + b'}\n')
+    verify = Path(work_dir) / "runs" / "v1"
+    verify.mkdir(parents=True)
+    verify.joinpath("events.jsonl").write_bytes(
+        line("start", stage="verify", run_id="v1", total=1)
+        + line("finish", stage="verify", run_id="v1", status="completed",
+               summary={"checks": [{"name": ["x"], "ok": "yes"}, 7], "checkpoint": {"a": 1},
+                        "acceptance": {"k": 1_000_000_000, "trained": {"per_position": "x", "mean_accepted": "1"},
+                                       "untrained": []}}))
+
+
 def good_run(work_dir: str, done: int) -> Path:
     path = Path(work_dir) / "runs" / "good" / "events.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,6 +194,7 @@ def test_status_json_with_a_poisoned_events_file(tmp_path):
 async def test_the_console_keeps_refreshing_beside_a_poisoned_run(tmp_path):
     profile = demo.prepare(tmp_path / "d")
     poison_run(profile.paths.work_dir)
+    poison_train_and_verify(profile.paths.work_dir)
     good_run(profile.paths.work_dir, 0)
     app = ConsoleApp(Session(profile, interval=0.2))
     async with app.run_test(size=(160, 50)) as pilot:
@@ -185,6 +209,12 @@ async def test_the_console_keeps_refreshing_beside_a_poisoned_run(tmp_path):
         assert app.last_snapshot.host.reachable
         old = next(r for r in app.last_snapshot.runs if r.run_id == "old")
         assert old.skipped_lines == len(POISON)
+        assert {"t1", "v1"} <= {r.run_id for r in app.last_snapshot.runs}
+        for _ in range(8):  # walk the stage list: each stage's pane and row draws its runs
+            await pilot.press("j")
+            await pilot.pause(0.1)
+        good_run(profile.paths.work_dir, 8)
+        await until(lambda: good_done() == 8, "progress 8 shown", timeout=30, pause=pilot.pause)
 
 
 def probe_loop(book: RunBook, files: dict[str, bytes], probes: int) -> None:
