@@ -239,3 +239,34 @@ def test_a_start_event_larger_than_the_probe_budget_is_read():
     [info] = book.infos()
     assert (info.state, info.unit, info.done, info.total) == ("running", "e3-pipeline-p1", 2, 9)
     assert book.tracks["/w/runs/r1"].offset == len(files["/w/runs/r1"])
+
+
+async def test_wait_ready_and_status_shrug_off_infinite_metrics(tmp_path):
+    """A server whose /metrics says +Inf requests are running is ready all the same: wait-ready exits 0
+    (not 1, "load failed") and status --json stays JSON."""
+    from console.commands.server_cmd import wait_ready
+    from console.profile import write_profile
+
+    work = tmp_path / "d"
+    profile = demo.prepare(work, speed=10)
+    profile.server.command = [*profile.server.command, "--fault", "inf-metrics"]
+    write_profile(profile, profile.source, overwrite=True)
+    res = subprocess.run([sys.executable, "-m", "console.cli", "start-server", "--profile", profile.source],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, stdin=subprocess.DEVNULL)
+    try:
+        assert res.returncode == 0, res.stderr
+        rc, snap = await wait_ready(profile, timeout=90, interval=0.2)
+        assert rc == 0, snap and snap.server
+        out = subprocess.run([sys.executable, "-m", "console.cli", "wait-ready", "--profile", profile.source,
+                              "--timeout", "30"], capture_output=True, text=True, timeout=60, cwd=REPO,
+                             stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr
+        status = subprocess.run([sys.executable, "-m", "console.cli", "status", "--profile", profile.source,
+                                 "--json"], capture_output=True, text=True, timeout=60, cwd=REPO,
+                                stdin=subprocess.DEVNULL)
+        doc = strict_json(status.stdout)
+        assert doc["server"]["phase"] == "ready"
+        metrics = doc["server"]["metrics"]
+        assert metrics is None or metrics["requests_running"] is None
+    finally:
+        await demo.stop(work)
