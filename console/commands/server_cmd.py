@@ -143,7 +143,7 @@ def cmd_status(a: argparse.Namespace) -> int:
             asyncio.run(watch(profile, a.interval))
         return 0
     snap = asyncio.run(snapshot_once(profile, deep=a.deep, timeout=a.timeout))
-    print(json.dumps(snap.to_json()) if a.json else human(snap))
+    print(json.dumps(snap.to_json(), allow_nan=False) if a.json else human(snap))
     return 0 if snap.host.reachable else 3
 
 
@@ -155,7 +155,7 @@ async def watch(profile: Profile, interval: float) -> None:
             key = watch_key(doc)
             if key != last:
                 last = key
-                print(json.dumps(doc), flush=True)
+                print(json.dumps(doc, allow_nan=False), flush=True)
 
 
 async def wait_ready(profile: Profile, timeout: float, interval: float) -> tuple[int, Snapshot | None]:

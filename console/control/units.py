@@ -11,6 +11,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from backend.runs import RUN_ID_PATTERN
+from console.control.stages import STAGES
 from console.parsers.tmux import EXIT_STATUS_PREFIX
 from console.profile import Profile, check_session, check_unit
 
@@ -112,6 +114,20 @@ def derived_server_start_argv(profile: Profile, unit: str, program: ServerProgra
 def stage_unit_name(stage: str, run_id: str) -> str:
     """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
     return f"e3-{stage}-{run_id}"
+
+
+def is_stage_unit(name: object) -> bool:
+    """Whether `name` is a unit this project starts a stage in (`stage_unit_name` of a known stage and a
+    valid run id). A run's events name the unit it runs in; any other name (a hostile or foreign writer
+    naming the operator's vLLM unit, sshd, a unit with an odd character) is not believed: the console
+    would ask it whether the run is alive and, on `stop`, stop it."""
+    if not isinstance(name, str) or not name.startswith("e3-") or check_unit(name):
+        return False
+    for stage in STAGES:
+        prefix = stage_unit_name(stage, "")
+        if name.startswith(prefix) and RUN_ID_PATTERN.fullmatch(name[len(prefix):]):
+            return True
+    return False
 
 
 def server_log_path(profile: Profile) -> str:

@@ -42,6 +42,9 @@ from console.telemetry.snapshot import (DrafterInfo, GpuInfo, HostInfo, RunInfo,
 
 PRIME_LOG_BYTES = 4 * SERVER_LOG_READ_MAX  # tmux: how much of the log's tail is read at connect
 PROBE_TIMEOUT_S = 30.0
+# What a conversion of the host's answer can raise; caught per probe section (Collector._unreadable_guard)
+UNREADABLE = (TypeError, ValueError, ArithmeticError, LookupError, AttributeError, RecursionError,
+              UnicodeError)
 
 
 class Collector:
@@ -78,6 +81,8 @@ class Collector:
         self._baseline_mib: float | None = None
         self._use_nvml = profile.host.transport == "local" and not profile.host.simulated
         self.nvml_note: str | None = None
+        self.unreadable: dict[str, int] = {}  # probe sections skipped because their answer was unreadable
+        self.unreadable_note: str | None = None  # the last such skip, for the operator
 
     @property
     def tracker(self):
@@ -265,21 +270,25 @@ class Collector:
                                  other_server=(ds.server_unit(self.profile, other), ds.server_log(self.profile, other)))
         res = await self.host.run(argv, timeout=PROBE_TIMEOUT_S, errors="surrogateescape")
         sections = split_sections(res.stdout, plan)
-        if self._other_took_over(sections.get("service"), sections.get("other_service"), other):
-            sections.pop("server_log", None)  # the other server's log is read from its start instead
-        else:
-            self._apply_service(sections.get("service"))
+        guard = self._unreadable_guard
+        with guard("service"):
+            if self._other_took_over(sections.get("service"), sections.get("other_service"), other):
+                sections.pop("server_log", None)  # the other server's log is read from its start instead
+            else:
+                self._apply_service(sections.get("service"))
         # the server's last log lines before deciding it is down: once the tracker hears "down" it
         # ignores failure lines as teardown noise, so the root cause must be in first
         if "server_log" in sections:
-            head, _, data = sections["server_log"].data.partition(b"\n")
-            inode, size = _inode_size(head.decode(errors="replace"))
-            self.log.feed_log(inode, size, data, self.clock(), limit=SERVER_LOG_READ_MAX)
+            with guard("server_log"):
+                head, _, data = sections["server_log"].data.partition(b"\n")
+                inode, size = _inode_size(head.decode(errors="replace"))
+                self.log.feed_log(inode, size, data, self.clock(), limit=SERVER_LOG_READ_MAX)
         if self._down_without_cause():
             await self._catch_up_journal()
         if self._down_without_cause():
             self.tracker.stop(self.clock())
-        self._apply_gpus(sections.get("gpus"))
+        with guard("gpus"):
+            self._apply_gpus(sections.get("gpus"))
         self.port_listening = parse_listen(sections["listen"].text) if "listen" in sections else None
         if "disk" in sections:
             self.free_bytes = parse_df(sections["disk"].text)
@@ -287,14 +296,28 @@ class Collector:
         # meanwhile has read bytes beyond its listed size, which read the other way round looks like a
         # file replaced by a shorter one (the run vanished for a tick and was read again from 0)
         if "runs" in sections:
-            self.runbook.apply_listing(parse_runs_listing(sections["runs"].text))
+            with guard("runs"):
+                self.runbook.apply_listing(parse_runs_listing(sections["runs"].text))
         for i, ev in enumerate(events):
             sec = sections.get(f"events:{i}")
             if sec is not None:
-                self.runbook.apply_events(ev.run_dir, sec.data, ev.limit, offset=ev.offset)
+                with guard("events"):
+                    self.runbook.apply_events(ev.run_dir, sec.data, ev.limit, offset=ev.offset)
         if "stage_units" in sections:
-            self.runbook.apply_unit_states(sections["stage_units"].text, pending_units)
+            with guard("stage_units"):
+                self.runbook.apply_unit_states(sections["stage_units"].text, pending_units)
         return res.elapsed_s
+
+    @contextlib.contextmanager
+    def _unreadable_guard(self, section: str):
+        """The parsers are total and the conversions after them too; this is the net for a shape nobody
+        foresaw in what the host sent: that section of this probe is skipped and counted, the console
+        goes on (one bad value never blinds it)."""
+        try:
+            yield
+        except UNREADABLE as exc:
+            self.unreadable[section] = self.unreadable.get(section, 0) + 1
+            self.unreadable_note = f"{section}: {type(exc).__name__}: {exc}"[:200]
 
     def _service_info(self, sec, unit: str) -> ServiceInfo:
         if self.profile.server.manager == "systemd":
@@ -381,7 +404,8 @@ class Collector:
                 text = await fetch_metrics(client)
                 if text is not None:
                     # a huge exposition parses in a thread: the event loop keeps drawing meanwhile
-                    await asyncio.to_thread(self.metrics.feed, text, self.clock(), self.http.model_id)
+                    with self._unreadable_guard("metrics"):
+                        await asyncio.to_thread(self.metrics.feed, text, self.clock(), self.http.model_id)
         except (HostError, OSError) as e:
             self.http = HttpState(error=f"port forward failed: {e}")
             await self.close()
@@ -478,7 +502,8 @@ class Collector:
     def host_info(self, *, not_answering_since: float | None = None, error: str | None = None) -> HostInfo:
         return HostInfo(name=self.profile.host.name, reachable=self.reachable and not_answering_since is None,
                         error=error or self.error, rtt_ms=self.rtt_ms, simulated=self.profile.host.simulated,
-                        sim_text=self.sim_text, not_answering_since=not_answering_since)
+                        sim_text=self.sim_text, not_answering_since=not_answering_since,
+                        unreadable=sum(self.unreadable.values()), unreadable_note=self.unreadable_note)
 
     def snapshot(self, *, not_answering_since: float | None = None, error: str | None = None) -> Snapshot:
         """The current facts as one frozen value, every remote string cleaned (telemetry/sanitize.py).

@@ -30,6 +30,10 @@ class HostInfo:
     sim_text: str | None = None  # demo host only: which text backend the vLLM stand-in runs
     # set while a refresh has not answered within its deadline: the values shown are the last known
     not_answering_since: float | None = None
+    # pieces of the host's answers skipped because they could not be read (a value of a type or size
+    # nobody foresaw), and the last one's reason: counted, never fatal
+    unreadable: int = 0
+    unreadable_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class RunInfo:
     eta_s: float | None = None
     last_event: dict[str, Any] | None = None
     series: dict[str, Any] | None = None  # train runs: curves and checkpoints (console/telemetry/train_view.py)
+    skipped_lines: int = 0  # lines of its events.jsonl that were not events (a foreign or broken writer)
 
 
 @dataclass(frozen=True)
