@@ -56,3 +56,15 @@ def test_the_training_pane_shows_the_k_table():
                               "k_table": t.to_dict()})
     text = verify_markup(run).plain
     assert "1:1.80/x1.64  2:2.40/x2.00  3:2.70/x2.08   recommended K=3  assumed: [b]no bench[/b]" in text
+
+
+def test_a_hostile_k_table_reads_as_missing_or_bounded():
+    from backend.verify.report import read_k_table
+
+    assert read_k_table({"rows": [{"k": 1, "expected_length": float("nan"), "speedup": 1.0}], "draft_cost": 0.1}) is None
+    assert read_k_table({"rows": "x"}) is None and read_k_table(None) is None
+    big = {"rows": [{"k": i + 1, "expected_length": 1.5, "speedup": 1.2} for i in range(10_000)], "draft_cost": 0.1,
+           "recommended": float("inf"), "cost_source": "x" * 10_000}
+    t = read_k_table(big)
+    assert len(t.rows) == 32 and t.recommended == 0 and len(t.cost_source) == 120
+    assert "no K pays" in table({"checkpoint": "/c", "checks": [], "k_table": big})

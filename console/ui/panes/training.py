@@ -17,6 +17,7 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual_plotext import PlotextPlot
 
+from backend.verify.report import draft_positions
 from console.telemetry.snapshot import RunInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, num
@@ -200,7 +201,7 @@ def verify_markup(run: RunInfo) -> Content:
     if not isinstance(acc, dict):
         error = report.get("error")
         return lines(head, markup("         [red]$error[/]", error=str(error)[:200])) if error else head
-    k = int(acc["k"]) if _is_num(acc.get("k")) else 0
+    k = draft_positions(acc)  # capped: a finish saying k=10**9 must not build a gigabyte line
     rows: list[Content | str] = [head + Content(f"   k={k}"),
                                  "         draft      " + "".join(f"pos{j + 1:<4}" for j in range(k))
                                  + "accepted  length"]
@@ -215,18 +216,16 @@ def verify_markup(run: RunInfo) -> Content:
 
 def _k_line(table: Any) -> Content | None:
     """verify's K table in one line: expected length and speed-up per K, the recommended K and where the
-    draft cost came from (host text, as a variable)."""
-    if not isinstance(table, dict):
+    draft cost came from (host text, as a variable); read as untrusted JSON (backend/verify/report.py)."""
+    from backend.verify.report import read_k_table
+
+    t = read_k_table(table)
+    if t is None:
         return None
-    cells = [f"{r['k']}:{r['expected_length']:.2f}/x{r['speedup']:.2f}" for r in table.get("rows") or []
-             if isinstance(r, dict) and _is_num(r.get("k")) and _is_num(r.get("expected_length"))
-             and _is_num(r.get("speedup"))]
-    if not cells:
-        return None
-    rec = table.get("recommended")
-    verdict = f"recommended K={int(rec)}" if _is_num(rec) and rec > 0 else "no K pays"
+    cells = [f"{r.k}:{r.expected_length:.2f}/x{r.speedup:.2f}" for r in t.rows]
+    verdict = f"recommended K={t.recommended}" if t.recommended > 0 else "no K pays"
     return markup(f"         K length/speed-up  {'  '.join(cells)}   [b]{verdict}[/b]  [dim]$source[/]",
-                  source=str(table.get("cost_source"))[:80])
+                  source=t.cost_source[:80])
 
 
 class TrainingPane(Pane):
