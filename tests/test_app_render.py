@@ -8,6 +8,7 @@ import pytest
 from tests.fake_controller import base_snapshot, generation_run, training_run
 from console.telemetry.snapshot import GpuInfo, RunInfo
 from console.ui.panes.gauges import bar, duration, human_bytes, level_colour, pct, sparkline
+from console.telemetry.progress import generation_view
 from console.ui.panes.generation import TokenRate, generation_markup, pick_run
 from console.ui.panes.gpus import gpu_row
 from console.ui.panes.notices import transitions
@@ -71,8 +72,8 @@ def test_generation_markup_and_token_rate():
     rate = TokenRate()
     first = generation_run(done=1000, ts=100.0)
     second = generation_run(done=1010, ts=102.0)
-    assert rate.feed("gen-0001", first.last_event) is None
-    assert rate.feed("gen-0001", second.last_event) == pytest.approx(4500.0)
+    assert rate.feed(generation_view(first)) is None
+    assert rate.feed(generation_view(second)) == pytest.approx(4500.0)
     text = generation_markup(second, 4500.0).plain
     assert "1010/5000" in text and "free disk 512.0 GiB" in text and "truncated (length) 4.0%" in text
 

@@ -199,5 +199,6 @@ class RunBook:
                 eta = round(left / rate, 1)  # the stage reports its rate; the ETA follows
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
                                failed=int(p.get("failed") or 0), rate=rate, eta_s=eta, last_event=p or None,
-                               series=t.series.to_dict() if t.series is not None else None))
+                               series=t.series.to_dict() if t.series is not None else None,
+                               started=t.started))
         return out

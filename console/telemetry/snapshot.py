@@ -128,6 +128,7 @@ class RunInfo:
     eta_s: float | None = None
     last_event: dict[str, Any] | None = None
     series: dict[str, Any] | None = None  # train runs: curves and checkpoints (console/telemetry/train_view.py)
+    started: float | None = None  # its latest start event's time (host clock): a resume starts it again
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from console.control.stages import STAGES
+from console.control import stages
 from console.session import ActionResult, Controller, JournalLine
 from console.parsers.text import clean_block
 from console.ui.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
@@ -64,7 +64,7 @@ class ConsoleApp(App[None]):
         self.controller = controller
         self.readonly = readonly or bool(getattr(controller, "readonly", False))
         self.clock = clock or time.time
-        self.selected_stage: str = STAGES[0]
+        self.selected_stage: str = stages.names()[0]
         self.journal_unit: str | None = None
         self.journal_stage: str | None = None  # the stage whose newest run the log view follows
         self.last_snapshot: Snapshot | None = None

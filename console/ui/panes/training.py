@@ -16,6 +16,7 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual_plotext import PlotextPlot
 
+from console.telemetry.progress import verify_view
 from console.telemetry.snapshot import RunInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, num
@@ -168,28 +169,25 @@ def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistor
 
 
 def verify_markup(run: RunInfo) -> Content:
-    """verify's table once it has finished (its finish summary carries the report)."""
-    if run.state not in ("done", "failed", "stopped"):
-        return markup("verify   [b]$run[/b]  [dim]$state[/]", run=run.run_id, state=run.state)
-    report = run.last_event or {}
-    checks = [c for c in report.get("checks") or [] if isinstance(c, dict)]
-    failed = [str(c.get("name")) for c in checks if not c.get("ok")]
+    """verify's table once it has finished (its typed view reads the report in its finish summary)."""
+    v = verify_view(run)
+    if not v.finished:
+        return markup("verify   [b]$run[/b]  [dim]$state[/]", run=v.run_id, state=v.state)
+    failed = v.failed_checks
     head = markup("verify   [b]$run[/b]  [dim]$state[/]   checks "
-                  + ("[red]failed: $failed[/]" if failed else f"[green]{len(checks)} ok[/]"),
-                  run=run.run_id, state=run.state, failed=", ".join(failed))
-    acc = report.get("acceptance")
-    if not isinstance(acc, dict):
-        error = report.get("error")
-        return lines(head, markup("         [red]$error[/]", error=str(error)[:200])) if error else head
-    k = int(acc["k"]) if _is_num(acc.get("k")) else 0
+                  + ("[red]failed: $failed[/]" if failed else f"[green]{len(v.checks)} ok[/]"),
+                  run=v.run_id, state=v.state, failed=", ".join(failed))
+    if v.trained is None and v.untrained is None:
+        return lines(head, markup("         [red]$error[/]", error=v.error[:200])) if v.error else head
+    k = v.k
     rows: list[Content | str] = [head + Content(f"   k={k}"),
                                  "         draft      " + "".join(f"pos{j + 1:<4}" for j in range(k))
                                  + "accepted  length"]
-    for name in ("trained", "untrained"):
-        a = acc.get(name) if isinstance(acc.get(name), dict) else {}
-        cells = "".join(f"{v:<7.2f}" if _is_num(v) else "N/A    " for v in (a.get("per_position") or [])[:k])
-        rows.append(f"         {name:<10} {cells}{num(a.get('mean_accepted'), '{:<9.2f}')} "
-                    f"{num(a.get('mean_acceptance_length'), '{:.2f}')}")
+    for name, a in (("trained", v.trained), ("untrained", v.untrained)):
+        per = a.per_position if a is not None else ()
+        cells = "".join(f"{x:<7.2f}" if x is not None else "N/A    " for x in per[:k])
+        rows.append(f"         {name:<10} {cells}{num(a and a.mean_accepted, '{:<9.2f}')} "
+                    f"{num(a and a.mean_acceptance_length, '{:.2f}')}")
     return lines(*rows)
 
 
