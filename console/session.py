@@ -333,15 +333,15 @@ class Session:
             return ActionResult(False, f"start {stage} failed: {e}"), None
         for name in busy:
             if running := self.running(name):
-                return ActionResult(False, f"{name} run {running[0].run_id} is already running "
-                                           f"(stop it first, or wait for it)"), None
+                return ActionResult(False, clean(f"{name} run {running[0].run_id} is already running "
+                                                 f"(stop it first, or wait for it)")), None
             try:
                 live = await self._live_units(name)
             except HostError as e:
                 return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
             if live:
-                return ActionResult(False, f"{name} is already running in {', '.join(live)} "
-                                           f"(stop it first, or wait for it)"), None
+                return ActionResult(False, clean(f"{name} is already running in {', '.join(live)} "
+                                                 f"(stop it first, or wait for it)")), None
         try:
             started = await launch.launch_stage(self.host, self.profile, req)
         except (StageError, HostError) as e:
@@ -387,7 +387,7 @@ class Session:
             shown = await launch.stop_stage_unit(self.host, self.profile, run.unit or "")
         except (StageError, HostError) as e:
             return ActionResult(False, clean_block(str(e))), None
-        return ActionResult(True, f"stopped {run.unit}", tuple(shown)), run
+        return ActionResult(True, clean(f"stopped {run.unit}"), tuple(shown)), run
 
     # -- which server: the baseline or the drafter server (one at a time on the GPUs) ----------------
 
@@ -401,8 +401,8 @@ class Session:
         for name in launch.SWAP_EXCLUSIVE:
             live = [r.unit or r.run_id for r in self.running(name)] or await self._live_units(name)
             if live:
-                return ActionResult(False, f"{name} is running in {', '.join(live)} and needs the GPUs or swaps "
-                                           f"the servers itself: wait for it, or stop it first")
+                return ActionResult(False, clean(f"{name} is running in {', '.join(live)} and needs the GPUs or "
+                                                 f"swaps the servers itself: wait for it, or stop it first"))
         return None
 
     async def _stop_server(self, which: str, shown: list[str]) -> ActionResult | None:

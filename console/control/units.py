@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from backend.runs import RUN_ID_PATTERN
 from console.parsers.tmux import EXIT_STATUS_PREFIX
 from console.profile import Profile, check_session, check_unit
 
@@ -276,6 +277,9 @@ def live_stage_units_argv(profile: Profile, stage: str) -> list[str]:
 
 
 def parse_live_stage_units(profile: Profile, stage: str, text: str) -> list[str]:
+    """The stage's live units in a listing. Only names this console gives (the stage's prefix and a
+    valid run id, whole): they end up in messages on the operator's terminal, so anything else the
+    listing holds is not one of ours and is left out."""
     prefix = stage_unit_name(stage, "")
     live = []
     for line in text.splitlines():
@@ -283,7 +287,11 @@ def parse_live_stage_units(profile: Profile, stage: str, text: str) -> list[str]
         if not bits or not bits[0].startswith(prefix):
             continue
         if profile.server.manager == "systemd":
-            live.append(bits[0].removesuffix(".service"))
+            name = bits[0].removesuffix(".service")
         elif len(bits) == 2 and bits[1] == "0":  # tmux: a pane still alive
-            live.append(bits[0])
+            name = bits[0]
+        else:
+            continue
+        if RUN_ID_PATTERN.fullmatch(name[len(prefix):]):
+            live.append(name)
     return sorted(set(live))
