@@ -31,7 +31,7 @@ from console.parsers.text import clean, clean_block
 from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
 from console.telemetry.server_log import LogFileCursor
-from console.telemetry.snapshot import RunInfo, Snapshot
+from console.snapshot import RunInfo, Snapshot
 
 LOG_POLL_S = 0.5
 LOG_READ_MAX = 1 << 20

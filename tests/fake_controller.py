@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import AsyncIterator, Callable
 
 from console.session import ActionResult, JournalLine
-from console.telemetry.snapshot import (GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot)
+from console.snapshot import (GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot)
 
 SERVER_UNIT = "eagle3-vllm.service"
 

@@ -12,7 +12,7 @@ from textual.app import App, ComposeResult
 
 from console.telemetry.bench_view import bench_view
 from console.telemetry.sanitize import sanitized
-from console.telemetry.snapshot import RunInfo, Snapshot
+from console.snapshot import RunInfo, Snapshot
 from console.ui.app import ConsoleApp
 from console.ui.panes.bench import BenchPane, bench_markup
 from tests.fake_controller import FakeController, base_snapshot, generation_run, stage_unit

@@ -6,7 +6,7 @@ import pytest
 from backend.generate.config import parse_config
 from console.control.stage_argv import generate_argv
 from console.profile import ProfileError, profile_from_dict
-from console.telemetry.snapshot import RunInfo
+from console.snapshot import RunInfo
 from console.telemetry.progress import generation_view, reason_counts
 from console.ui.panes.generation import by_reason, generation_markup, outcome_lines
 

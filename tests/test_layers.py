@@ -87,3 +87,31 @@ def test_uploaded_bundle_is_host_code_only():
     assert any(n == "backend/generate/__main__.py" for n in names)
     assert not [n for n in names if "/sim/" in n or n.startswith(("sim/", "console/"))]
     assert not [n for n in names if n.endswith("profile.py")]
+
+
+def _deps(graph: dict[str, set[str]], prefix: str) -> dict[str, set[str]]:
+    return {m: d for m, d in graph.items() if m == prefix or m.startswith(prefix + ".")}
+
+
+def test_the_snapshot_model_is_the_bottom_layer_below_the_parsers():
+    graph = module_imports()
+    assert graph["console.snapshot"] == set()  # records only: it imports nothing of the project
+    for mod, deps in _deps(graph, "console.parsers").items():
+        # parsers build snapshot records from text; they never reach up into what uses them
+        assert all(d.startswith("console.parsers") or d == "console.snapshot" for d in deps), (mod, deps)
+
+
+def test_telemetry_does_not_import_control():
+    graph = module_imports()
+    for mod, deps in _deps(graph, "console.telemetry").items():
+        assert not {d for d in deps if d.startswith(("console.control", "console.session", "console.commands"))}, \
+            (mod, deps)
+    # unit and log names: one module below both, which imports only the profile
+    assert graph["console.naming"] <= {"console.profile"}
+
+
+def test_the_ui_and_the_parsers_import_no_host_code():
+    graph = module_imports()
+    for top in ("console.ui", "console.parsers"):
+        for mod, deps in _deps(graph, top).items():
+            assert not {d for d in deps if d.startswith("backend")}, (mod, deps)

@@ -19,7 +19,7 @@ from console.cli import main
 from console.control import stages
 from console.control.launch import StageRequest, busy_stages, pipeline_range, stops_baseline
 from console.telemetry.progress import StageProgress, counted
-from console.telemetry.snapshot import HostInfo, RunInfo, ServiceInfo, Snapshot
+from console.snapshot import HostInfo, RunInfo, ServiceInfo, Snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ from console.control.units import stage_unit_name
 from console.parsers.text import clean_block
 from console.session import Session
 from console.telemetry.progress import StageProgress
-from console.telemetry.snapshot import RunInfo
+from console.snapshot import RunInfo
 
 NO_EVENTS_S = 120.0  # a started run silent this long gets a note (it is followed while its unit runs)
 SERVE = ("serve-drafter", "serve-baseline")  # switch the server: not a run, an action on the host

@@ -16,7 +16,7 @@ from typing import Any
 from console.profile import Profile, ProfileError, load_profile
 from console.parsers.text import clean_block
 from console.session import Session
-from console.telemetry.snapshot import Snapshot
+from console.snapshot import Snapshot
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

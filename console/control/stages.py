@@ -29,7 +29,7 @@ from console.parsers.text import clean_block
 from console.telemetry import progress as views
 from console.telemetry.progress import StageProgress
 from console.profile import Profile
-from console.telemetry.snapshot import RunInfo
+from console.snapshot import RunInfo
 
 Argv = list[str]
 

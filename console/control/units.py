@@ -13,6 +13,8 @@ from typing import Mapping, Sequence
 
 from backend.runs import RUN_ID_PATTERN
 from console.parsers.tmux import EXIT_STATUS_PREFIX
+# the names live one layer down (telemetry reads them too); imported here for the command builders below
+from console.naming import exit_status_path, server_log_path, stage_log_path, stage_unit_name, tmux_target  # noqa: F401
 from console.profile import Profile, check_session, check_unit
 
 
@@ -52,26 +54,6 @@ def server_command(profile: Profile) -> list[str]:
     return argv + list(s.vllm_args)
 
 
-def stage_unit_name(stage: str, run_id: str) -> str:
-    """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
-    return f"e3-{stage}-{run_id}"
-
-
-def server_log_path(profile: Profile) -> str:
-    """Where the tmux manager's server writes its output."""
-    return f"{profile.paths.work_dir}/logs/{profile.server.unit}.log"
-
-
-def stage_log_path(profile: Profile, unit: str) -> str:
-    """tmux manager: a stage's output (kept out of the run dir, which the stage alone owns)."""
-    return f"{profile.paths.work_dir}/logs/{unit}.log"
-
-
-def exit_status_path(log_path: str) -> str:
-    """Where the tmux wrapper records the program's exit status (tmux's own is not always there)."""
-    return f"{log_path}.exit"
-
-
 # The pane's process. The program appends its output to the log file itself, so every line it wrote is
 # there the moment it exits (a `tee` in the pane died with the pane's hang-up before draining, and the
 # last lines, the root cause, were lost). The pane only shows the log (`tail -F`, for an attached
@@ -95,14 +77,6 @@ done
 kill $v 2>/dev/null
 echo $r > "$s.tmp" && mv -f -- "$s.tmp" "$s"
 exit $r"""
-
-
-def tmux_target(session: str) -> str:
-    """The exact target of a session's current window for list-panes and kill-session: `=NAME:`. A bare
-    `=NAME` that matches no session falls back to a prefix match as a window target (tmux 3.3a:
-    `list-panes -t =vllm` lists the panes of `vllm-drafter` when `vllm` is gone), so a stop would kill,
-    and a probe would report, another program's session."""
-    return f"={session}:"
 
 
 def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: str | None = None,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from console.parsers.text import clean, clean_block
-from console.telemetry.snapshot import RunInfo
+from console.snapshot import RunInfo
 
 FINISHED = ("done", "failed", "stopped", "stale")
 

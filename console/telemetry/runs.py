@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backend.events import Event, parse_events
-from console.telemetry.snapshot import RunInfo
-from console.control.units import stage_unit_name
+from console.snapshot import RunInfo
+from console.naming import stage_unit_name
 from console.telemetry.probe import EventsRead, RunFile
 from console.telemetry.train_view import TrainSeries
 

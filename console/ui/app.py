@@ -23,7 +23,7 @@ from console.control import stages
 from console.session import ActionResult, Controller, JournalLine
 from console.parsers.text import clean_block
 from console.ui.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
-from console.telemetry.snapshot import Snapshot
+from console.snapshot import Snapshot
 from console.ui.panes.bench import BenchPane
 from console.ui.panes.command_log import CommandLogPane
 from console.ui.panes.generation import GenerationPane

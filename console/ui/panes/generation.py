@@ -5,7 +5,7 @@ from textual.app import ComposeResult
 from textual.content import Content
 
 from console.telemetry.progress import GenerationProgress, generation_view
-from console.telemetry.snapshot import RunInfo, Snapshot
+from console.snapshot import RunInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, human_bytes, num, pct
 

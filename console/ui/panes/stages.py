@@ -11,7 +11,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from console.control import stages
-from console.telemetry.snapshot import Snapshot
+from console.snapshot import Snapshot
 from console.ui.panes.base import Pane, markup
 from console.ui.panes.generation import pick_run
 from console.ui.panes.messages import StageSelected

@@ -17,7 +17,7 @@ from textual.content import Content
 from textual_plotext import PlotextPlot
 
 from console.telemetry.progress import verify_view
-from console.telemetry.snapshot import RunInfo, Snapshot
+from console.snapshot import RunInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, num
 from console.ui.panes.generation import pick_run
