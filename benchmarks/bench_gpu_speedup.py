@@ -15,7 +15,7 @@ transformers, tokenizers, aiohttp; nothing is downloaded. Target: under 10 minut
    measures it on held-out prompts at each concurrency level.
 3. Drafter: `speculators train --dry-run` builds the draft; it is trained on the generated token rows'
    hidden states (sim/hidden_states.py on the GPU) with speculators' model and loss (the loop of
-   tests/specdec_support.train; switch to the train stage, backend/train, once it is merged).
+   harness/specdec_support.train; switch to the train stage, backend/train, once it is merged).
 4. `vllm serve` again with `--speculative-config` (eagle3, the checkpoint, 3 tokens), checked by its
    `Using auxiliary layers` log line; the bench stage measures it on the same prompts against the
    baseline run and prints the table (exit 3 from the bench means the drafter was slower).
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from backend.bench.compare import comparison_from_dict, format_table  # noqa: E402
 from sim import tinycorpus, tinylm  # noqa: E402
-from tests.specdec_support import dry_run, train  # noqa: E402
+from harness.specdec_support import dry_run, train  # noqa: E402
 
 MODEL = "gpu-tiny"
 K = 3

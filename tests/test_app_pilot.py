@@ -11,7 +11,7 @@ from console.control.stages import STAGES
 from console.ui.app import ConsoleApp
 from tests.polling import until
 from console.session import ActionResult
-from tests.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
+from harness.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
                                      stage_unit, training_run)
 from console.ui.panes.command_log import CommandLogPane
 from console.ui.panes.journal import JournalPane

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.fake_controller import base_snapshot, generation_run, training_run
+from harness.fake_controller import base_snapshot, generation_run, training_run
 from console.snapshot import GpuInfo, RunInfo
 from console.ui.panes.gauges import bar, duration, human_bytes, level_colour, pct, sparkline
 from console.telemetry.progress import generation_view

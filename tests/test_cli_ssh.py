@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from tests.sim_support import PYTHON
+from harness.sim_support import PYTHON
 
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parents[1]

@@ -99,7 +99,7 @@ NOW = 1_700_000_030.0
 def test_app_with_the_drafter_server(snap_compare, utc):
     from console.snapshot import DrafterInfo, ServerMetrics, SpecLogStats
     from console.ui.app import ConsoleApp
-    from tests.fake_controller import FakeController, base_snapshot
+    from harness.fake_controller import FakeController, base_snapshot
     from tests.test_app_snapshots import SIZE, settle
 
     snap = base_snapshot()

@@ -26,8 +26,8 @@ from console.telemetry.collector import Collector
 from console.commands.server_cmd import server_action
 from console.host.ssh import SshHost
 from console.snapshot import PHASES
-from tests.rig import keys, procs
-from tests.sim_support import PYTHON
+from harness.rig import keys, procs
+from harness.sim_support import PYTHON
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(120)]
 

@@ -12,7 +12,7 @@ from console.telemetry.probe import RunFile
 from console.telemetry.runs import RunBook
 from console.ui.app import ConsoleApp
 from console.ui.panes.training import TrainHistory, training_markup, verify_markup
-from tests.fake_controller import SERVER_UNIT, FakeController, base_snapshot
+from harness.fake_controller import SERVER_UNIT, FakeController, base_snapshot
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("utc")]  # times shown in UTC
 SAMPLES = Path(__file__).parent / "samples" / "train"
