@@ -240,8 +240,10 @@ async def test_malformed_snapshots_are_contained():
         fake.push(bad)
         await pilot.pause(0.2)
         errors = {pid: app.query_one(f"#{pid}").error for pid in ("readiness", "gpus", "training", "generation")}
-        assert all(errors.values()), errors
-        assert "loss" in errors["training"]
+        assert errors["readiness"] and errors["gpus"], errors
+        # stage runs are read through their typed views (console/telemetry/progress.py): a bad value there
+        # reads as not given, so those panes keep showing the run instead of an error
+        assert errors["training"] is None and errors["generation"] is None, errors
         fake.push(base_snapshot())
         await pilot.pause(0.2)
         assert app.query_one("#readiness").error is None  # recovers on good data

@@ -169,7 +169,7 @@ TABLE: tuple[Stage, ...] = (
     Stage("extract", "extract", cli="extract", input_stage="prepare", in_pipeline=True, skip_online=True,
           build=_extract, takes_gpus="always", view=views.counted("samples")),
     Stage("train", "train", cli="train", input_stage="extract", online_input="prepare", in_pipeline=True,
-          build=_train, takes_gpus="online", gpu_user=True, view=views.counted("steps")),
+          build=_train, takes_gpus="online", gpu_user=True, view=views.train_view),
     Stage("verify", "verify", cli="verify", input_stage="train", in_pipeline=True, build=_verify,
           takes_gpus="online", gpu_user=True, view=views.verify_view, results=_verify_table),
     Stage("serve_drafter", "serve+drafter", kind="server"),

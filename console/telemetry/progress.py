@@ -235,3 +235,94 @@ def verify_view(run: RunInfo, runs: Sequence[RunInfo] = ()) -> VerifyProgress:
     k = min(count(acc.get("k")) or 0, MAX_K)
     return VerifyProgress(**base, checks=checks, k=k, trained=_acceptance(acc.get("trained"), k),
                           untrained=_acceptance(acc.get("untrained"), k), report=ev)
+
+
+@dataclass(frozen=True)
+class TrainPoint:
+    """One training step as the pane plots it."""
+    step: int
+    epoch: float | None = None
+    loss: float | None = None
+    val_loss: float | None = None
+    lr: float | None = None
+    acc: tuple[float, ...] = ()
+    checkpoint: str | None = None
+
+
+def train_point(event: Mapping[str, Any]) -> TrainPoint | None:
+    """A train progress event as a point; None when it has no step (a start event). A value of the wrong
+    type reads as not given."""
+    step = count(event.get("step"))
+    if step is None:
+        return None
+    acc_list = event.get("acc_k", event.get("acc"))
+    if isinstance(acc_list, list):
+        acc = tuple(number(a) or 0.0 for a in acc_list[:MAX_K])
+    else:  # acc_0, acc_1, ... as separate keys
+        found = sorted((int(k[4:]), k) for k in event if isinstance(k, str) and k.startswith("acc_")
+                       and k[4:].isdigit() and len(k) < 8)
+        acc = tuple(number(event[k]) or 0.0 for _, k in found[:MAX_K])
+    ckpt = event.get("checkpoint")
+    return TrainPoint(step=step, epoch=number(event.get("epoch")), loss=number(event.get("loss")),
+                      val_loss=number(event.get("val_loss")), lr=number(event.get("lr")), acc=acc,
+                      checkpoint=clean(ckpt)[:400] if isinstance(ckpt, str) and ckpt else None)
+
+
+@dataclass(frozen=True)
+class TrainProgress(StageProgress):
+    """A training run: its curves as the console accumulated them (RunInfo.series, from every event;
+    the stage counts epochs and steps from 0), or, without them, the latest event's point."""
+    point: TrainPoint | None = None
+    loss: tuple[tuple[int, float], ...] = ()  # (step, train loss)
+    val: tuple[tuple[int, float, float], ...] = ()  # (step, epoch (or step without one), val loss)
+    last_checkpoint: str | None = None
+    best: tuple[float, str] | None = None  # (val loss, checkpoint)
+    epochs: int | None = None
+    steps_total: int | None = None
+    val_acc: tuple[float | None, ...] = ()
+    resumed_from: int | None = None
+    from_series: bool = False
+
+    def line(self) -> str:
+        if self.point is None:
+            return super().line()
+        shown = self.point.step + 1 if self.from_series else self.point.step
+        line = f"{self.state}: step {shown}" + (f"/{self.steps_total}" if self.steps_total else "")
+        return line + (f", loss {self.point.loss:.4f}" if self.point.loss is not None else "")
+
+
+def train_view(run: RunInfo, runs: Sequence[RunInfo] = ()) -> TrainProgress:
+    base = _base(run, "steps")
+    series = run.series
+    if not isinstance(series, dict):
+        return TrainProgress(**base, point=train_point(_event(run)))
+    loss = tuple((s, v) for item in (series.get("loss") or [])[:100_000] if isinstance(item, list) and len(item) == 2
+                 and (s := count(item[0])) is not None and (v := number(item[1])) is not None)
+    val = []
+    for item in (series.get("val") or [])[:10_000]:
+        if isinstance(item, list) and len(item) == 3 and (s := count(item[0])) is not None \
+                and (v := number(item[2])) is not None:
+            epoch = number(item[1])
+            val.append((s, epoch if epoch is not None else float(s), v))
+    last = series.get("last_checkpoint")
+    last_path = last.get("path") if isinstance(last, dict) else None
+    best = series.get("best")
+    best_pair = None
+    if isinstance(best, dict) and isinstance(best.get("path"), str) and number(best.get("val_loss")) is not None:
+        best_pair = (number(best["val_loss"]), clean(best["path"])[:400])
+    acc = series.get("acc_k")
+    step = count(series.get("step"))
+    point = TrainPoint(step=step if step is not None else (loss[-1][0] if loss else 0),
+                       epoch=number(series.get("epoch")), loss=loss[-1][1] if loss else None,
+                       val_loss=max(val)[2] if val else None, lr=number(series.get("lr")),
+                       acc=tuple(number(a) or 0.0 for a in acc[:MAX_K]) if isinstance(acc, list) else (),
+                       checkpoint=clean(last_path)[:400] if isinstance(last_path, str) else None)
+    val_acc = series.get("val_acc_k")
+    if base["rate"] is None:
+        base["rate"] = number(series.get("rate"))
+    if base["eta_s"] is None:
+        base["eta_s"] = number(series.get("eta_s"))
+    return TrainProgress(**base, point=point, loss=loss, val=tuple(val), last_checkpoint=point.checkpoint,
+                         best=best_pair, epochs=count(series.get("epochs")), steps_total=count(series.get("total")),
+                         val_acc=tuple(number(a) for a in val_acc[:MAX_K]) if isinstance(val_acc, list) else (),
+                         resumed_from=count(series.get("resumed_from")), from_series=True)
