@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace as dataclasses_replace
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,32 @@ def test_run_stop_then_resume_with_wait_on_the_demo_host(tmp_path):
         assert "done: 300/300" in resumed.stdout and "stopped:" not in resumed.stdout
     finally:
         _cli("demo-host", "stop", "--dir", str(work))
+
+
+async def test_wait_after_a_resumed_pipeline_follows_the_new_start(monkeypatch, capsys):
+    """`run pipeline --run-id X --wait` after a failed stage: the chain's old finish (failed) is on disk
+    until the resumed chain writes its new start; --wait must not report it."""
+    from console.commands import run_cmd
+
+    before = RunInfo("pipeline", "p1", "failed", unit="e3-pipeline-p1", done=2, total=5, started=100.0,
+                     last_event={"kind": "finish", "status": "failed", "error": "extract failed"})
+    resumed = [dataclasses_replace(before, state="running", started=200.0, done=3,
+                                   last_event={"kind": "progress", "current_run": "p1-train"}),
+               dataclasses_replace(before, state="done", started=200.0, done=5,
+                                   last_event={"kind": "finish", "status": "completed"})]
+
+    class Session:
+        host, profile = None, None
+
+        async def snapshots(self, connecting=True):
+            for run in (before, before, *resumed):
+                yield Snapshot(HostInfo("h", reachable=True), ServiceInfo("tmux", "u"), runs=(run,))
+
+    async def alive(*args):
+        return None  # its unit still runs: the resume has not written its start yet
+
+    monkeypatch.setattr(run_cmd, "stage_ended", alive)
+    assert await run_cmd.follow_run(Session(), "pipeline", "p1", before=before) == 0
+    out = capsys.readouterr()
+    assert "failed" not in out.out and "extract failed" not in out.err
+    assert out.out.splitlines() == ["running: 3/5 stages", "done: 5/5 stages"]
