@@ -21,6 +21,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 from console.control import launch
 from console.control import drafter_server as ds
 from console.control.launch import Launch, StageError, StageRequest
+from console.control.operator_unit import OperatorUnitError, read_server_program
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
                                    server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
@@ -439,12 +440,15 @@ class Session:
             found = json.loads(res.stdout.strip().splitlines()[-1])
             checkpoint, verify_run = str(found["checkpoint"]), str(found["run_id"])
             no_expand = self.profile.server.manager == "systemd" and await launch.systemd_run_expands(self.host)
-            start = ds.drafter_start_command(self.profile, checkpoint, no_expand_option=no_expand)
+            program = await read_server_program(self.host, self.profile)
+            start = ds.drafter_start_command(self.profile, checkpoint, no_expand_option=no_expand, program=program)
+            if program.note:
+                shown.append(f"note: {program.note}")
             if "baseline" in live and (failed := await self._stop_server("baseline", shown)):
                 return failed
             result = await self._run_all([start], "start the drafter server")
-        except ds.DrafterServerError as e:
-            return ActionResult(False, f"serve the drafter failed: {e}", tuple(shown))
+        except (ds.DrafterServerError, OperatorUnitError) as e:
+            return ActionResult(False, clean_block(f"serve the drafter failed: {e}"), tuple(shown))
         except (HostError, launch.StageError, ValueError, KeyError) as e:
             return ActionResult(False, clean_block(f"serve the drafter failed: {e}"), tuple(shown))
         shown.extend(result.commands)

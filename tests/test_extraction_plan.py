@@ -193,3 +193,25 @@ def test_disk_check_refuses_what_does_not_fit_and_offers_online_training():
     ok = disk.estimate(rows=24, tokens=4284, aux_layers=3, hidden_size=64, free_bytes=10**9, reserve_bytes=0,
                        volume="/w")
     assert ok.fits and ok.to_dict()["fits"] is True and ok.need_bytes == 4284 * (4 * 64 * 2 + 8) + 24 * 256
+
+
+def test_the_units_command_line_keeps_systemds_expansion_and_the_added_flags_do_not():
+    """A unit's ExecStart is passed as systemd stored it (its `${PORT}` expands from the same environment
+    in the derived unit); the profile's words and the extraction flags are escaped (`$$`)."""
+    from console.control.units import ServerProgram
+
+    unit = ServerProgram(("/venv/bin/vllm", "serve", "/m", "--port", "${PORT}"), env=(("PORT", "8000"),),
+                         env_files=(("/etc/default/vllm", True),), user="vllm", working_dir="!/srv/vllm",
+                         source="unit vllm-kimi.service", systemd_syntax=True)
+    p = profile()
+    start = build_plan(p, "r$1", AUX, unit)["start_extractor"]
+    assert start[:9] == ["systemd-run", "--unit=vllm-kimi-extract", "--collect", "--quiet",
+                         "--property=WorkingDirectory=-/srv/vllm", "--property=KillSignal=SIGTERM",
+                         "--property=TimeoutStopSec=120", "--uid=vllm", "--property=EnvironmentFile=-/etc/default/vllm"]
+    assert start[9:15] == ["--setenv=PORT=8000", "/venv/bin/vllm", "serve", "/m", "--port", "${PORT}"]
+    assert start[-1].endswith('"/data/eagle3/extract-staging/r$$1"}}')
+    literal = build_plan(profile(vllm_args=["--x", "$HOME"]), "r1", AUX)["start_extractor"]
+    assert "$$HOME" in literal and "$HOME" not in literal
+    with pytest.raises(ExtractionPlanError, match=r"already has --speculative-config \(unit vllm-kimi.service\)"):
+        build_plan(p, "r1", AUX, ServerProgram(("vllm", "serve", "/m", "--speculative-config", "{}"),
+                                               source="unit vllm-kimi.service", systemd_syntax=True))

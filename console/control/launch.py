@@ -32,6 +32,7 @@ from console.control import stage_argv, stages
 from console.control import drafter_server as ds
 from console.control.bench_pair import pair_argv, pair_plan
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
+from console.control.operator_unit import OperatorUnitError, read_server_program
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name, tmux_target)
 
@@ -418,19 +419,29 @@ class Launcher:
         key = await upload_api_key(self.host, p)
         no_expand = p.server.manager == "systemd" and await systemd_run_expands(self.host)
         try:
+            program = await read_server_program(self.host, p)
             plan = pair_plan(p, run_id, str(found["checkpoint"]), input_run=prompts_run, api_key_path=key,
-                             no_expand_option=no_expand, third_checkpoint=third and str(third["checkpoint"]))
-        except (ds.DrafterServerError, ValueError) as exc:
+                             no_expand_option=no_expand, third_checkpoint=third and str(third["checkpoint"]),
+                             program=program)
+        except (ds.DrafterServerError, OperatorUnitError, ValueError) as exc:
             raise StageError(str(exc)) from None
         plan_file = f"{p.paths.work_dir}/plans/{run_id}.json"
         await self.host.run(["mkdir", "-p", f"{p.paths.work_dir}/plans"], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), plan_file)
         self.shown.append(clean(f"(bench) drafter {found['checkpoint']} (verified by {found['run_id']})"))
         self.shown.extend(f"(bench {k}) {shlex.join(plan[k]['argv'])}" for k in ("baseline", "drafter"))
+        if program.note:
+            self.shown.append(f"(bench) note: {program.note}")
         return pair_argv(p, run_id, plan_file, fresh=req.fresh)
 
     async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int]) -> str:
-        plan = build_plan(self.profile, run_id, aux_layer_ids)
+        try:
+            program = await read_server_program(self.host, self.profile)
+        except OperatorUnitError as exc:
+            raise StageError(str(exc)) from None
+        plan = build_plan(self.profile, run_id, aux_layer_ids, program)
+        if program.note:
+            self.shown.append(f"(server swap) note: {program.note}")
         path = plan_path(self.profile, run_id)
         await self.host.run(["mkdir", "-p", path.rsplit("/", 1)[0]], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), path)
