@@ -5,7 +5,13 @@ two always agree on a name and neither imports the other. Pure functions of the 
 """
 from __future__ import annotations
 
-from console.profile import Profile
+from typing import Iterable
+
+from backend.runs import RUN_ID_PATTERN
+from console.profile import Profile, check_unit
+
+# A pipeline run's stages run in its own unit, the chain's (their events name it)
+CHAIN_STAGE = "pipeline"
 
 # Which server: the baseline (the profile's own unit) or the drafter server (its `-drafter` unit).
 SERVERS = ("baseline", "drafter")
@@ -14,6 +20,18 @@ SERVERS = ("baseline", "drafter")
 def stage_unit_name(stage: str, run_id: str) -> str:
     """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
     return f"e3-{stage}-{run_id}"
+
+
+def is_stage_unit(name: object, stages: Iterable[str]) -> bool:
+    """Whether `name` is `stage_unit_name` of one of `stages` and a valid run id, whole (and a valid unit
+    name): the only units a run's events may name as the one it runs in."""
+    if not isinstance(name, str) or not name.startswith("e3-") or check_unit(name):
+        return False
+    for stage in stages:
+        prefix = stage_unit_name(stage, "")
+        if name.startswith(prefix) and RUN_ID_PATTERN.fullmatch(name[len(prefix):]):
+            return True
+    return False
 
 
 def server_log_path(profile: Profile) -> str:

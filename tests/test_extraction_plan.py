@@ -4,6 +4,7 @@ Pure: argv lists and numbers, no host."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -127,6 +128,9 @@ def test_extraction_flags_are_vllms_json():
     ({"start_extractor": []}, "start_extractor must be a non-empty list"),
     ({"endpoint": "127.0.0.1:8000"}, "endpoint must be an http"),
     ({"ready_timeout_s": 0}, "ready_timeout_s must be a positive number"),
+    ({"ready_timeout_s": float("nan")}, "ready_timeout_s must be a positive number"),
+    ({"command_timeout_s": float("inf")}, "command_timeout_s must be a positive number"),
+    ({"command_timeout_s": 10**9}, "command_timeout_s must be a positive number"),
     ({"storage_path": "relative/dir"}, "storage_path must be an absolute"),
     ({"aux_layer_ids": []}, "aux_layer_ids must be a non-empty list"),
 ])
@@ -134,6 +138,19 @@ def test_a_bad_plan_names_the_key(change, message):
     plan = {**build_plan(profile(), "r1", AUX), **change}
     with pytest.raises(PlanError, match=message):
         plan_from_dict(plan, "plan.json")
+
+
+@pytest.mark.parametrize("text, key", [
+    ('{"ready_timeout_s": NaN}', "ready_timeout_s"),
+    ('{"command_timeout_s": 1e999}', "command_timeout_s"),
+    ('{"nested": {"list": [1, -Infinity]}}', "nested.list[1]"),
+])
+def test_a_plan_file_with_a_non_finite_number_is_refused_naming_the_key(tmp_path, text, key):
+    from backend.extract.plan import load_plan
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    with pytest.raises(PlanError, match=rf"plan.json: {re.escape(key)}: expected a finite number"):
+        load_plan(str(path))
 
 
 def test_stage_command_lines_from_the_profile():

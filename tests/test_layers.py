@@ -106,8 +106,8 @@ def test_telemetry_does_not_import_control():
     for mod, deps in _deps(graph, "console.telemetry").items():
         assert not {d for d in deps if d.startswith(("console.control", "console.session", "console.commands"))}, \
             (mod, deps)
-    # unit and log names: one module below both, which imports only the profile
-    assert graph["console.naming"] <= {"console.profile"}
+    # unit and log names: one module below both, which imports only the profile and the run id rule
+    assert graph["console.naming"] <= {"console.profile", "backend.runs"}
 
 
 def test_the_ui_and_the_parsers_import_no_host_code():

@@ -19,6 +19,7 @@ from backend.pipeline import INPUT_STAGE, STAGES as HOST_STAGES
 from console.cli import main
 from console.control import stages
 from console.control.launch import StageRequest, busy_stages, pipeline_range, stops_baseline
+from backend.verify.report import K_MAX
 from console.telemetry.progress import StageProgress, counted
 from console.snapshot import HostInfo, RunInfo, ServiceInfo, Snapshot
 
@@ -104,10 +105,10 @@ def test_views_are_total_on_odd_values():
                               "skipped_by_reason": {"a": -1, "b": 2.5, "c": 2}, "rate": "fast"})
     v = stages.view_of(run)
     assert (v.done, v.total, v.failed, v.rate) == (3, 5, 0, None)
-    assert v.completion_tokens is None and v.skipped_by_reason == (("c", 2),)
+    assert v.completion_tokens is None and v.skipped_by_reason == (("b", 2), ("c", 2))
     verify = RunInfo("verify", "v", "done", last_event={"checks": [{"name": "x", "ok": True}],
                                                          "acceptance": {"k": 10**9, "trained": {"per_position": [1] * 5}}})
-    assert stages.view_of(verify).k == 64  # a claimed k is cut, never iterated
+    assert stages.view_of(verify).k == K_MAX  # a claimed k is cut, never iterated
     assert isinstance(stages.view_of(RunInfo("nonesuch", "n", "done")), StageProgress)
 
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from backend.runs import RUN_ID_PATTERN
+from console.control import stages as stage_table
 from console.parsers.tmux import EXIT_STATUS_PREFIX
 # the names live one layer down (telemetry reads them too); imported here for the command builders below
+from console import naming
 from console.naming import exit_status_path, server_log_path, stage_log_path, stage_unit_name, tmux_target  # noqa: F401
 from console.profile import Profile, check_session, check_unit
 
@@ -110,6 +112,14 @@ def derived_server_start_argv(profile: Profile, unit: str, program: ServerProgra
     cmd += [f"--setenv={k}={v}" for k, v in merged.items()]
     base = list(program.argv) if program.systemd_syntax else systemd_literal_argv(program.argv)
     return _sudo(profile, [*cmd, *base, *systemd_literal_argv(extra)])
+
+
+def is_stage_unit(name: object) -> bool:
+    """Whether `name` is a unit this project starts a stage in (`stage_unit_name` of a stage in the stage
+    table and a valid run id). A run's events name the unit it runs in; any other name (a hostile or
+    foreign writer naming the operator's vLLM unit, sshd, a unit with an odd character) is not believed:
+    the console would ask it whether the run is alive and, on `stop`, stop it."""
+    return naming.is_stage_unit(name, stage_table.names())
 
 
 # The pane's process. The program appends its output to the log file itself, so every line it wrote is

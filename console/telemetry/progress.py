@@ -8,27 +8,20 @@ Pure; no Textual.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from backend.numbers import count, finite
+from backend.verify.report import K_MAX, draft_positions
 from console.parsers.text import clean, clean_block
 from console.snapshot import RunInfo
 
 FINISHED = ("done", "failed", "stopped", "stale")
 
 
-def number(value: Any) -> float | None:
-    """A finite int or float from the host, else None (bools, strings, NaN, infinities)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def count(value: Any) -> int | None:
-    """A non-negative whole count from the host, else None."""
-    v = number(value)
-    return int(v) if v is not None and v >= 0 and v == int(v) else None
+def amount(value: Any) -> int | None:
+    """A non-negative count from the host, or None when it gives none (backend/numbers.py reads it)."""
+    return count(value, None)
 
 
 def text(value: Any, limit: int = 2000) -> str | None:
@@ -68,9 +61,9 @@ def _event(run: RunInfo) -> Mapping[str, Any]:
 def _base(run: RunInfo, unit: str) -> dict[str, Any]:
     ev = _event(run)
     outputs = ev.get("outputs") if run.state == "done" else None
-    return dict(stage=run.stage, run_id=run.run_id, state=run.state, unit=unit, done=count(run.done) or 0,
-                total=count(run.total) or 0, failed=count(run.failed) or 0, rate=number(run.rate),
-                eta_s=number(run.eta_s), error=text(ev.get("error")) if run.state != "done" else None,
+    return dict(stage=run.stage, run_id=run.run_id, state=run.state, unit=unit, done=amount(run.done) or 0,
+                total=amount(run.total) or 0, failed=amount(run.failed) or 0, rate=finite(run.rate),
+                eta_s=finite(run.eta_s), error=text(ev.get("error")) if run.state != "done" else None,
                 outputs=tuple((clean(str(k))[:80], clean(str(v))[:400]) for k, v in list(outputs.items())[:20])
                 if isinstance(outputs, dict) else ())
 
@@ -102,7 +95,7 @@ def reason_counts(value: Any) -> tuple[tuple[str, int], ...]:
     """A `*_by_reason` map, biggest first; the reasons are host text, cut and cleaned."""
     if not isinstance(value, dict):
         return ()
-    items = [(clean(str(k))[:40], n) for k, v in list(value.items())[:200] if (n := count(v))]
+    items = [(clean(str(k))[:40], n) for k, v in list(value.items())[:200] if (n := amount(v))]
     return tuple(sorted(items, key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -114,18 +107,18 @@ def generation_view(run: RunInfo, runs: Sequence[RunInfo] = ()) -> GenerationPro
     base = _base(run, "records")
     # the event's own counters win over the run book's (they are the stage's latest word)
     for key in ("done", "total", "failed"):
-        if (v := count(ev.get(key))) is not None:
+        if (v := amount(ev.get(key))) is not None:
             base[key] = v
     if base["rate"] is None:
-        base["rate"] = number(ev.get("rate"))
-    free = next((count(ev[k]) for k in _FREE_DISK_KEYS if k in ev), None)
+        base["rate"] = finite(ev.get("rate"))
+    free = next((amount(ev[k]) for k in _FREE_DISK_KEYS if k in ev), None)
     return GenerationProgress(
-        **base, skipped=count(ev.get("skipped")) or 0, reduced=count(ev.get("reduced")) or 0,
-        failed_permanent=count(ev.get("failed_permanent")) or 0,
+        **base, skipped=amount(ev.get("skipped")) or 0, reduced=amount(ev.get("reduced")) or 0,
+        failed_permanent=amount(ev.get("failed_permanent")) or 0,
         skipped_by_reason=reason_counts(ev.get("skipped_by_reason")), failed_by_reason=reason_counts(ev.get("failed_by_reason")),
-        reasoning_captured=count(ev.get("reasoning_captured")), truncated=count(ev.get("truncated")),
-        completion_tokens=count(ev.get("completion_tokens")), tokens_per_s=number(ev.get("tokens_per_s")),
-        bytes_written=count(ev.get("bytes_written")), free_disk=free, ts=number(ev.get("ts")))
+        reasoning_captured=amount(ev.get("reasoning_captured")), truncated=amount(ev.get("truncated")),
+        completion_tokens=amount(ev.get("completion_tokens")), tokens_per_s=finite(ev.get("tokens_per_s")),
+        bytes_written=amount(ev.get("bytes_written")), free_disk=free, ts=finite(ev.get("ts")))
 
 
 @dataclass(frozen=True)
@@ -211,17 +204,17 @@ class VerifyProgress(StageProgress):
         return tuple(name for name, ok in self.checks if not ok)
 
 
-MAX_K = 64  # draft positions shown; a report claiming more is cut, never iterated
+MAX_K = K_MAX  # draft positions shown (the verify report's own cap): a report claiming more is cut
 
 
 def _acceptance(value: Any, k: int) -> Acceptance | None:
     if not isinstance(value, dict):
         return None
     per = value.get("per_position")
-    return Acceptance(per_position=tuple(number(v) for v in per[:k]) if isinstance(per, list) else (),
-                      mean_accepted=number(value.get("mean_accepted")),
-                      mean_acceptance_length=number(value.get("mean_acceptance_length")),
-                      samples=count(value.get("samples")))
+    return Acceptance(per_position=tuple(finite(v) for v in per[:k]) if isinstance(per, list) else (),
+                      mean_accepted=finite(value.get("mean_accepted")),
+                      mean_acceptance_length=finite(value.get("mean_acceptance_length")),
+                      samples=amount(value.get("samples")))
 
 
 def verify_view(run: RunInfo, runs: Sequence[RunInfo] = ()) -> VerifyProgress:
@@ -232,7 +225,7 @@ def verify_view(run: RunInfo, runs: Sequence[RunInfo] = ()) -> VerifyProgress:
     checks = tuple((clean(str(c.get("name")))[:80], c.get("ok") is True)
                    for c in ev["checks"][:100] if isinstance(c, dict))
     acc = ev.get("acceptance") if isinstance(ev.get("acceptance"), dict) else {}
-    k = min(count(acc.get("k")) or 0, MAX_K)
+    k = draft_positions(acc)
     return VerifyProgress(**base, checks=checks, k=k, trained=_acceptance(acc.get("trained"), k),
                           untrained=_acceptance(acc.get("untrained"), k), report=ev)
 
@@ -252,19 +245,19 @@ class TrainPoint:
 def train_point(event: Mapping[str, Any]) -> TrainPoint | None:
     """A train progress event as a point; None when it has no step (a start event). A value of the wrong
     type reads as not given."""
-    step = count(event.get("step"))
+    step = amount(event.get("step"))
     if step is None:
         return None
     acc_list = event.get("acc_k", event.get("acc"))
     if isinstance(acc_list, list):
-        acc = tuple(number(a) or 0.0 for a in acc_list[:MAX_K])
+        acc = tuple(finite(a) or 0.0 for a in acc_list[:MAX_K])
     else:  # acc_0, acc_1, ... as separate keys
         found = sorted((int(k[4:]), k) for k in event if isinstance(k, str) and k.startswith("acc_")
                        and k[4:].isdigit() and len(k) < 8)
-        acc = tuple(number(event[k]) or 0.0 for _, k in found[:MAX_K])
+        acc = tuple(finite(event[k]) or 0.0 for _, k in found[:MAX_K])
     ckpt = event.get("checkpoint")
-    return TrainPoint(step=step, epoch=number(event.get("epoch")), loss=number(event.get("loss")),
-                      val_loss=number(event.get("val_loss")), lr=number(event.get("lr")), acc=acc,
+    return TrainPoint(step=step, epoch=finite(event.get("epoch")), loss=finite(event.get("loss")),
+                      val_loss=finite(event.get("val_loss")), lr=finite(event.get("lr")), acc=acc,
                       checkpoint=clean(ckpt)[:400] if isinstance(ckpt, str) and ckpt else None)
 
 
@@ -297,32 +290,32 @@ def train_view(run: RunInfo, runs: Sequence[RunInfo] = ()) -> TrainProgress:
     if not isinstance(series, dict):
         return TrainProgress(**base, point=train_point(_event(run)))
     loss = tuple((s, v) for item in (series.get("loss") or [])[:100_000] if isinstance(item, list) and len(item) == 2
-                 and (s := count(item[0])) is not None and (v := number(item[1])) is not None)
+                 and (s := amount(item[0])) is not None and (v := finite(item[1])) is not None)
     val = []
     for item in (series.get("val") or [])[:10_000]:
-        if isinstance(item, list) and len(item) == 3 and (s := count(item[0])) is not None \
-                and (v := number(item[2])) is not None:
-            epoch = number(item[1])
+        if isinstance(item, list) and len(item) == 3 and (s := amount(item[0])) is not None \
+                and (v := finite(item[2])) is not None:
+            epoch = finite(item[1])
             val.append((s, epoch if epoch is not None else float(s), v))
     last = series.get("last_checkpoint")
     last_path = last.get("path") if isinstance(last, dict) else None
     best = series.get("best")
     best_pair = None
-    if isinstance(best, dict) and isinstance(best.get("path"), str) and number(best.get("val_loss")) is not None:
-        best_pair = (number(best["val_loss"]), clean(best["path"])[:400])
+    if isinstance(best, dict) and isinstance(best.get("path"), str) and finite(best.get("val_loss")) is not None:
+        best_pair = (finite(best["val_loss"]), clean(best["path"])[:400])
     acc = series.get("acc_k")
-    step = count(series.get("step"))
+    step = amount(series.get("step"))
     point = TrainPoint(step=step if step is not None else (loss[-1][0] if loss else 0),
-                       epoch=number(series.get("epoch")), loss=loss[-1][1] if loss else None,
-                       val_loss=max(val)[2] if val else None, lr=number(series.get("lr")),
-                       acc=tuple(number(a) or 0.0 for a in acc[:MAX_K]) if isinstance(acc, list) else (),
+                       epoch=finite(series.get("epoch")), loss=loss[-1][1] if loss else None,
+                       val_loss=max(val)[2] if val else None, lr=finite(series.get("lr")),
+                       acc=tuple(finite(a) or 0.0 for a in acc[:MAX_K]) if isinstance(acc, list) else (),
                        checkpoint=clean(last_path)[:400] if isinstance(last_path, str) else None)
     val_acc = series.get("val_acc_k")
     if base["rate"] is None:
-        base["rate"] = number(series.get("rate"))
+        base["rate"] = finite(series.get("rate"))
     if base["eta_s"] is None:
-        base["eta_s"] = number(series.get("eta_s"))
+        base["eta_s"] = finite(series.get("eta_s"))
     return TrainProgress(**base, point=point, loss=loss, val=tuple(val), last_checkpoint=point.checkpoint,
-                         best=best_pair, epochs=count(series.get("epochs")), steps_total=count(series.get("total")),
-                         val_acc=tuple(number(a) for a in val_acc[:MAX_K]) if isinstance(val_acc, list) else (),
-                         resumed_from=count(series.get("resumed_from")), from_series=True)
+                         best=best_pair, epochs=amount(series.get("epochs")), steps_total=amount(series.get("total")),
+                         val_acc=tuple(finite(a) for a in val_acc[:MAX_K]) if isinstance(val_acc, list) else (),
+                         resumed_from=amount(series.get("resumed_from")), from_series=True)
