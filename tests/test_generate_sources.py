@@ -108,11 +108,17 @@ def test_a_sourced_run_killed_and_resumed_keeps_its_rows_and_counts(standin, tmp
 
 
 def test_the_generation_pane_shows_per_source_counts():
+    from console.snapshot import RunInfo
+    from console.telemetry.progress import generation_view
     from console.ui.panes.generation import source_line
 
-    line = source_line({"by_source": {"done": {"chat": 7, "code": 2}, "selected": {"chat": 7, "code": 8, "m[b]": 5}}})
+    def view(event: dict):
+        return generation_view(RunInfo(run_id="g", stage="generate", state="running", last_event=event))
+
+    line = source_line(view({"by_source": {"done": {"chat": 7, "code": 2},
+                                           "selected": {"chat": 7, "code": 8, "m[b]": 5, "bad": "x"}}}))
     assert line.plain == "sources  chat 7/7 · code 2/8 · m[b] 0/5"
-    assert source_line({"done": 3}) is None
+    assert source_line(view({"done": 3})) is None
 
 
 def test_the_profile_names_sources_and_the_stage_gets_them():

@@ -92,14 +92,18 @@ def test_acceptance_events_reach_the_training_view():
 
 
 def test_the_training_pane_shows_acceptance_beside_the_loss():
+    from console.snapshot import RunInfo
+    from console.telemetry.progress import train_view
     from console.ui.panes.training import TrainHistory, training_markup
 
     series = {"loss": [[0, 3.0], [9, 2.0]], "val": [[9, 0, 2.5]], "step": 9, "epoch": 1,
-              "acceptance": [[0, 2.10, 9], [1, 2.55, 19], [2, 2.41, 29]], "chosen_epoch": 1,
-              "acceptance_patience": 3, "stale_epochs": 1}
-    h = TrainHistory()
-    h.load_series("t", series)
-    text = training_markup("t", "running", None, h).plain
-    assert "accept   ep1 2.10  ep2 2.55*  ep3 2.41   chosen: epoch 2   no gain 1/3 epochs" in text
-    h.load_series("t", {**series, "acceptance": []})
-    assert "accept" not in training_markup("t", "running", None, h).plain
+              "acceptance": [[0, 2.10, 9], [1, 2.55, 19], [2, 2.41, 29], ["x", 1.0], [3, float("nan")]],
+              "chosen_epoch": 1, "acceptance_patience": 3, "stale_epochs": 1}
+
+    def text(s: dict) -> str:
+        h = TrainHistory()
+        h.load_series("t", train_view(RunInfo(run_id="t", stage="train", state="running", series=s)))
+        return training_markup("t", "running", None, h).plain
+
+    assert "accept   ep1 2.10  ep2 2.55*  ep3 2.41   chosen: epoch 2   no gain 1/3 epochs" in text(series)
+    assert "accept" not in text({**series, "acceptance": []})
