@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import train_support as ts  # noqa: E402  (the tiny datasets, as the train tests build them)
+from harness import train_support as ts  # noqa: E402  (the tiny datasets, as the train tests build them)
 
 COMMON = ("--seq-length", "256", "--lr", "0.003", "--optimizer", "adamw", "--acceptance-samples", "12")
 
