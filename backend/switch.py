@@ -240,6 +240,7 @@ class Switch:
         self.keep_home_down = keep_home_down
         self.record = SwitchRecord()
         self.lock = ServerLock(plan.lock_path, self.holder) if plan.lock_path else None
+        self.on_started: Callable[[str], None] = _noop  # called once a server's start command returned
         self.started: list[str] = []  # the away servers this switch started (stopped again by back())
         self.current: str | None = None  # the server this switch last brought up
         self.max_model_len: int | None = None  # what the server reports in /v1/models
@@ -348,6 +349,7 @@ class Switch:
                     raise SwitchFailed(f"could not start the {name} server: {self.record.steps[-1].output}")
                 self.started.append(name)
             self.current = name
+        self.on_started(name)
         await self.wait_ready(target)
 
     async def _start_home(self) -> bool:
@@ -461,7 +463,7 @@ def _events(path: str, name: str) -> Any:
     return EventLog(path, "switch", name)
 
 
-async def serve(plan: SwitchPlan, to: str, events_path: str) -> int:
+async def serve(plan: SwitchPlan, to: str, events_path: str, report: Callable[[str], None] = _noop) -> int:
     """Put `to` on the GPUs and leave it serving; when it does not come up, the home server is started
     again (unless `to` is the home server: then there is nothing to fall back on). 0 serving, 1 failed."""
     log = _events(events_path, f"serve-{to}") if events_path else None
@@ -484,6 +486,7 @@ async def serve(plan: SwitchPlan, to: str, events_path: str) -> int:
         loop.add_signal_handler(sig, on_signal)
     sw = Switch(plan, holder=f"serve-{to} switch", progress=lambda phase, force=False, **kw: emit(
         "progress", phase=phase, **kw), emit=emit, stopped=lambda: stopping)
+    sw.on_started = lambda name: report(f"started {name}")
     emit("start", to=to, home=plan.home.name)
     status, error = "completed", None
     try:
@@ -493,6 +496,7 @@ async def serve(plan: SwitchPlan, to: str, events_path: str) -> int:
     except (SwitchFailed, SwitchStopped) as exc:
         status = "stopped" if isinstance(exc, SwitchStopped) else "failed"
         error = str(exc) or "stopped while the server started"
+        report(f"failed {error}")
     finally:
         if status != "completed" and to != plan.home.name:
             await sw.back()
@@ -504,18 +508,41 @@ async def serve(plan: SwitchPlan, to: str, events_path: str) -> int:
     return 0 if status == "completed" else 1
 
 
-def _detach(log_path: str) -> None:
-    """Fork into a new session with output to `log_path`; the parent exits 0 at once."""
+def _detach(log_path: str) -> tuple[str | None, Callable[[str], None]]:
+    """Go on in a new session with output to `log_path`. The caller's side gets (what the switch said,
+    _noop): it waits until the switch says its server started (or why it failed before that). The
+    detached side gets (None, report): `report` tells the caller once. A caller that is gone (the SSH
+    link dropped) changes nothing on the detached side."""
+    read_fd, write_fd = os.pipe()
     if os.fork() > 0:
-        os._exit(0)
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as pipe:
+            said = pipe.read(4096).decode(errors="replace").strip()
+        return said, _noop
+    os.close(read_fd)
     os.setsid()
     if os.fork() > 0:
         os._exit(0)
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    told = [False]
+
+    def report(text: str) -> None:
+        if told[0]:
+            return
+        told[0] = True
+        try:
+            os.write(write_fd, text.encode()[:4000] + b"\n")
+            os.close(write_fd)
+        except OSError:
+            pass  # the caller is gone: go on
+
+    return None, report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -542,9 +569,21 @@ def main(argv: list[str] | None = None) -> int:
         except LockHeld as exc:
             print(f"switch: {exc}", file=sys.stderr)
             return 1
+    report: Callable[[str], None] = _noop
     if a.detach:
-        _detach(a.detach)
-    return asyncio.run(serve(plan, a.to, a.events))
+        said, report = _detach(a.detach)
+        if said is not None:  # the caller's side: the switch goes on detached
+            if said.startswith("started "):
+                print(f"switch: {said}; it goes on detached (log {a.detach}): waiting until it answers, the "
+                      f"{plan.home.name} started again if it does not")
+                return 0
+            print(f"switch: {said.removeprefix('failed ') or 'ended without saying why: see ' + a.detach}",
+                  file=sys.stderr)
+            return 1
+    try:
+        return asyncio.run(serve(plan, a.to, a.events, report))
+    finally:
+        report("failed the switch ended before its server started")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import shlex
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from console.control import launch
 from console.control import drafter_server as ds
+from console.control import switch_plan as sp
 from console.control.launch import Launch, StageError, StageRequest
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
                                    server_restart_commands, server_start_command,
@@ -69,6 +71,402 @@ class Controller(Protocol):
     def stops_baseline(self, stage: str) -> bool: ...
 
     async def stop_stage(self, stage: str) -> ActionResult: ...
+
+    async def restart_server(self) -> ActionResult: ...
+
+    async def serve_drafter(self, input_run: str | None = None) -> ActionResult: ...
+
+    async def serve_baseline(self) -> ActionResult: ...
+
+    async def deep_check(self) -> ActionResult: ...
+
+    async def close(self) -> None: ...
+
+
+class Session:
+    def __init__(self, profile: Profile, *, readonly: bool = False, interval: float = 1.0,
+                 deadline: float | None = None, clock: Callable[[], float] = time.time):
+        self.profile = profile
+        self.profile_name = profile.name or "profile"
+        self.host_name = profile.host.name
+        self.simulated = profile.host.simulated
+        self.readonly = readonly
+        self.interval = interval
+        # how long a refresh may take before the snapshot says "not answering"
+        self.deadline = deadline if deadline is not None else max(5.0, 3 * interval)
+        self.clock = clock
+        self.host = host_for_profile(profile)
+        self.collector = Collector(profile, self.host, readonly=readonly, clock=clock)
+        self._connected = False
+        self._server_stream: asyncio.Task | None = None
+        self._stream_unit: str | None = None
+        self._subscribers: set[asyncio.Queue] = set()
+        self._refresh: asyncio.Task | None = None
+        self._waiting_since: float | None = None
+
+    @property
+    def final_error(self) -> str | None:
+        """Set when connecting cannot succeed until the operator acts (a refused key or host key)."""
+        return self.collector.final_error
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    async def snapshots(self, *, connecting: bool = True) -> AsyncIterator[Snapshot]:
+        """A snapshot about every `interval` seconds, for ever; after a final error, that one and stop.
+        `connecting`: first a snapshot that says so (a view shows it at once; a script skips it)."""
+        if connecting:
+            yield self.collector.snapshot(error="connecting...")
+        while True:
+            started = time.monotonic()
+            snap = await self.tick()
+            yield snap
+            if self.final_error:
+                return
+            pause = self.interval if snap.host.reachable else 2 * self.interval
+            await asyncio.sleep(max(0.0, pause - (time.monotonic() - started)))
+
+    async def tick(self) -> Snapshot:
+        """One step: connect if needed, refresh within the deadline, or say the host is not answering."""
+        if self._refresh is None:
+            self._refresh = asyncio.create_task(self._step())
+            self._refresh_started = self.clock()
+        done, _ = await asyncio.wait({self._refresh}, timeout=self.deadline)
+        if self._refresh in done:
+            task, self._refresh = self._refresh, None
+            snap = task.result()
+            if self._waiting_since is not None:
+                # that probe waited out the outage: its time says nothing of the link, a fresh one does
+                self._waiting_since = None
+                self.collector.rtt_ms = None
+                snap = dataclasses.replace(snap, host=dataclasses.replace(snap.host, rtt_ms=None))
+                if snap.host.reachable:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        snap = await asyncio.wait_for(self._step(), self.deadline)
+            return snap
+        if self._waiting_since is None:
+            self._waiting_since = self._refresh_started
+        waited = self.clock() - self._waiting_since
+        return self.collector.snapshot(
+            not_answering_since=self._waiting_since,
+            error=f"{self.host_name} is not answering (nothing for {waited:.0f} s); showing the last known state")
+
+    async def _step(self) -> Snapshot:
+        if not self._connected and self.final_error is None:
+            self._connected = await self.collector.try_connect()
+        if self._connected and self.final_error is None:
+            self._ensure_server_stream()
+            snap = await self.collector.refresh()
+            self._ensure_server_stream()  # the refresh may have switched servers: stream the one followed now
+            return snap
+        return self.collector.snapshot()
+
+    async def settle(self, *, deep: bool = False, rounds: int = 4) -> Snapshot:
+        """A one-shot snapshot: connect, then probe until every run's events and unit have been read
+        (the first probe finds runs, the next reads their events, then their units)."""
+        snap = await self.tick()
+        for _ in range(rounds):
+            if not snap.host.reachable or self.collector.settled():
+                break
+            snap = await self.tick()
+        if deep and snap.server.phase == "ready":
+            await self.deep_check()
+            snap = self.collector.snapshot()
+        return snap
+
+    # -- logs ---------------------------------------------------------------------------------------
+
+    def _ensure_server_stream(self) -> None:
+        if self.profile.server.manager != "systemd":
+            return
+        if self._server_stream is not None and self._stream_unit != self.collector.server_unit:
+            self._server_stream.cancel()  # the other server is followed now (its log was primed)
+            self._server_stream = None
+        if self._server_stream is None:
+            self._stream_unit = self.collector.server_unit
+            self._server_stream = asyncio.create_task(self._follow_server_unit(self._stream_unit))
+
+    async def _follow_server_unit(self, unit: str) -> None:
+        """The followed server unit's one journal stream: every entry goes to the load tracker and to
+        each view following the server's log."""
+        async for entry in self._follow_unit(unit, lambda: self.collector.log.cursor):
+            if self.collector.log.feed_entry(entry) is not None:  # None: a duplicate
+                line = JournalLine(clean(entry.message), unit, entry.ts)
+                for q in self._subscribers:
+                    if q.full():
+                        q.get_nowait()  # the oldest goes: a stalled view must not grow memory
+                    q.put_nowait(line)
+
+    async def _follow_unit(self, unit: str, cursor_of: Callable[[], str | None]):
+        """Follow a unit's journal for ever, resuming right after the last entry seen (no gaps, no
+        duplicates, across reconnects). Never `-n` with a follow: started before the unit has entries,
+        journalctl drops the unit's first burst, so the follow always starts after a cursor."""
+        delay = 0.5
+        cursor = cursor_of()
+        while self.final_error is None:
+            try:
+                if cursor is None:
+                    cursor = await journal_tail_cursor(self.host)
+                async for raw in self.host.stream(journal_follow_argv(unit, cursor=cursor, lines=0)):
+                    entry = parse_journal_json(raw)
+                    if entry is None:
+                        continue
+                    cursor = entry.cursor or cursor
+                    delay = 0.5
+                    yield entry
+            except (AuthenticationFailed, HostKeyError) as e:
+                self.collector.final_error = str(e)
+            except HostError:
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    def journal(self, unit: str) -> AsyncIterator[JournalLine]:
+        """Follow a unit's log (the server's, or a stage run's) with its recent past first."""
+        servers = {ds.server_unit(self.profile, w): w for w in ds.SERVERS}
+        if self.profile.server.manager != "systemd":
+            path = ds.server_log(self.profile, servers[unit]) if unit in servers \
+                else stage_log_path(self.profile, unit)
+            return self._journal_file(unit, path)
+        if unit == self.collector.server_unit:
+            return self._journal_shared()
+        return self._journal_stage(unit)
+
+    async def _journal_shared(self) -> AsyncIterator[JournalLine]:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
+        self._subscribers.add(queue)  # before the backlog is read: no line can fall between the two
+        unit = self.collector.server_unit
+        for entry in list(self.collector.log.recent):
+            yield JournalLine(clean(entry.message), unit, entry.ts)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._subscribers.discard(queue)
+
+    async def _journal_stage(self, unit: str) -> AsyncIterator[JournalLine]:
+        cursor: str | None = None
+        try:
+            res = await self.host.run(["journalctl", "-u", unit, "-a", "-o", "json", "--no-pager",
+                                       "-n", str(BACKLOG_LINES)], timeout=30)
+            for raw in res.stdout.splitlines():
+                entry = parse_journal_json(raw)
+                if entry is not None:
+                    cursor = entry.cursor or cursor
+                    yield JournalLine(clean(entry.message), unit, entry.ts)
+        except HostError:
+            pass
+        async for entry in self._follow_unit(unit, lambda: cursor):
+            yield JournalLine(clean(entry.message), unit, entry.ts)
+
+    async def _journal_file(self, unit: str, path: str) -> AsyncIterator[JournalLine]:
+        """tmux manager: tail the program's log file by offset (about the last 200 lines first)."""
+        tail: LogFileCursor | None = None
+        while True:
+            try:
+                if tail is None:
+                    head = await self.host.read_from(path, 0, 0)
+                    start = max(0, head.size - 64 * 1024)
+                    tail = LogFileCursor(inode=await self._inode(path), offset=start, skip_to_newline=start > 0)
+                    first = True
+                chunk = await self.host.read_from(path, tail.offset or 0, LOG_READ_MAX)
+                lines, _ = tail.take(await self._inode(path), chunk.size, chunk.data, limit=LOG_READ_MAX)
+                if tail.restarted:
+                    yield JournalLine(f"[console] {path} was replaced or cut short: reading it from its start", unit)
+                if first:
+                    lines, first = lines[-BACKLOG_LINES:], False
+                for line in lines:
+                    yield JournalLine(clean(line), unit)
+            except HostError:
+                pass
+            await asyncio.sleep(LOG_POLL_S)
+
+    async def _inode(self, path: str) -> str:
+        res = await self.host.run(["stat", "-L", "-c", "%i", path], timeout=30)
+        return res.stdout.strip() if res.ok else "0"
+
+    # -- actions ------------------------------------------------------------------------------------
+
+    def _refused(self) -> ActionResult | None:
+        return ActionResult(False, "read-only console: no action that changes the host") if self.readonly else None
+
+    async def _run_all(self, commands: list[HostCommand], what: str) -> ActionResult:
+        shown: list[str] = []
+        for cmd in commands:
+            shown.append(cmd.shown)
+            try:
+                res = await self.host.run(cmd.argv, timeout=self.profile.server.stop_timeout_s + 60)
+            except HostError as e:
+                return ActionResult(False, clean_block(f"{what} failed: {e}"), tuple(shown))
+            if not res.ok:
+                err = (res.stderr or res.stdout).strip().splitlines()
+                return ActionResult(False, clean(f"{what} failed (exit {res.returncode}): {err[-1] if err else ''}"),
+                                    tuple(shown))
+        return ActionResult(True, f"{what}: done", tuple(shown))
+
+    def running(self, stage: str) -> list[RunInfo]:
+        return [r for r in self.collector.run_infos() if r.stage == stage and r.state == "running"]
+
+    def stops_baseline(self, stage: str) -> bool:
+        """Starting `stage` stops the baseline server for a while (extract; train and verify when the
+        profile trains online): the app asks first."""
+        try:
+            return launch.stops_baseline(StageRequest(stage), self.profile)
+        except StageError:
+            return False
+
+    async def start_stage(self, stage: str, **options) -> ActionResult:
+        result, _ = await self.launch_stage(StageRequest(stage, **options))
+        return result
+
+    async def launch_stage(self, req: StageRequest) -> tuple[ActionResult, Launch | None]:
+        """Start a stage or a pipeline run; the Launch (run id, unit, run dir) comes back for headless
+        callers. Refused while a run of that stage (or a pipeline) is going: two runs would fight over the
+        same GPUs and files."""
+        stage = req.stage
+        if refused := self._refused():
+            return refused, None
+        if stage == "serve":
+            if refused := await self._drafter_running():
+                return refused, None
+            return await self._run_all([server_start_command(self.profile)], "start server"), None
+        try:
+            busy = launch.busy_stages(req, self.profile)
+        except StageError as e:
+            return ActionResult(False, f"start {stage} failed: {e}"), None
+        for name in busy:
+            if running := self.running(name):
+                return ActionResult(False, f"{name} run {running[0].run_id} is already running "
+                                           f"(stop it first, or wait for it)"), None
+            try:
+                live = await self._live_units(name)
+            except HostError as e:
+                return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
+            if live:
+                return ActionResult(False, f"{name} is already running in {', '.join(live)} "
+                                           f"(stop it first, or wait for it)"), None
+        try:
+            started = await launch.launch_stage(self.host, self.profile, req)
+        except (StageError, HostError) as e:
+            return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
+        return ActionResult(True, f"{stage} run {started.run_id} started in {started.unit}",
+                            tuple(started.commands)), started
+
+    async def _live_units(self, stage: str) -> list[str]:
+        res = await self.host.run(live_stage_units_argv(self.profile, stage), timeout=30)
+        return parse_live_stage_units(self.profile, stage, res.stdout)
+
+    async def stop_stage(self, stage: str) -> ActionResult:
+        if refused := self._refused():
+            return refused
+        if stage == "serve":
+            if self.collector.active == "drafter":  # the server followed is the one the operator sees
+                return await self._run_all([ds.drafter_stop_command(self.profile)], "stop the drafter server")
+            return await self._run_all([server_stop_command(self.profile)], "stop server")
+        running = self.running(stage)
+        if not running:
+            return ActionResult(False, f"no running {stage} run to stop")
+        try:
+            shown = await launch.stop_stage_unit(self.host, self.profile, running[-1].unit or "")
+        except (StageError, HostError) as e:
+            return ActionResult(False, clean_block(str(e)))
+        return ActionResult(True, f"stopped {running[-1].unit}", tuple(shown))
+
+    # -- which server: the baseline or the drafter server (one at a time on the GPUs) ----------------
+
+    async def live_servers(self) -> set[str]:
+        """Which servers (drafter_server.SERVERS) the service manager says run now."""
+        res = await self.host.run(ds.live_servers_argv(self.profile), timeout=30)
+        return ds.parse_live_servers(self.profile, res.stdout)
+
+    async def _swap_refused(self) -> ActionResult | None:
+        """A server swap beside another swap or a training run would fight over the GPUs."""
+        for name in launch.SWAP_EXCLUSIVE:
+            live = [r.unit or r.run_id for r in self.running(name)] or await self._live_units(name)
+            if live:
+                return ActionResult(False, f"{name} is running in {', '.join(live)} and needs the GPUs or swaps "
+                                           f"the servers itself: wait for it, or stop it first")
+        return None
+
+    async def _switch(self, to: str, checkpoint: str | None, code_dir: str, shown: list[str]) -> ActionResult:
+        """Run the one server switch (backend/switch.py) on the host, detached: it stops the other server and
+        sees it down, starts `to`, and answers here once `to` started; waiting until it answers, and the
+        baseline's return when the drafter server never does, go on there even if this link drops."""
+        no_expand = self.profile.server.manager == "systemd" and await launch.systemd_run_expands(self.host)
+        plan = sp.serve_plan(self.profile, checkpoint, no_expand_option=no_expand)
+        plan_file = sp.serve_plan_path(self.profile, to)
+        await self.host.run(["mkdir", "-p", plan_file.rsplit("/", 1)[0]], timeout=30, check=True)
+        await self.host.upload(json.dumps(plan.to_dict(), indent=2).encode(), plan_file)
+        if to == "drafter":
+            shown.append(server_stop_command(self.profile).shown)
+            start = ds.drafter_start_command(self.profile, checkpoint or "", no_expand_option=no_expand)
+        else:
+            shown.append(ds.drafter_stop_command(self.profile).shown)
+            start = server_start_command(self.profile)
+        shown.append(start.shown)
+        argv = ["env", f"PYTHONPATH={code_dir}", *sp.switch_argv(self.profile, plan_file, to)]
+        shown.append(shlex.join(argv))
+        budget = 2 * plan.command_timeout_s + 2 * plan.stop_check_s + 60
+        res = await self.host.run(argv, timeout=budget)
+        if not res.ok:
+            err = [l for l in (res.stderr or res.stdout).strip().splitlines() if l.strip()]
+            why = err[-1].removeprefix("switch: ") if err else f"exit {res.returncode}"
+            return ActionResult(False, clean(f"serve the {to} failed: {why}"), tuple(shown))
+        return ActionResult(True, "", tuple(shown))
+
+    async def serve_drafter(self, input_run: str | None = None) -> ActionResult:
+        """Stop the baseline and serve the verified drafter (`input_run`: a verify run, or a train run a
+        verify run verified; default the latest completed verify run) as `<server unit>-drafter`."""
+        if refused := self._refused():
+            return refused
+        shown: list[str] = []
+        try:
+            if refused := await self._swap_refused():
+                return refused
+            live = await self.live_servers()
+            if "drafter" in live:
+                return ActionResult(False, f"the drafter server is already running in "
+                                           f"{ds.drafter_unit(self.profile)} (serve the baseline to stop it)")
+            code_dir = await launch.ensure_backend(self.host, self.profile, shown)
+            query = ["env", f"PYTHONPATH={code_dir}", *ds.servable_argv(self.profile, input_run)]
+            res = await self.host.run(query, timeout=120)
+            if not res.ok:
+                why = clean_block((res.stderr or res.stdout).strip()) or f"exit {res.returncode}"
+                return ActionResult(False, f"no drafter to serve: {why}", tuple(shown))
+            found = json.loads(res.stdout.strip().splitlines()[-1])
+            checkpoint, verify_run = str(found["checkpoint"]), str(found["run_id"])
+            result = await self._switch("drafter", checkpoint, code_dir, shown)
+        except ds.DrafterServerError as e:
+            return ActionResult(False, f"serve the drafter failed: {e}", tuple(shown))
+        except (HostError, launch.StageError, ValueError, KeyError) as e:
+            return ActionResult(False, clean_block(f"serve the drafter failed: {e}"), tuple(shown))
+        if not result.ok:
+            return result
+        self.collector.follow_server("drafter")
+        return ActionResult(True, clean(f"drafter server starting in {ds.drafter_unit(self.profile)} with "
+                                        f"{checkpoint} (verified by {verify_run}); the baseline is started again "
+                                        f"on the host if it does not come up"), result.commands)
+
+    async def serve_baseline(self) -> ActionResult:
+        """Stop the drafter server (when it runs) and start the baseline again."""
+        if refused := self._refused():
+            return refused
+        shown: list[str] = []
+        try:
+            if refused := await self._swap_refused():
+                return refused
+            live = await self.live_servers()
+            if "baseline" in live and "drafter" not in live:
+                self.collector.follow_server("baseline")
+                return ActionResult(True, f"the baseline server is already running in {self.profile.server.unit}",
+                                    tuple(shown))
+            code_dir = await launch.ensure_backend(self.host, self.profile, shown)
+            result = await self._switch("baseline", None, code_dir, shown)
+        except (HostError, launch.StageError, ValueError) as e:  # ValueError: a name the manager must not get
+            return ActionResult(False, clean_block(f"serve the baseline failed: {e}"), tuple(shown))
+        if not result.ok:
+            return result
+        self.collector.follow_server("baseline")
+        return ActionResult(True, f"baseline server starting in {self.profile.server.unit}", result.commands)
 
     async def restart_server(self) -> ActionResult: ...
 

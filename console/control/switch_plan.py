@@ -63,3 +63,23 @@ def switch_argv(profile: Profile, plan_file: str, to: str) -> list[str]:
     work = profile.paths.work_dir
     return [profile.paths.python, "-m", "backend.switch", "--plan", plan_file, "--to", to,
             "--events", f"{work}/{SWITCH_EVENTS}", "--detach", f"{work}/{SWITCH_LOG}"]
+
+
+def serve_plan(profile: Profile, checkpoint: str | None, *, no_expand_option: bool = False) -> SwitchPlan:
+    """The console's serve switches: the baseline home, the drafter server with `checkpoint` away. Without a
+    checkpoint (serve-baseline) the drafter server is only stopped, never started."""
+    from console.control import drafter_server as ds
+
+    unit = ds.drafter_unit(profile)
+    stop = ds.drafter_stop_command(profile).argv
+    if checkpoint:
+        start = ds.drafter_start_command(profile, checkpoint, no_expand_option=no_expand_option).argv
+        command = ds.drafter_command(profile, checkpoint)
+    else:
+        start = ["sh", "-c", "echo 'this switch only stops the drafter server' >&2; exit 1"]
+        command = []
+    return switch_plan(profile, [derived_server(profile, "drafter", unit, start, stop, command)])
+
+
+def serve_plan_path(profile: Profile, to: str) -> str:
+    return f"{profile.paths.work_dir}/plans/serve-{to}.switch.json"
