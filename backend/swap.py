@@ -24,14 +24,13 @@ import time
 from typing import Any, Awaitable, Callable, TypeVar
 
 from backend.extract.plan import EXTRACTOR, SwapPlan
-from backend.switch import (LOG_CHECK_S, ServerSpec, StepRecord, Switch, SwitchFailed, SwitchPlan, SwitchRecord,
+from backend.switch import (BASELINE_HELD_ENV, LOG_CHECK_S, ServerSpec, StepRecord, Switch, SwitchFailed, SwitchPlan, SwitchRecord,
                             SwitchStopped, describe, kill_group, tail)
 
 T = TypeVar("T")
 SwapFailed = SwitchFailed
 SwapStopped = SwitchStopped
 Swap = SwitchRecord
-BASELINE_HELD_ENV = "E3_BASELINE_HELD"  # the pipeline keeps the baseline down: do not start it at the end
 __all__ = ["ExtractionServer", "SwapFailed", "SwapStopped", "Swap", "StepRecord", "describe", "kill_group", "tail",
            "run_swapped", "run_swapped_blocking", "LOG_CHECK_S", "BASELINE_HELD_ENV"]
 

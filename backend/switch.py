@@ -37,6 +37,7 @@ from backend.runs import read_json_object
 from backend.serverlock import LockHeld, ServerLock
 
 SWITCH_VERSION = 1
+BASELINE_HELD_ENV = "E3_BASELINE_HELD"  # a pipeline keeps the baseline down across its stages: leave it down
 LOG_CHECK_S = 30.0  # the alive and log-tail commands' own time limit
 DEFAULT_STOP_CHECK_S = 60.0
 
