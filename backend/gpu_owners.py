@@ -124,14 +124,13 @@ def plan_gpus(shape: HostShape, stages: Sequence[str], *, online: bool = False, 
             s = steps[i]
             holders = {k: v for k, v in s.holders.items() if k != BASELINE}
             steps[i] = Step(s.stage, holders, (BASELINE,) if i == first else (), baseline_down=True)
+    # a load per server started: each derived server (extraction, drafter), and the baseline each time it
+    # comes back (once with a hold); a serve switch loads only the server it switches to
+    starts = sum(1 for s in steps if EXTRACTION in s.holders or DRAFTER in s.holders)
+    if list(stages) in (["serve-drafter"], ["serve-baseline"]):
         loads = 1
     else:
-        loads = len(down)
-    serve_switch = list(stages) in (["serve-drafter"], ["serve-baseline"])
-    if serve_switch:
-        loads = 1  # the server switched to loads once (the drafter server, or the baseline)
-    elif any(s.stage == "bench" for s in steps):
-        loads += 1  # the bench loads the drafter server, then the baseline again
+        loads = starts + (1 if hold else len(down))
     return GpuPlan(steps=steps, hold=hold, loads=loads)
 
 

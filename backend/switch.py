@@ -162,8 +162,8 @@ def switch_from_dict(data: Any, path: str = "<plan>") -> SwitchPlan:
         raise SwitchPlanError(f"{path}: switch version {data.get('version')!r} is not {SWITCH_VERSION}: the console "
                               f"and the backend on the host differ; start it from the console again")
     away = data.get("away")
-    if not isinstance(away, list) or not away:
-        raise SwitchPlanError(f"{path}: away must be a non-empty list of servers")
+    if not isinstance(away, list):  # empty: only the home server is stopped and started (a pipeline's hold)
+        raise SwitchPlanError(f"{path}: away must be a list of servers")
     home = server_from_dict(data.get("home"), f"{path}: home")
     servers = [server_from_dict(s, f"{path}: away[{i}]") for i, s in enumerate(away)]
     names = [home.name, *(s.name for s in servers)]

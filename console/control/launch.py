@@ -27,7 +27,9 @@ from console.parsers.text import clean_block
 from backend.runs import RunDirError
 from backend.runs import check_run_id as _check_run_id
 from backend.events import UNIT_ENV
-from backend.chain.plan import PlannedStage, chain_stage_run_id, dumps_plan
+from backend.chain.plan import ChainPlan, Hold, PlannedStage, chain_stage_run_id, dumps_plan
+from backend.gpu_owners import GpuPlan, OwnershipError
+from backend.serverlock import lock_path
 from backend.pipeline import INPUT_STAGE
 from backend.pipeline import STAGES as PIPELINE_STAGES
 from console.control import stage_argv
@@ -35,6 +37,8 @@ from console.control import drafter_server as ds
 from console.control.bench_pair import pair_argv, pair_plan
 from console.control.stages import FETCH_DRAFTER
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
+from console.control.gpu_plan import gpu_plan
+from console.control.switch_plan import switch_plan
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name, tmux_target)
 
@@ -447,6 +451,23 @@ class _Launcher:
         return planned
 
 
+def request_gpu_plan(req: StageRequest, profile: Profile) -> GpuPlan:
+    """Who holds which GPUs at each step of `req` (backend/gpu_owners.py); StageError when they cannot be
+    shared as asked (online training where the extraction server and the trainer would share a GPU)."""
+    stages = pipeline_range(req, profile) if req.stage == "pipeline" else [req.stage]
+    try:
+        return gpu_plan(profile, stages, online=req.is_online(profile), chain=req.stage == "pipeline")
+    except OwnershipError as exc:
+        raise StageError(str(exc)) from None
+
+
+def checked_gpu_plan(req: StageRequest, profile: Profile, shown: list[str]) -> GpuPlan:
+    plan = request_gpu_plan(req, profile)
+    if stops_baseline(req, profile) or plan.hold:
+        shown.extend(f"(gpus) {line}" for line in plan.describe())
+    return plan
+
+
 async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launch:
     """Start a stage program (or a pipeline run of several) detached on the host; return where it runs."""
     stage = req.stage
@@ -462,10 +483,15 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
         # on SIGTERM the bench stops, then the drafter server stops and the baseline starts again
         stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
     elif stage == "pipeline":
+        gpus = checked_gpu_plan(req, profile, shown)
         plan = await launcher.pipeline_plan(run_id, req)
         plan_file = f"{profile.paths.work_dir}/plans/{run_id}.json"
         await host.run(["mkdir", "-p", f"{profile.paths.work_dir}/plans"], timeout=30, check=True)
-        await host.upload(dumps_plan(plan).encode(), plan_file)
+        # the chain holds the server lock when a stage switches servers, and the baseline down across the
+        # hold the GPU plan asks for (one stop, one start at the end)
+        hold = Hold(gpus.hold[0], gpus.hold[1], switch_plan(profile, [])) if gpus.hold else None
+        await host.upload(dumps_plan(ChainPlan(plan, lock_path(profile.paths.work_dir)
+                                               if stops_baseline(req, profile) else "", hold)).encode(), plan_file)
         shown.extend(f"(pipeline {p.stage}) {shlex.join(p.argv)}" for p in plan)
         argv = stage_argv.chain_argv(profile, run_id, plan_file, fresh=req.fresh)
         if stops_baseline(req, profile):
@@ -473,6 +499,7 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
     else:
         if stage not in (*PIPELINE_STAGES, FETCH_DRAFTER):
             raise StageError(f"stage {stage!r} cannot be started from this version of the console yet")
+        checked_gpu_plan(req, profile, shown)
         input_run = await launcher.input_run(stage, req.input_run, req.is_online(profile))
         argv, preflight = await launcher.argv(stage, run_id, input_run, req)
         if preflight is not None:
