@@ -32,6 +32,7 @@ from console.parsers.journal import journal_follow_argv, parse_journal_json
 from console.parsers.text import clean, clean_block
 from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
+from console.telemetry.eta import downtime_text
 from console.telemetry.server_log import LogFileCursor
 from console.telemetry.snapshot import RunInfo, Snapshot
 
@@ -69,6 +70,8 @@ class Controller(Protocol):
     async def start_stage(self, stage: str) -> ActionResult: ...
 
     def stops_baseline(self, stage: str) -> bool: ...
+
+    def downtime(self, stage: str) -> str: ...
 
     async def stop_stage(self, stage: str) -> ActionResult: ...
 
@@ -313,6 +316,22 @@ class Session:
             return launch.stops_baseline(StageRequest(stage), self.profile)
         except StageError:
             return False
+
+    def downtime(self, stage: str, req: StageRequest | None = None) -> str:
+        """What starting `stage` (a stage, pipeline, bench, serve-drafter or serve-baseline) costs the
+        baseline, said before it is spent: how many server loads, how long each on this host
+        (state/loads.jsonl, as the load ETA reads it)."""
+        if stage in ("serve-drafter", "serve-baseline", "serve_drafter", "serve_baseline"):
+            loads = 1
+        else:
+            try:
+                loads = launch.request_gpu_plan(req or StageRequest(stage), self.profile).loads
+            except StageError as e:
+                return clean(str(e))
+            if stage == "bench" and self.profile.bench.third_drafter:
+                loads += 1  # the published drafter loads in the drafter server's unit too
+        s = self.profile.server
+        return downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
 
     async def start_stage(self, stage: str, **options) -> ActionResult:
         result, _ = await self.launch_stage(StageRequest(stage, **options))
@@ -709,6 +728,22 @@ class Session:
             return launch.stops_baseline(StageRequest(stage), self.profile)
         except StageError:
             return False
+
+    def downtime(self, stage: str, req: StageRequest | None = None) -> str:
+        """What starting `stage` (a stage, pipeline, bench, serve-drafter or serve-baseline) costs the
+        baseline, said before it is spent: how many server loads, how long each on this host
+        (state/loads.jsonl, as the load ETA reads it)."""
+        if stage in ("serve-drafter", "serve-baseline", "serve_drafter", "serve_baseline"):
+            loads = 1
+        else:
+            try:
+                loads = launch.request_gpu_plan(req or StageRequest(stage), self.profile).loads
+            except StageError as e:
+                return clean(str(e))
+            if stage == "bench" and self.profile.bench.third_drafter:
+                loads += 1  # the published drafter loads in the drafter server's unit too
+        s = self.profile.server
+        return downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
 
     async def start_stage(self, stage: str, **options) -> ActionResult:
         result, _ = await self.launch_stage(StageRequest(stage, **options))
