@@ -426,7 +426,9 @@ class TrainSection:
                 "--seed", str(self.seed)]
         if self.draft_vocab_size is not None:
             args += ["--draft-vocab-size", str(self.draft_vocab_size)]
-        if self.gpus is not None:
+        if self.gpu_ids:
+            args += ["--gpu-ids", ",".join(map(str, self.gpu_ids))]
+        elif self.gpus is not None:
             args += ["--gpus", str(self.gpus)]
         if self.extra_args:
             args += ["--extra-args", json.dumps(self.extra_args)]

@@ -79,3 +79,24 @@ def test_the_host_shape_from_the_profile():
     assert host_shape(profile({"gpus": 0})) == HostShape(8, ALL8, ())  # the CPU
     assert host_shape(profile({"gpu_ids": [6, 7]}, tp=4, count=8)) == HostShape(8, (0, 1, 2, 3), (6, 7))
     assert host_shape(profile({"gpus": 2}, tp=1)).trainer == (0,)  # a 1-GPU host: the first of what there is
+
+
+def test_train_gpus_by_index_reach_the_stage_which_sets_cuda_visible_devices():
+    from backend.train.config import ConfigError, parse_config
+
+    p = profile({"gpu_ids": [6, 7]}, tp=4, count=8)
+    args = p.train.stage_args()
+    assert args[args.index("--gpu-ids") + 1] == "6,7" and "--gpus" not in args
+    c = parse_config(["--work-dir", "/w", "--run-id", "r", "--verifier", "/v", *args])
+    assert c.gpu_ids == [6, 7]
+    with pytest.raises(ConfigError, match="--gpus 1 and --gpu-ids \\[6, 7\\] disagree"):
+        parse_config(["--work-dir", "/w", "--run-id", "r", "--verifier", "/v", "--gpu-ids", "6,7", "--gpus", "1"])
+    # the stage sets CUDA_VISIBLE_DEVICES before torch counts the GPUs (a preflight run shows what it saw)
+    import subprocess, sys, json as _json
+    from tests.sim_support import REPO
+    code = ("import os, sys; import backend.train.__main__ as m; from backend.train import runner; "
+            "runner.Stage.run = lambda self: print(os.environ['CUDA_VISIBLE_DEVICES'], self.c.gpus) or 0; "
+            "sys.exit(m.main(sys.argv[1:]))")
+    out = subprocess.run([sys.executable, "-c", code, "--work-dir", "/w", "--run-id", "r", "--verifier", "/v",
+                          "--gpu-ids", "6,7"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["6,7", "2"], out.stderr

@@ -210,9 +210,11 @@ class Stage:
             _signal_workers(self.child.pid, signum)
 
     def preflight(self, inputs: Inputs, processes: int, available: int, where: str) -> pf.PreflightReport:
+        """Online, the GPU check waits for the swap-in (the baseline holds the GPUs until then): see _run."""
         report = pf.PreflightReport()
         pf.check_modules(report)
-        pf.check_gpus(report, processes, available)
+        if self.swap_plan is None:
+            pf.check_gpus(report, processes, available)
         pf.check_disk(report, where, estimate_checkpoint_bytes(self.c, inputs.info, len(inputs.layer_ids))
                       + self.c.min_free_bytes)
         return report
@@ -284,6 +286,12 @@ class Stage:
         self.phase = "training"
 
         def body() -> str | None:
+            if self.swap_plan is not None and not c.skip_preflight:
+                # online: the baseline is down now, the extraction server up: the trainer's GPUs must be free
+                gpus = pf.PreflightReport()
+                pf.check_gpus(gpus, processes, available)
+                if not gpus.ok:
+                    return f"preflight after the swap-in failed: {gpus.failures()}"
             if plan.processes == 1:
                 from backend.train.worker import train
                 train(plan, stop_check=lambda: self.stop)
