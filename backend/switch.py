@@ -226,6 +226,17 @@ def _noop(*_args: Any, **_kw: Any) -> None:
     return None
 
 
+def default_holder() -> str:
+    """Who this program is, for the server lock's refusal: `python -m backend.extract in e3-extract-ID`."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    if os.path.basename(argv0) == "__main__.py":  # run with -m: name the package
+        parts = os.path.normpath(os.path.dirname(argv0)).split(os.sep)
+        top = parts.index("backend") if "backend" in parts else len(parts) - 1
+        argv0 = "python -m " + ".".join(parts[top:])
+    unit = os.environ.get("E3_UNIT", "")
+    return f"{argv0}" + (f" in {unit}" if unit else "")
+
+
 # -- running it -------------------------------------------------------------------------------------------
 class Switch:
     """Runs a SwitchPlan (see the module docstring). `stopped()` is polled while starting a server: a stop
@@ -235,7 +246,7 @@ class Switch:
                  emit: Callable[..., None] = _noop, stopped: Callable[[], bool] = lambda: False,
                  health_interval: float = 1.0, keep_home_down: bool = False):
         self.plan = plan
-        self.holder = holder or f"{os.path.basename(sys.argv[0] or 'python')} (pid {os.getpid()})"
+        self.holder = holder or default_holder()
         self.progress, self.emit, self.stopped = progress, emit, stopped
         self.health_interval = health_interval
         self.keep_home_down = keep_home_down
