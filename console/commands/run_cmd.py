@@ -14,7 +14,7 @@ from backend.events import EVENTS_FILE
 from console.control.launch import run_dir_path, stage_ended
 from console.control.units import stage_unit_name
 from backend.pipeline import STAGES as PIPELINE_STAGES
-from console.control.launch import StageRequest, stops_baseline
+from console.control.launch import StageError, StageRequest, request_gpu_plan, stops_baseline
 from console.control.stages import FETCH_DRAFTER
 from backend.verify.report import table
 from backend.bench.compare import CompareError, comparison_from_dict, format_table
@@ -163,6 +163,11 @@ async def run_stage(a: argparse.Namespace) -> int:
         snap = await session.settle()
         if not snap.host.reachable:
             print(f"error: {snap.host.error}", file=sys.stderr)
+            return 1
+        try:  # GPUs that cannot be shared as asked are refused before any question
+            request_gpu_plan(req, profile)
+        except StageError as e:
+            print(f"error: {e}", file=sys.stderr)
             return 1
         # asked once connected: the downtime comes from the host's measured loads
         if not confirmed(a, req, profile, session.downtime(stage, req)):
