@@ -22,6 +22,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 from console.control import launch
 from console.control import drafter_server as ds
 from console.control import switch_plan as sp
+from console.control.gpu_plan import gpu_plan
 from console.control.launch import Launch, StageError, StageRequest
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
                                    server_restart_commands, server_start_command,
@@ -422,6 +423,8 @@ class Session:
             shown.append(ds.drafter_stop_command(self.profile).shown)
             start = server_start_command(self.profile)
         shown.append(start.shown)
+        gpus = gpu_plan(self.profile, [f"serve-{to}"], online=False, chain=False)
+        shown.extend(f"(gpus) {line}" for line in gpus.describe())
         argv = ["env", f"PYTHONPATH={code_dir}", *sp.switch_argv(self.profile, plan_file, to)]
         shown.append(shlex.join(argv))
         budget = 2 * plan.command_timeout_s + 2 * plan.stop_check_s + 60

@@ -479,6 +479,7 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
     launcher = _Launcher(host, profile, env, shown)
     stop_timeout = 120.0
     if stage == "bench":
+        checked_gpu_plan(req, profile, shown)
         argv = await launcher.bench_pair(run_id, req)
         # on SIGTERM the bench stops, then the drafter server stops and the baseline starts again
         stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
