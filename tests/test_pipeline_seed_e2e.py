@@ -45,6 +45,8 @@ def test_the_seed_shaped_demo_runs_the_pipeline_to_verify_with_the_baseline_serv
         assert refused.returncode == 2 and "pass --yes" in refused.stderr
         assert "costs 2 server loads of about" in refused.stderr, refused.stderr  # the downtime, measured
         done = cli("run", "pipeline", "--profile", profile, "--limit", "40", "--run-id", "seed", "--yes", "--wait")
+        # started once, after verify: it loads, then serves
+        back = cli("wait-ready", "--profile", profile, "--timeout", "120")
         status = json.loads(cli("status", "--profile", profile, "--json").stdout)
     finally:
         cli("demo-host", "stop", "--dir", str(work))
@@ -65,4 +67,5 @@ def test_the_seed_shaped_demo_runs_the_pipeline_to_verify_with_the_baseline_serv
     assert [s["step"] for s in extract["swap"]["steps"]] == ["start_extractor", "stop_extractor"]
     train = json.loads((runs / "seed-train" / "summary.json").read_text())
     assert train["status"] == "completed", train
-    assert status["server"]["phase"] == "ready", status["server"]  # the baseline serves at the end
+    assert back.returncode == 0 and status["server"]["phase"] == "ready", status["server"]  # serving at the end
+    assert status["service"]["unit"] == "eagle3-demo-vllm" and status["server"]["drafter"] is None
