@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1500)
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -44,7 +44,8 @@ def test_the_seed_shaped_demo_runs_the_pipeline_to_verify_with_the_baseline_serv
         refused = cli("run", "pipeline", "--profile", profile, "--limit", "40")
         assert refused.returncode == 2 and "pass --yes" in refused.stderr
         assert "costs 2 server loads of about" in refused.stderr, refused.stderr  # the downtime, measured
-        done = cli("run", "pipeline", "--profile", profile, "--limit", "40", "--run-id", "seed", "--yes", "--wait")
+        done = cli("run", "pipeline", "--profile", profile, "--limit", "24", "--run-id", "seed", "--yes", "--wait",
+                   timeout=1200)
         # started once, after verify: it loads, then serves
         back = cli("wait-ready", "--profile", profile, "--timeout", "120")
         status = json.loads(cli("status", "--profile", profile, "--json").stdout)
