@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
+from backend.serverlock import describe_holder, lock_path
 from console.control import launch
 from console.control import drafter_server as ds
 from console.control import switch_plan as sp
@@ -346,7 +347,7 @@ class Session:
         if refused := self._refused():
             return refused, None
         if stage == "serve":
-            if refused := await self._drafter_running():
+            if refused := await self._lock_refused("start server") or await self._drafter_running():
                 return refused, None
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
@@ -379,6 +380,8 @@ class Session:
         if refused := self._refused():
             return refused
         if stage == "serve":
+            if refused := await self._lock_refused("stop server"):
+                return refused
             if self.collector.active == "drafter":  # the server followed is the one the operator sees
                 return await self._run_all([ds.drafter_stop_command(self.profile)], "stop the drafter server")
             return await self._run_all([server_stop_command(self.profile)], "stop server")
@@ -493,9 +496,29 @@ class Session:
     async def restart_server(self) -> ActionResult:
         if refused := self._refused():
             return refused
-        if refused := await self._drafter_running():
+        if refused := await self._lock_refused("restart server") or await self._drafter_running():
             return refused
         return await self._run_all(server_restart_commands(self.profile), "restart server")
+
+    async def _lock_refused(self, what: str) -> ActionResult | None:
+        """A program on the host holds the server lock (backend/serverlock.py: an extract, a bench, a
+        switch, a pipeline): starting or stopping a server now would cut into its switch."""
+        path = lock_path(self.profile.paths.work_dir)
+        script = ('[ -e "$1" ] || exit 0; command -v flock >/dev/null 2>&1 || exit 0; '
+                  'flock -n "$1" true && exit 0; head -c 4096 "$1"; exit 75')
+        try:
+            res = await self.host.run(["sh", "-c", script, "sh", path], timeout=30)
+        except HostError:
+            return None  # cannot tell: the action's own command answers
+        if res.returncode != 75:
+            return None
+        try:
+            holder = json.loads(res.stdout or "{}")
+        except ValueError:
+            holder = {}
+        return ActionResult(False, clean(f"{what} refused: the servers are being switched by "
+                                         f"{describe_holder(holder if isinstance(holder, dict) else {})}; wait "
+                                         f"for it to finish, or stop it first"))
 
     async def _drafter_running(self) -> ActionResult | None:
         """One server at a time on the GPUs: the baseline never starts beside the drafter server."""

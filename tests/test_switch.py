@@ -192,3 +192,22 @@ def test_detached_the_caller_returns_once_the_server_started_and_the_switch_goes
     finish = [json.loads(l) for l in events.read_text().splitlines() if '"finish"' in l][-1]
     assert finish["status"] == "failed" and "did not answer" in finish["summary"]["error"]
     assert sorted(os.listdir(tmp_path / "servers")) == ["baseline"]  # brought back, the caller long gone
+
+
+async def test_the_consoles_own_server_actions_are_refused_while_a_program_holds_the_lock(tmp_path):
+    from console.profile import profile_from_dict
+    from console.session import Session
+
+    profile = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
+                                 "server": {"model_path": "/m", "manager": "tmux", "unit": "e3-lock-test",
+                                            "command": ["sleep", "60"]},
+                                 "paths": {"work_dir": str(tmp_path)}})
+    lock = ServerLock(str(tmp_path / "state" / "servers.lock"), "bench run b1").acquire()
+    try:
+        async with Session(profile) as session:
+            for result in (await session.restart_server(), await session.stop_stage("serve"),
+                           await session.start_stage("serve")):
+                assert not result.ok and "refused: the servers are being switched by bench run b1 (pid" \
+                    in result.message, result
+    finally:
+        lock.release()
