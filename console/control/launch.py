@@ -463,7 +463,8 @@ def request_gpu_plan(req: StageRequest, profile: Profile) -> GpuPlan:
 
 def checked_gpu_plan(req: StageRequest, profile: Profile, shown: list[str]) -> GpuPlan:
     plan = request_gpu_plan(req, profile)
-    if stops_baseline(req, profile) or plan.hold:
+    if stops_baseline(req, profile) or plan.hold or any(s.stops_first for s in plan.steps):
+        # e.g. a train run alone on GPUs the baseline holds: its preflight refuses until the server is stopped
         shown.extend(f"(gpus) {line}" for line in plan.describe())
     return plan
 
