@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from backend.numbers import finite
 from backend.runs import read_json_object
 from backend.serverlock import LockHeld, ServerLock
 
@@ -40,6 +41,7 @@ SWITCH_VERSION = 1
 BASELINE_HELD_ENV = "E3_BASELINE_HELD"  # a pipeline keeps the baseline down across its stages: leave it down
 LOG_CHECK_S = 30.0  # the alive and log-tail commands' own time limit
 DEFAULT_STOP_CHECK_S = 60.0
+TIMEOUT_MAX_S = 86400.0  # the profile's timeouts go to a day at most (console/profile.py)
 
 
 class SwitchPlanError(ValueError):
@@ -131,9 +133,11 @@ def _argv(where: str, data: dict[str, Any], key: str, *, required: bool) -> list
 
 def _seconds(where: str, data: dict[str, Any], key: str, default: float | None) -> float:
     value = data.get(key, default)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise SwitchPlanError(f"{where}: {key} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    number = finite(value)
+    if number is None or not 0 < number <= TIMEOUT_MAX_S:
+        raise SwitchPlanError(f"{where}: {key} must be a positive number of seconds (finite, at most "
+                              f"{TIMEOUT_MAX_S:g}), got {value!r}")
+    return float(number)
 
 
 def server_from_dict(data: Any, where: str) -> ServerSpec:

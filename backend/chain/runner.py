@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from backend.chain.plan import PLAN_FILE, ChainPlan, Hold, PlanError, PlannedStage, dumps_plan, load_chain
+from backend.chain.requirements import check_plan
 from backend.events import EventLog
 from backend.pipeline import InputError, completed_run, last_finish
 from backend.runs import Manifest, RunDirError, open_run_dir, run_path, write_json_atomic
@@ -105,10 +106,17 @@ class Chain:
         results: list[dict[str, Any]] = []
         status, error = "completed", None
         started = time.monotonic()
+        problems = check_plan(self.work_dir, self._not_completed())
+        if problems:  # before the first stage: a missing piece costs seconds, not a generation run
+            status = "failed"
+            error = "host requirements: " + "; ".join(p.line() for p in problems)
+            results.append({"stage": problems[0].stage, "run_id": next(
+                s.run_id for s in self.stages if s.stage == problems[0].stage), "status": "failed",
+                "error": error, "requirements": [p.__dict__ for p in problems]})
         try:
-            if self.lock is not None:
+            if self.lock is not None and not problems:
                 self.lock.acquire()
-            for i, planned in enumerate(self.stages):
+            for i, planned in enumerate(self.stages if not problems else []):
                 self.index = i
                 if self.stopping:
                     status = "stopped"
@@ -155,6 +163,15 @@ class Chain:
         print(f"pipeline: {status}: {done}/{len(self.stages)} stages" + (f" ({error})" if error else ""),
               file=sys.stderr)
         return 0 if status in ("completed", "stopped") else 1
+
+    def _not_completed(self) -> list[PlannedStage]:
+        out = []
+        for planned in self.stages:
+            try:
+                completed_run(self.work_dir, planned.run_id, planned.stage)
+            except InputError:
+                out.append(planned)
+        return out
 
     def _run_stage(self, planned: PlannedStage, index: int) -> dict[str, Any]:
         assert self.log is not None

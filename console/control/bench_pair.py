@@ -9,6 +9,7 @@ from typing import Any
 from console.control import drafter_server as ds
 from console.control.bench_stage import bench_argv
 from console.control.switch_plan import derived_server, switch_plan
+from console.control.units import ServerProgram
 from console.profile import Profile
 
 
@@ -19,9 +20,10 @@ def pair_run_ids(run_id: str) -> tuple[str, str, str]:
 
 def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str | None = None,
               api_key_path: str | None = None, no_expand_option: bool = False,
-              third_checkpoint: str | None = None) -> dict[str, Any]:
+              third_checkpoint: str | None = None, program: ServerProgram | None = None) -> dict[str, Any]:
     """The plan backend/benchpair.py runs (raises DrafterServerError / ValueError with what to fix).
-    `third_checkpoint`: a published drafter ([bench].third_drafter, fetched and verified), benched too."""
+    `third_checkpoint`: a published drafter ([bench].third_drafter, fetched and verified), benched too.
+    `program`: the baseline's (operator_unit.read_server_program), which the drafter servers start from."""
     base_id, drafter_id, third_id = pair_run_ids(run_id)
     common = {"input_run": input_run, "api_key_path": api_key_path}
     third: dict[str, Any] = {}
@@ -33,8 +35,8 @@ def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str 
     unit = ds.drafter_unit(profile)
 
     def drafter(name: str, ckpt: str):
-        start = ds.drafter_start_command(profile, ckpt, no_expand_option=no_expand_option).argv
-        return derived_server(profile, name, unit, start, drafter_stop, ds.drafter_command(profile, ckpt))
+        start = ds.drafter_start_command(profile, ckpt, no_expand_option=no_expand_option, program=program).argv
+        return derived_server(profile, name, unit, start, drafter_stop, ds.drafter_command(profile, ckpt, program))
 
     away = ([drafter("third", third_checkpoint)] if third_checkpoint else []) + [drafter("drafter", checkpoint)]
     return {

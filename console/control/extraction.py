@@ -1,14 +1,16 @@
 """The extraction swap, built from the profile: the plan the extract stage runs on the host, and its argv.
 
-The extraction server is the baseline's own command line (units.server_command, from the same profile
-values) plus vLLM's two extraction flags: the `extract_hidden_states` speculative method with the aux layer
+The extraction server is the baseline's own program (units.ServerProgram: the operator's unit's command
+line, environment, user and working directory as systemd runs it; tmux: the profile's command) plus vLLM's
+two extraction flags: the `extract_hidden_states` speculative method with the aux layer
 ids, and the hidden-states KV connector writing into this run's staging directory. It runs as its own
 program beside the baseline's name (`<server unit>-extract`): a transient systemd unit, or its own tmux
-session, started and stopped with the same argv builders as stages (units.stage_start_argv / stop).
+session (units.derived_server_start_argv, stopped like a stage).
 
-The plan (backend/extract/plan.py reads it) holds argv lists only; the extract stage runs them itself,
-detached on the host, in order: stop the baseline, start the extractor, extract, then stop the extractor
-and start the baseline, the last two also after a failure or SIGTERM. Pure functions, no I/O.
+The plan (backend/extract/plan.py reads it: the one server switch's plan, switch_plan.py) holds argv lists
+only; the extract stage runs it itself, detached on the host, in order: stop the baseline (seen down),
+start the extractor, extract, then stop the extractor and start the baseline, the last two also after a
+failure or SIGTERM. Pure functions, no I/O.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import shlex
 from typing import Any, Sequence
 
 from backend.extract.plan import EXTRACTOR, SwapPlan
+from backend.redact import redacted
 from console.control.switch_plan import derived_server, switch_plan
-from console.control.units import server_command, stage_log_path, stage_start_argv, stage_stop_argv, tmux_stop_argv
+from console.control.units import (ServerProgram, derived_server_start_argv, profile_program, stage_log_path,
+                                   stage_stop_argv, tmux_stop_argv)
 from console.profile import Profile
 
 EXTRACT_METHOD = "extract_hidden_states"
@@ -57,29 +61,39 @@ def extraction_flags(aux_layer_ids: Sequence[int], storage: str) -> list[str]:
     return ["--speculative-config", _json(spec), "--kv-transfer-config", _json(kv)]
 
 
-def extractor_command(profile: Profile, aux_layer_ids: Sequence[int], storage: str) -> list[str]:
+def _checked_base(profile: Profile, aux_layer_ids: Sequence[int], program: ServerProgram | None) -> ServerProgram:
     if not aux_layer_ids:
         raise ExtractionPlanError("no aux layer ids: resolve [drafter].aux_layer_ids against the verifier first")
-    base = server_command(profile)
-    clash = sorted({a.split("=", 1)[0] for a in base if a.split("=", 1)[0] in _OWN_FLAGS})
+    program = program or profile_program(profile)
+    clash = sorted({a.split("=", 1)[0] for a in program.argv if a.split("=", 1)[0] in _OWN_FLAGS})
     if clash:
-        raise ExtractionPlanError(f"the server's command line already has {', '.join(clash)} "
-                                  f"(server.vllm_args or server.command): the extraction server adds its own; "
-                                  f"take it out of the baseline's arguments")
-    return base + extraction_flags(aux_layer_ids, storage)
+        where = program.source if program.source != "the profile" else "server.vllm_args or server.command"
+        raise ExtractionPlanError(f"the server's command line already has {', '.join(clash)} ({where}): the "
+                                  f"extraction server adds its own; take it out of the baseline's arguments")
+    return program
 
 
-def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
+def extractor_command(profile: Profile, aux_layer_ids: Sequence[int], storage: str,
+                      program: ServerProgram | None = None) -> list[str]:
+    """`program`: the baseline's (operator_unit.read_server_program); default the profile's command."""
+    base = _checked_base(profile, aux_layer_ids, program)
+    return [*base.argv, *extraction_flags(aux_layer_ids, storage)]
+
+
+def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int],
+               program: ServerProgram | None = None) -> dict[str, Any]:
     """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it):
-    the one server switch with the extraction server away from the baseline."""
+    the one server switch with the extraction server away from the baseline.
+    `program`: the baseline's (operator_unit.read_server_program); default the profile's command."""
     s = profile.server
     unit = extractor_unit(profile)
     storage = staging_dir(profile, run_id)
-    command = extractor_command(profile, aux_layer_ids, storage)
-    start = stage_start_argv(profile, unit, command, log_path=stage_log_path(profile, unit),
-                             cwd=profile.paths.work_dir, env=dict(profile.extract.server_env))
+    base = _checked_base(profile, aux_layer_ids, program)
+    flags = extraction_flags(aux_layer_ids, storage)
+    start = derived_server_start_argv(profile, unit, base, flags, log_path=stage_log_path(profile, unit),
+                                      env=dict(profile.extract.server_env), stop_timeout_s=s.stop_timeout_s)
     stop = stage_stop_argv(profile, unit) if s.manager == "systemd" else tmux_stop_argv(unit, s.stop_timeout_s)
-    extractor = derived_server(profile, EXTRACTOR, unit, start, stop, command)
+    extractor = derived_server(profile, EXTRACTOR, unit, start, stop, [*base.argv, *flags])
     switch = switch_plan(profile, [extractor], ready_timeout_s=profile.extract.ready_timeout_s or s.load_timeout_s)
     return SwapPlan(switch=switch, storage_path=storage, aux_layer_ids=[int(i) for i in aux_layer_ids]).to_dict()
 
@@ -88,5 +102,6 @@ def describe_plan(plan: dict[str, Any]) -> list[str]:
     """The plan's commands as the operator confirms them, in the order they run."""
     switch = plan["switch"]
     home, away = switch["home"], switch["away"][0]
-    return [f"stop_{home['name']}: {shlex.join(home['stop'])}", f"start_{away['name']}: {shlex.join(away['start'])}",
-            f"stop_{away['name']}: {shlex.join(away['stop'])}", f"start_{home['name']}: {shlex.join(home['start'])}"]
+    steps = [(f"stop_{home['name']}", home["stop"]), (f"start_{away['name']}", away["start"]),
+             (f"stop_{away['name']}", away["stop"]), (f"start_{home['name']}", home["start"])]
+    return [f"{step}: {shlex.join(redacted(argv))}" for step, argv in steps]

@@ -10,8 +10,8 @@ from typing import Sequence
 
 from backend.serverlock import lock_path
 from backend.switch import ServerSpec, SwitchPlan
-from console.control.units import (_sudo, server_command, server_log_path, server_start_argv, server_stop_argv,
-                                   stage_log_path, tmux_target)
+from console.control.units import (ServerProgram, _sudo, server_command, server_log_path, server_start_argv,
+                                   server_stop_argv, stage_log_path, tmux_target)
 from console.profile import Profile
 
 LOG_LINES = 40
@@ -65,7 +65,8 @@ def switch_argv(profile: Profile, plan_file: str, to: str) -> list[str]:
             "--events", f"{work}/{SWITCH_EVENTS}", "--detach", f"{work}/{SWITCH_LOG}"]
 
 
-def serve_plan(profile: Profile, checkpoint: str | None, *, no_expand_option: bool = False) -> SwitchPlan:
+def serve_plan(profile: Profile, checkpoint: str | None, *, no_expand_option: bool = False,
+               program: ServerProgram | None = None) -> SwitchPlan:
     """The console's serve switches: the baseline home, the drafter server with `checkpoint` away. Without a
     checkpoint (serve-baseline) the drafter server is only stopped, never started."""
     from console.control import drafter_server as ds
@@ -73,8 +74,8 @@ def serve_plan(profile: Profile, checkpoint: str | None, *, no_expand_option: bo
     unit = ds.drafter_unit(profile)
     stop = ds.drafter_stop_command(profile).argv
     if checkpoint:
-        start = ds.drafter_start_command(profile, checkpoint, no_expand_option=no_expand_option).argv
-        command = ds.drafter_command(profile, checkpoint)
+        start = ds.drafter_start_command(profile, checkpoint, no_expand_option=no_expand_option, program=program).argv
+        command = ds.drafter_command(profile, checkpoint, program)
     else:
         start = ["sh", "-c", "echo 'this switch only stops the drafter server' >&2; exit 1"]
         command = []
