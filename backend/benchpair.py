@@ -29,9 +29,9 @@ import sys
 import time
 from typing import Any
 
-from backend.events import EventLog
+from backend.lifecycle import StageFailed, StageRun, refuse
 from backend.pipeline import InputError, completed_run, last_finish
-from backend.runs import Manifest, RunDirError, open_run_dir, read_json_object, run_path, write_json_atomic
+from backend.runs import Manifest, read_json_object, run_path, write_json_atomic
 
 STAGE = "bench"
 PLAN_FILE = "benchpair-plan.json"
@@ -68,16 +68,18 @@ class BenchPair:
     def __init__(self, work_dir: str, run_id: str, plan: dict[str, Any]):
         self.work_dir, self.run_id, self.plan = work_dir, run_id, plan
         self.child: subprocess.Popen | None = None
-        self.stopping = False
-        self.log: EventLog | None = None
+        self.ctx: StageRun | None = None
         self.steps: list[dict[str, Any]] = []
         self.step_names = THIRD_STEPS if "third" in plan else STEPS
         self.loaded: str | None = None  # which checkpoint the drafter server's unit was started with here
 
-    def _on_signal(self, sig: int, _frame) -> None:
-        self.stopping = True
+    @property
+    def stopping(self) -> bool:
+        return bool(self.ctx and self.ctx.stopping)
+
+    def _forward(self, name: str) -> None:
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(sig)  # a bench stops cleanly, keeping the levels it measured
+            self.child.send_signal(getattr(signal, name))  # a bench stops cleanly, keeping the levels it measured
 
     def say(self, text: str) -> None:
         print(f"benchpair: {text}", file=sys.stderr, flush=True)
@@ -147,36 +149,39 @@ class BenchPair:
         return None, summary, code
 
     def step(self, index: int, error: str | None = None, **extra: Any) -> None:
-        assert self.log is not None
+        assert self.ctx is not None
         names = self.step_names
         self.steps.append({"step": names[index], "ok": error is None, **({"error": error} if error else {}), **extra})
-        self.log.emit("progress", done=index + 1 if error is None else index, total=len(names), current=names[index],
+        self.ctx.emit("progress", done=index + 1 if error is None else index, total=len(names), current=names[index],
                       **({"error": error} if error else {}))
 
     def run(self, fresh: bool = False) -> int:
-        contenders = ["third", "drafter"] if "third" in self.plan else ["drafter"]
-        runs = {which: self.plan[which]["run_id"] for which in ("baseline", *contenders)}
-        identity = {**runs, "checkpoint": self.plan.get("checkpoint")}
-        try:
-            rd = open_run_dir(self.work_dir, self.run_id, Manifest(stage=STAGE, run_id=self.run_id, identity=identity),
-                              fresh=fresh)
-        except RunDirError as exc:
-            print(f"benchpair: {exc}", file=sys.stderr)
-            return 2
-        write_json_atomic(rd.file(PLAN_FILE), self.plan)
-        self.log = EventLog(rd.events_path, STAGE, self.run_id)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
-        self.log.emit("start", total=len(self.step_names), steps=list(self.step_names), resumed=rd.resumed, pair=True)
-        started = time.monotonic()
-        error, drafted, slower = None, None, False
+        self.contenders = ["third", "drafter"] if "third" in self.plan else ["drafter"]
+        self.runs = {which: self.plan[which]["run_id"] for which in ("baseline", *self.contenders)}
+        identity = {**self.runs, "checkpoint": self.plan.get("checkpoint")}
+        ctx = self.ctx = StageRun(STAGE, self.run_id, work_dir=self.work_dir, fresh=fresh, mode="flag", prog="benchpair",
+                                  manifest=Manifest(stage=STAGE, run_id=self.run_id, identity=identity))
+        ctx.on_stop(self._forward)
+        ctx.summarize = self._summarize
+        ctx.stop_note = "the running bench stops, then the baseline is served again"
+        self.started = time.monotonic()
+        self.error: str | None = None
+        self.back: str | None = None
+        self.drafted: dict[str, Any] | None = None
+        self.slower = False
+        return ctx.run(self._body)
+
+    def _body(self, ctx: StageRun) -> None:
+        write_json_atomic(ctx.file(PLAN_FILE), self.plan)
+        ctx.start(total=len(self.step_names), steps=list(self.step_names), pair=True)
+        error = None
         try:
             error = self.serve("baseline")
             self.step(0, error)
             if error is None and not self.stopping:
                 error, _, _ = self.bench("baseline")
                 self.step(1, error)
-            for i, which in enumerate(contenders):
+            for i, which in enumerate(self.contenders):
                 if error is not None or self.stopping:
                     break
                 error = self.serve(which)
@@ -184,31 +189,31 @@ class BenchPair:
                 if error is None and not self.stopping:
                     error, result, code = self.bench(which)
                     if which == "drafter":
-                        drafted, slower = result, code == 3 or bool((result or {}).get("slower"))
-                        self.step(3 + 2 * i, error, slower=slower)
+                        self.drafted, self.slower = result, code == 3 or bool((result or {}).get("slower"))
+                        self.step(3 + 2 * i, error, slower=self.slower)
                     else:
                         self.step(3 + 2 * i, error)
         finally:
-            back = self.serve("baseline")
-            self.step(len(self.step_names) - 1, back)
-        status = "stopped" if self.stopping else "failed" if (error or back) else "completed"
+            self.error = error
+            self.back = self.serve("baseline")  # always: also after a failure or a stop
+            self.step(len(self.step_names) - 1, self.back)
+        if not self.stopping and (error or self.back):
+            raise StageFailed("; ".join(e for e in (error, self.back) if e))
+
+    def _summarize(self, status: str, error: str | None) -> dict[str, Any]:
         summary: dict[str, Any] = {
             "stage": STAGE, "run_id": self.run_id, "status": status, "pair": True, "label": "drafter",
-            "runs": runs, "checkpoint": self.plan.get("checkpoint"), "third_checkpoint": self.plan.get("third_checkpoint"),
-            "steps": self.steps, "slower": slower,
-            "elapsed_s": round(time.monotonic() - started, 1)}
-        if drafted and isinstance(drafted.get("comparison"), dict):
-            summary["comparison"] = drafted["comparison"]
-        if error or back:
-            summary["error"] = "; ".join(e for e in (error, back) if e)
-        write_json_atomic(rd.summary_path, summary)
-        self.log.emit("finish", status=status, summary=summary)
-        self.log.close()
-        self.say(f"{status}" + (": the drafter is SLOWER than the baseline" if slower else "")
+            "runs": self.runs, "checkpoint": self.plan.get("checkpoint"),
+            "third_checkpoint": self.plan.get("third_checkpoint"), "steps": self.steps,
+            "slower": self.slower, "elapsed_s": round(time.monotonic() - self.started, 1)}
+        if self.drafted and isinstance(self.drafted.get("comparison"), dict):
+            summary["comparison"] = self.drafted["comparison"]
+        errors = "; ".join(e for e in (self.error, self.back) if e)
+        if errors or error:
+            summary["error"] = errors or error
+        self.say(f"{status}" + (": the drafter is SLOWER than the baseline" if self.slower else "")
                  + (f" ({summary['error']})" if summary.get("error") else ""))
-        if status == "failed":
-            return 1
-        return 3 if slower and status == "completed" else 0
+        return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(a.plan)
     except PlanError as exc:
-        print(f"benchpair: {exc}", file=sys.stderr)
-        return 2
+        return refuse("benchpair", exc)
     os.makedirs(a.work_dir, exist_ok=True)
     return BenchPair(a.work_dir, a.run_id, plan).run(fresh=a.fresh)
 

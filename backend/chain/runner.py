@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 from backend.chain.plan import PLAN_FILE, PlanError, PlannedStage, dumps_plan, load_plan
-from backend.events import EventLog
+from backend.lifecycle import StageFailed, StageRun, refuse
 from backend.pipeline import InputError, completed_run, last_finish
-from backend.runs import Manifest, RunDirError, open_run_dir, run_path, write_json_atomic
+from backend.runs import Manifest, run_path
 
 STAGE = "pipeline"
 
@@ -32,70 +32,72 @@ class Chain:
         self.run_id = run_id
         self.stages = stages
         self.child: subprocess.Popen | None = None
-        self.stopping = False
-        self.log: EventLog | None = None
+        self.ctx: StageRun | None = None
+        self.results: list[dict[str, Any]] = []
+        self.started = time.monotonic()
 
-    def _on_signal(self, sig: int, _frame) -> None:
-        self.stopping = True
+    @property
+    def stopping(self) -> bool:
+        return bool(self.ctx and self.ctx.stopping)
+
+    def _forward(self, name: str) -> None:
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(sig)  # the stage stops cleanly and leaves itself resumable
+            self.child.send_signal(getattr(signal, name))  # the stage stops cleanly and leaves itself resumable
 
     def run(self, fresh: bool = False) -> int:
         identity = {"stages": [[s.stage, s.run_id] for s in self.stages]}
-        try:
-            rd = open_run_dir(self.work_dir, self.run_id, Manifest(stage=STAGE, run_id=self.run_id, identity=identity),
-                              fresh=fresh)
-        except RunDirError as exc:
-            print(f"pipeline: {exc}", file=sys.stderr)
-            return 2
-        with open(rd.file(PLAN_FILE), "w", encoding="utf-8") as f:
+        ctx = self.ctx = StageRun(STAGE, self.run_id, work_dir=self.work_dir, fresh=fresh, mode="flag",
+                                  manifest=Manifest(stage=STAGE, run_id=self.run_id, identity=identity))
+        ctx.on_stop(self._forward)
+        ctx.summarize = self._summarize
+        ctx.stop_note = "the running stage is stopped; it resumes when the pipeline is started again"
+        return ctx.run(self._body)
+
+    def _body(self, ctx: StageRun) -> None:
+        with open(ctx.file(PLAN_FILE), "w", encoding="utf-8") as f:
             f.write(dumps_plan(self.stages))  # what this run was asked to do, for whoever looks later
-        self.log = EventLog(rd.events_path, STAGE, self.run_id)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
-        names = [s.stage for s in self.stages]
-        self.log.emit("start", total=len(self.stages), stages=names, resumed=rd.resumed)
-        results: list[dict[str, Any]] = []
-        status, error = "completed", None
-        started = time.monotonic()
+        ctx.start(total=len(self.stages), stages=[s.stage for s in self.stages])
+        self.started = time.monotonic()
         for i, planned in enumerate(self.stages):
             if self.stopping:
-                status = "stopped"
-                break
+                return
             outcome = self._run_stage(planned, i)
-            results.append(outcome)
+            self.results.append(outcome)
             if outcome["status"] != "completed":
-                status = "stopped" if self.stopping else "failed"
-                error = outcome.get("error")
-                break
+                if self.stopping:
+                    return
+                raise StageFailed(outcome.get("error") or f"{planned.stage} did not complete")
+
+    def _summarize(self, status: str, error: str | None) -> dict[str, Any]:
+        results = self.results
         done = sum(1 for r in results if r["status"] == "completed")
         summary: dict[str, Any] = {"stage": STAGE, "run_id": self.run_id, "status": status, "done": done,
                                    "total": len(self.stages), "stages": results,
                                    "runs": {s.stage: s.run_id for s in self.stages},
-                                   "elapsed_s": round(time.monotonic() - started, 1)}
+                                   "elapsed_s": round(time.monotonic() - self.started, 1)}
         if error:
             summary["error"] = error
-            summary["failed_stage"] = results[-1]["stage"]
+            if results and results[-1]["status"] != "completed":
+                summary["failed_stage"] = results[-1]["stage"]
         if status == "completed":
             last = completed_run(self.work_dir, self.stages[-1].run_id, self.stages[-1].stage)
             summary["outputs"] = last.outputs
-        write_json_atomic(rd.summary_path, summary)
-        self.log.emit("finish", status=status, summary=summary)
         print(f"pipeline: {status}: {done}/{len(self.stages)} stages" + (f" ({error})" if error else ""),
               file=sys.stderr)
-        return 0 if status in ("completed", "stopped") else 1
+        return summary
 
     def _run_stage(self, planned: PlannedStage, index: int) -> dict[str, Any]:
-        assert self.log is not None
+        assert self.ctx is not None
+        emit = self.ctx.emit
         result = {"stage": planned.stage, "run_id": planned.run_id}
         try:
             completed_run(self.work_dir, planned.run_id, planned.stage)
-            self.log.emit("progress", done=index + 1, total=len(self.stages), current=planned.stage,
+            emit("progress", done=index + 1, total=len(self.stages), current=planned.stage,
                           current_run=planned.run_id, note="completed before: not run again")
             return {**result, "status": "completed", "skipped": True}
         except InputError:
             pass  # not run yet, or stopped or failed before: run it (a stage resumes itself)
-        self.log.emit("progress", done=index, total=len(self.stages), current=planned.stage,
+        emit("progress", done=index, total=len(self.stages), current=planned.stage,
                       current_run=planned.run_id)
         print(f"pipeline: {planned.stage} ({planned.run_id}): {' '.join(planned.argv)}", file=sys.stderr, flush=True)
         try:
@@ -106,7 +108,7 @@ class Chain:
         self.child = None
         try:
             completed_run(self.work_dir, planned.run_id, planned.stage)
-            self.log.emit("progress", done=index + 1, total=len(self.stages), current=planned.stage,
+            emit("progress", done=index + 1, total=len(self.stages), current=planned.stage,
                           current_run=planned.run_id)
             return {**result, "status": "completed", "exit": code}
         except InputError as exc:
@@ -123,6 +125,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stages = load_plan(args.plan)
     except PlanError as exc:
-        print(f"pipeline: {exc}", file=sys.stderr)
-        return 2
+        return refuse("pipeline", exc)
     return Chain(args.work_dir, args.run_id, stages).run(fresh=args.fresh)
