@@ -19,9 +19,10 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from backend import exitcodes
 from backend.bench.results import BenchResult, BenchResultError
 
-EXIT_SLOWER = 3  # the bench measured fine, and a drafter made generation slower
+EXIT_SLOWER = exitcodes.SLOWER  # the bench measured fine, and a drafter made generation slower
 BASELINE = "baseline"
 MAX_ROWS = 64
 MAX_LABEL = 40

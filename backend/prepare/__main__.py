@@ -1,6 +1,6 @@
 """`python -m backend.prepare ...`: see backend/prepare/config.py for every flag.
 
-Exit codes: 0 completed or stopped (SIGTERM), 1 failed (the finish event and summary say why), 2 unusable
+Exit codes (backend/exitcodes.py): 0 completed or stopped (SIGTERM), 1 failed (the finish event and summary say why), 2 unusable
 arguments or input (a generation run that is not complete, a verifier not on this host, a run directory
 holding another run): one line on stderr, nothing created or changed.
 """
@@ -10,6 +10,7 @@ import importlib.util
 import os
 import sys
 
+from backend.lifecycle import refuse
 from backend.prepare.config import ConfigError, parse_config
 from backend.runs import RunDirError, run_path
 from backend.verifier import VerifierError
@@ -34,15 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         offline_env(run_path(config.work_dir, config.run_id))
         missing = [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
         if missing:
-            print(f"prepare: {sys.executable} lacks {', '.join(missing)}: install them with {sys.executable} -m "
-                  f"pip install {' '.join(missing)}", file=sys.stderr)
-            return 2
+            return refuse("prepare", f"{sys.executable} lacks {', '.join(missing)}: install them with "
+                          f"{sys.executable} -m pip install {' '.join(missing)}")
         from backend.prepare.runner import PrepareRunner, resolve_inputs
         inputs = resolve_inputs(config)
         return PrepareRunner(config).run(inputs)
     except (ConfigError, RunDirError, VerifierError) as exc:
-        print(f"prepare: {exc}", file=sys.stderr)
-        return 2
+        return refuse("prepare", exc)
 
 
 if __name__ == "__main__":
