@@ -115,6 +115,8 @@ class StageRun:
             text = data.get("message") or data.get("reason") or data
             print(f"{self.prog}: {kind}: {text}", file=sys.stderr, flush=True)
         if kind == "error" and data.get("fatal"):
+            if not self.started_event and self.run_dir is not None:
+                self.start()  # every run reads start ... finish, also one that fails before its own start
             self.fatal_said = True
         if kind == "start":
             self.started_event = True
