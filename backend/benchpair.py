@@ -31,7 +31,8 @@ from typing import Any
 
 from backend.lifecycle import StageFailed, StageRun, refuse
 from backend.pipeline import InputError, completed_run, last_finish
-from backend.runs import Manifest, read_json_object, run_path, write_json_atomic
+from backend.plans import PlanError, argv_list, read_plan
+from backend.runs import Manifest, run_path, write_json_atomic
 
 STAGE = "bench"
 PLAN_FILE = "benchpair-plan.json"
@@ -42,25 +43,15 @@ _COMMANDS = ("stop_baseline", "start_baseline", "baseline_alive", "stop_drafter"
 STOP_CHECK_S = 30.0  # after a stop command returned, how long the unit may take to be seen gone
 
 
-class PlanError(ValueError):
-    pass
-
-
 def load_plan(path: str) -> dict[str, Any]:
-    data = read_json_object(path, PlanError, f"{path}: no such plan file")
-    for key in _COMMANDS:
-        v = data.get(key)
-        if not (isinstance(v, list) and v and all(isinstance(a, str) for a in v)):
-            raise PlanError(f"{path}: {key!r} must be a non-empty list of strings (a command line)")
-    if "third" in data:
-        v = data.get("start_third")
-        if not (isinstance(v, list) and v and all(isinstance(a, str) for a in v)):
-            raise PlanError(f"{path}: 'start_third' must be a non-empty list of strings (a command line)")
+    data = read_plan(path)
+    for key in (*_COMMANDS, *(("start_third",) if "third" in data else ())):
+        argv_list(data.get(key), f"{path}: {key!r}")
     for key in ("baseline", "drafter", *(("third",) if "third" in data else ())):
         b = data.get(key)
-        if not (isinstance(b, dict) and isinstance(b.get("run_id"), str) and isinstance(b.get("argv"), list)
-                and b["argv"] and all(isinstance(a, str) for a in b["argv"])):
+        if not (isinstance(b, dict) and isinstance(b.get("run_id"), str)):
             raise PlanError(f"{path}: {key!r} must be {{\"run_id\": str, \"argv\": [str, ...]}}")
+        argv_list(b.get("argv"), f"{path}: {key}.argv")
     return data
 
 

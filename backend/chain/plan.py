@@ -11,13 +11,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backend.pipeline import STAGES
-from backend.runs import RunDirError, check_run_id, read_json_object
+from backend.plans import PlanError, argv_list, read_plan
+from backend.runs import RunDirError, check_run_id
 
 PLAN_FILE = "plan.json"
-
-
-class PlanError(ValueError):
-    """The plan cannot be run; the message names the entry and what is wrong with it."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +50,7 @@ def parse_plan(data: Any, source: str = "plan") -> list[PlannedStage]:
             check_run_id(run_id)
         except RunDirError as exc:
             raise PlanError(f"{where}.run_id: {exc}") from None
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise PlanError(f"{where}.argv: expected a non-empty list of strings")
+        argv = argv_list(argv, f"{where}.argv")
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise PlanError(f"{where}.env: expected an object of strings")
         if any(p.stage == stage for p in out):
@@ -67,7 +63,7 @@ def parse_plan(data: Any, source: str = "plan") -> list[PlannedStage]:
 
 
 def load_plan(path: str) -> list[PlannedStage]:
-    return parse_plan(read_json_object(path, PlanError, f"{path}: no such plan file"), path)
+    return parse_plan(read_plan(path), path)
 
 
 def dumps_plan(stages: list[PlannedStage]) -> str:

@@ -17,14 +17,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.runs import read_json_object
+from backend.plans import PlanError, argv_list, read_plan
 
 PLAN_VERSION = 1
 STEPS = ("stop_baseline", "start_extractor", "stop_extractor", "start_baseline")
-
-
-class PlanError(ValueError):
-    """The plan file is unusable; the message names the file and the key."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +47,7 @@ class SwapPlan:
 
 
 def _argv(path: str, data: dict[str, Any], key: str, *, required: bool) -> list[str] | None:
-    value = data.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and "\0" not in v for v in value):
-        raise PlanError(f"{path}: {key} must be a non-empty list of strings (an argv), got {str(value)[:80]}")
-    return list(value)
+    return argv_list(data.get(key), f"{path}: {key}", required=required)
 
 
 def _url(path: str, data: dict[str, Any], key: str) -> str:
@@ -102,4 +93,4 @@ def plan_from_dict(data: Any, path: str = "<plan>") -> SwapPlan:
 
 
 def load_plan(path: str) -> SwapPlan:
-    return plan_from_dict(read_json_object(path, PlanError, f"--plan {path}: no such file"), path)
+    return plan_from_dict(read_plan(path), path)

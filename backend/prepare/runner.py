@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from backend.lifecycle import StageFailed, StageRun
-from backend.generate.records import dumps_line, loads
+from backend.jsonl import dumps_line, loads
 from backend.pipeline import InputError, completed_run
 from backend.prepare import rows as R
 from backend.prepare.config import PrepareConfig
