@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 
 from backend import exitcodes
 from backend.extract.config import ConfigError, parse_config
 from backend.lifecycle import refuse
+from backend.preflight import offline_env
 from backend.runs import RunDirError
 
 
@@ -23,9 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_config(argv)
     except ConfigError as exc:
         return refuse("extract", exc)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    offline_env()
     from backend.extract.runner import ExtractRunner, preflight
 
     try:

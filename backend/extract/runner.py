@@ -27,7 +27,7 @@ from typing import Any
 from backend.extract import disk
 from backend.extract.config import ExtractConfig
 from backend.extract.plan import PlanError, SwapPlan, load_plan
-from backend.generate.preflight import PreflightReport, check_modules, free_bytes
+from backend.preflight import PreflightReport, check_modules, free_bytes
 from backend.lifecycle import StageFailed, StageRun, Stopped
 from backend.pipeline import CompletedRun, InputError, completed_run
 from backend.runs import Manifest, RunDir, read_manifest, run_path

@@ -23,7 +23,8 @@ from backend.generate import dataset as ds
 from backend.generate.client import REJECTED, ChatClient, ClientSettings, RequestFailed, ServerGone
 from backend.generate.config import GenerateConfig
 from backend.generate.fit import PROMPT_REASONS, ContextLimits, discover
-from backend.generate.preflight import free_bytes, human_bytes, run_preflight
+from backend.generate.preflight import run_preflight
+from backend.preflight import free_bytes, human_bytes
 from backend.generate.records import ResponseError, build_record, dumps_line
 from backend.generate.request import Generated, PromptFitter, Skipped
 from backend.generate.tokens import export_token_rows

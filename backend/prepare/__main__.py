@@ -11,6 +11,7 @@ import os
 import sys
 
 from backend.lifecycle import refuse
+from backend.preflight import offline_env
 from backend.prepare.config import ConfigError, parse_config
 from backend.runs import RunDirError, run_path
 from backend.verifier import VerifierError
@@ -18,21 +19,10 @@ from backend.verifier import VerifierError
 REQUIRED_MODULES = ("speculators", "datasets", "httpx")
 
 
-def offline_env(run_dir: str) -> None:
-    """Before datasets/transformers are imported: never reach a hub (the verifier is a local directory),
-    and keep datasets' cache of the row files inside the run directory, not in the home directory."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(run_dir, "rows", "hf-cache"))
-    # progress bars redrawn with \r are noise in a log file; the stage reports progress in events.jsonl
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TQDM_DISABLE", "1")
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
-        offline_env(run_path(config.work_dir, config.run_id))
+        offline_env(os.path.join(run_path(config.work_dir, config.run_id), "rows", "hf-cache"))
         missing = [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
         if missing:
             return refuse("prepare", f"{sys.executable} lacks {', '.join(missing)}: install them with "

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from backend.generate.preflight import PreflightReport
+from backend.preflight import PreflightReport
 from backend.lifecycle import Stopped, StageRun, refuse
 from backend.pipeline import CompletedRun, InputError, completed_run, latest_completed
 from backend.runs import Manifest, write_json_atomic
