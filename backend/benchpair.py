@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from backend.lifecycle import StageFailed, StageRun, refuse
-from backend.pipeline import InputError, completed_run, last_finish
+from backend.lookup import InputError, completed_run, last_finish
 from backend.plans import PlanError, argv_list, read_plan
 from backend.runs import Manifest, run_path, write_json_atomic
 

@@ -162,29 +162,3 @@ def resolve_aux_layers(layer_ids: Sequence[int] | None, info: VerifierInfo) -> l
         raise VerifierError(f"the default aux layer ids {default} (2, n//2, n-3) do not work for a verifier "
                             f"with {info.num_layers} layers: set [drafter].aux_layer_ids, e.g. "
                             f"{list(range(1, min(info.num_layers, 4)))}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m backend.verifier aux-layers --verifier PATH [--ids 1,2,3]`: the aux layer ids a stage
-    will use for this verifier (the given ones checked, or vLLM's default), as JSON. The console asks
-    this before it builds the extraction server's command line."""
-    import argparse
-    import sys
-
-    p = argparse.ArgumentParser(prog="python -m backend.verifier")
-    p.add_argument("action", choices=("aux-layers",))
-    p.add_argument("--verifier", required=True)
-    p.add_argument("--ids", default="", help="comma-separated ids; none: vLLM's default")
-    a = p.parse_args(argv)
-    try:
-        info = read_verifier(a.verifier)
-        ids = resolve_aux_layers([int(i) for i in a.ids.split(",") if i.strip()], info)
-    except (VerifierError, ValueError) as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    print(json.dumps({"aux_layer_ids": ids, "num_layers": info.num_layers}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

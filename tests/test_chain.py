@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from backend.chain.plan import PlanError, parse_plan
-from backend.pipeline import completed_run
+from backend.lookup import completed_run
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE_PROGRAM = """

@@ -166,7 +166,7 @@ def format_table(cmp: Comparison) -> str:
 # ---- finished runs -----------------------------------------------------------------------------------
 def load_run_result(work_dir: str, run_id: str) -> BenchResult:
     """The result of a completed bench run (via the pipeline's input rule: completed runs only)."""
-    from backend.pipeline import InputError, completed_run
+    from backend.lookup import InputError, completed_run
 
     run = completed_run(work_dir, run_id, "bench")
     path = run.outputs.get("results") or os.path.join(run.path, "bench.json")

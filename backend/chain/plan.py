@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.pipeline import STAGES
+from backend.lookup import STAGES
 from backend.plans import PlanError, argv_list, read_plan
 from backend.runs import RunDirError, check_run_id
 

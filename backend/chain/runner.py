@@ -11,7 +11,7 @@ from typing import Any
 
 from backend.chain.plan import PLAN_FILE, PlanError, PlannedStage, dumps_plan, load_plan
 from backend.lifecycle import StageFailed, StageRun, refuse
-from backend.pipeline import InputError, completed_run, last_finish
+from backend.lookup import InputError, completed_run, last_finish
 from backend.runs import Manifest, run_path
 
 STAGE = "pipeline"

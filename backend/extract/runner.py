@@ -29,7 +29,7 @@ from backend.extract.config import ExtractConfig
 from backend.extract.plan import PlanError, SwapPlan, load_plan
 from backend.preflight import PreflightReport, check_modules, free_bytes
 from backend.lifecycle import StageFailed, StageRun, Stopped
-from backend.pipeline import CompletedRun, InputError, completed_run
+from backend.lookup import CompletedRun, InputError, completed_run
 from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
 from backend.verifier import VerifierError, VerifierInfo, read_verifier, resolve_aux_layers

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from backend.lifecycle import StageFailed, StageRun
 from backend.jsonl import dumps_line, loads
-from backend.pipeline import InputError, completed_run
+from backend.lookup import InputError, completed_run
 from backend.prepare import rows as R
 from backend.prepare.config import PrepareConfig
 from backend.prepare.render import render_row

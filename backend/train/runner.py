@@ -20,7 +20,7 @@ from typing import Any
 from backend import exitcodes
 from backend.lifecycle import StageFailed, StageRun, Stopped, refuse
 from backend.extract.plan import PlanError, SwapPlan, load_plan
-from backend.pipeline import CompletedRun, InputError, completed_run, latest_completed
+from backend.lookup import CompletedRun, InputError, completed_run, latest_completed
 from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
 from backend.train import checkpoints as ck

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from backend.preflight import PreflightReport
 from backend.lifecycle import Stopped, StageRun, refuse
-from backend.pipeline import CompletedRun, InputError, completed_run, latest_completed
+from backend.lookup import CompletedRun, InputError, completed_run, latest_completed
 from backend.runs import Manifest, write_json_atomic
 from backend.train import checkpoints as ck
 from backend.train.verifier import VerifierError, inspect_verifier

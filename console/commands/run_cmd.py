@@ -13,7 +13,7 @@ from console.commands.server_cmd import load_or_exit
 from backend.events import EVENTS_FILE
 from console.control.launch import run_dir_path, stage_ended
 from console.control.units import stage_unit_name
-from backend.pipeline import STAGES as PIPELINE_STAGES
+from backend.lookup import STAGES as PIPELINE_STAGES
 from console.control.launch import StageRequest, stops_baseline
 from console.control.stages import FETCH_DRAFTER
 from backend.verify.report import table

@@ -28,8 +28,8 @@ from backend.runs import RunDirError
 from backend.runs import check_run_id as _check_run_id
 from backend.events import UNIT_ENV
 from backend.chain.plan import PlannedStage, chain_stage_run_id, dumps_plan
-from backend.pipeline import INPUT_STAGE
-from backend.pipeline import STAGES as PIPELINE_STAGES
+from backend.lookup import INPUT_STAGE
+from backend.lookup import STAGES as PIPELINE_STAGES
 from console.control import stage_argv
 from console.control import drafter_server as ds
 from console.control.bench_pair import pair_argv, pair_plan
