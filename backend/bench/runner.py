@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from backend.bench import STAGE
 from backend.bench import client as cl
 from backend.bench import vllm_cli, workload
 from backend.bench.compare import Comparison, compare, format_table, load_run_result
@@ -27,7 +28,6 @@ from backend.bench.scrape import acceptance_between
 from backend.lifecycle import StageFailed, StageRun, refuse
 from backend.runs import Manifest, RunDir, RunDirError, write_json_atomic
 
-STAGE = "bench"
 RESULT_FILE = "bench.json"
 VLLM_DIR = "vllm-bench"
 
