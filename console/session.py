@@ -21,7 +21,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 from console.control import launch
 from console.control import drafter_server as ds
 from console.control.launch import Launch, StageError, StageRequest
-from console.control.stages import run_stage
+from console.control.stages import host_stage
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
                                    server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
@@ -303,7 +303,7 @@ class Session:
         return ActionResult(True, f"{what}: done", tuple(shown))
 
     def running(self, stage: str) -> list[RunInfo]:
-        return [r for r in self.collector.run_infos() if r.stage == run_stage(stage) and r.state == "running"]
+        return [r for r in self.collector.run_infos() if r.stage == host_stage(stage) and r.state == "running"]
 
     def stops_baseline(self, stage: str) -> bool:
         """Starting `stage` stops the baseline server for a while (extract; train and verify when the

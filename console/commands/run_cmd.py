@@ -15,7 +15,7 @@ from console.control.launch import run_dir_path, stage_ended
 from console.control.units import stage_unit_name
 from backend.lookup import STAGES as PIPELINE_STAGES
 from console.control.launch import StageRequest, stops_baseline
-from console.control.stages import FETCH_DRAFTER, run_stage
+from console.control.stages import FETCH_DRAFTER, host_stage
 from backend.verify.report import table
 from backend.bench.compare import CompareError, comparison_from_dict, format_table
 from console.parsers.text import clean, clean_block
@@ -219,7 +219,7 @@ async def follow_run(session: Session, stage: str, run_id: str) -> int:
 
 def progress_line(run: RunInfo, runs: tuple[RunInfo, ...]) -> str:
     ev = run.last_event or {}
-    if run.stage == run_stage("bench") and isinstance(ev.get("current"), str):  # the pair: one line per step
+    if run.stage == host_stage("bench") and isinstance(ev.get("current"), str):  # the pair: one line per step
         return f"{run.state}: {run.done}/{run.total} steps, {ev['current']}"
     if run.stage == FETCH_DRAFTER:  # counted in bytes
         line = f"{run.state}: {run.done / 2**20:.1f}/{run.total / 2**20:.1f} MiB"
@@ -248,7 +248,7 @@ def results(run: RunInfo, runs: tuple[RunInfo, ...]) -> list[str]:
         except (KeyError, TypeError, ValueError):
             pass  # an unexpected report: its outputs below are still worth printing
     summary = run.last_event or {}  # a finished run's summary, merged into its last event (telemetry/runs.py)
-    if run.stage in ("bench", run_stage("bench")) and isinstance(summary.get("comparison"), dict):
+    if run.stage in ("bench", host_stage("bench")) and isinstance(summary.get("comparison"), dict):
         try:
             return [clean_block(format_table(comparison_from_dict(summary["comparison"])))]
         except (CompareError, TypeError, ValueError):

@@ -16,6 +16,6 @@ STAGES: tuple[str, ...] = ("serve", *HOST_STAGES, "serve_drafter", FETCH_DRAFTER
 RUN_STAGE: dict[str, str] = {"bench": BENCHPAIR}
 
 
-def run_stage(stage: str) -> str:
+def host_stage(stage: str) -> str:
     """The stage name the runs of console stage `stage` carry in their events."""
     return RUN_STAGE.get(stage, stage)

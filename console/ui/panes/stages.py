@@ -9,7 +9,7 @@ from textual.content import Content
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from console.control.stages import STAGES, run_stage
+from console.control.stages import STAGES, host_stage
 from console.telemetry.snapshot import Snapshot
 from console.ui.panes.base import Pane, markup
 from console.ui.panes.generation import pick_run
@@ -46,7 +46,7 @@ def stage_rows(snapshot: Snapshot) -> list[StageRow]:
                 state = "idle"
             rows.append(StageRow(stage, state, svc.unit, str(srv.phase)))
             continue
-        run = pick_run(snapshot.runs, run_stage(stage))
+        run = pick_run(snapshot.runs, host_stage(stage))
         if run is None:
             rows.append(StageRow(stage, "idle", None))
         else:
