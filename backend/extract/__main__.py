@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             out = report.to_dict()
             out["estimate"] = inputs.estimate.to_dict() if inputs and inputs.estimate else None
             print(json.dumps(out, indent=2))
-            return 0 if report.ok else 1
+            return exitcodes.COMPLETED if report.ok else exitcodes.FAILED
         if not report.ok or inputs is None:
             for check in report.checks:
                 if not check.ok:

@@ -29,6 +29,7 @@ from backend.generate.records import ResponseError, build_record, dumps_line
 from backend.generate.request import Generated, PromptFitter, Skipped
 from backend.generate.tokens import export_token_rows
 from backend.generate.writer import DurableWriter, ResumeIndex, WriteFailed, drop_torn_tail, scan_output
+from backend import exitcodes
 from backend.lifecycle import StageRun
 from backend.runs import Manifest, RunDir, run_path
 
@@ -160,7 +161,7 @@ class Runner:
                 report = await run_preflight(c, client, run_dir=run_path(c.work_dir, c.run_id),
                                              samples=self.rows, avg_row_bytes=avg_row)
                 print(json.dumps(report.to_dict(), indent=2))
-                return 0 if report.ok else 1
+                return exitcodes.COMPLETED if report.ok else exitcodes.FAILED
             ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh,
                                       mode="flag", failures=(ds.DatasetError,))
             ctx.on_stop(self._on_stop)
