@@ -171,11 +171,8 @@ class Runner:
 
     def _on_stop(self, _name: str) -> None:
         """In the pipeline: let in-flight requests finish (their records are booked); before it: stop now."""
-        if self.pipeline_running:
-            self.stop.set()
-        else:
-            self.stop.set()
-            assert self.ctx is not None
+        self.stop.set()
+        if not self.pipeline_running and self.ctx is not None:
             self.ctx.cancel_body()
 
     async def _run(self, run_dir: RunDir, client: ChatClient, avg_row: int) -> None:
