@@ -3,7 +3,7 @@
 - the report: named checks, each ok or failed with `fix`, the exact thing the operator should do; printed
   as JSON by `--preflight-only` and kept in a failed run's summary;
 - python modules: the host's python has what the stage imports, else the install command;
-- free space on the volume a path is on;
+- free space on the volume a path is on, and the check of it;
 - the offline environment of the stages that read the verifier and datasets (never reach a hub).
 """
 from __future__ import annotations
@@ -62,6 +62,15 @@ def free_bytes(path: str) -> int:
             break
         probe = parent
     return shutil.disk_usage(probe).free
+
+
+def check_disk(report: PreflightReport, path: str, need: int, *, what: str, fix: str) -> None:
+    """`disk_space`: `need` bytes free on the volume of `path`, for `what` the stage writes; `fix` says how
+    else (after "free N there, ")."""
+    free = free_bytes(path)
+    report.add("disk_space", free >= need,
+               f"{human_bytes(free)} free on the volume of {path}; {what} may need up to {human_bytes(need)}",
+               f"free {human_bytes(max(0, need - free))} there, {fix}")
 
 
 def human_bytes(n: float) -> str:

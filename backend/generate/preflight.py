@@ -66,12 +66,8 @@ def estimate_bytes(samples: int, max_tokens: int, token_ids: bool, avg_row_bytes
 
 
 def check_disk(report: PreflightReport, run_dir: str, need: int) -> None:
-    free = free_bytes(run_dir)
-    report.add("disk_space", free >= need,
-               f"{human_bytes(free)} free on the volume of {run_dir}; the output may need up to "
-               f"{human_bytes(need)} (answers averaging half of max_tokens)",
-               f"free {human_bytes(max(0, need - free))} there, point --work-dir at a larger volume, "
-               f"or lower --limit/--max-tokens")
+    shared.check_disk(report, run_dir, need, what="the output (answers averaging half of max_tokens)",
+                      fix="point --work-dir at a larger volume, or lower --limit/--max-tokens")
 
 
 def check_context(report: PreflightReport, limits: ContextLimits, config: GenerateConfig) -> None:

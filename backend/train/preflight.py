@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from backend import preflight as shared
-from backend.preflight import PreflightReport, free_bytes
+from backend.preflight import PreflightReport
 
 __all__ = ["PreflightReport", "GpuProcess", "check_modules", "check_gpus", "check_disk",
            "parse_compute_apps", "checkpoint_bytes"]
@@ -137,8 +137,5 @@ def checkpoint_bytes(params: int, trainable: int, saves: int) -> int:
 
 
 def check_disk(report: PreflightReport, path: str, need: int) -> None:
-    free = free_bytes(path)
-    report.add("disk_space", free >= need,
-               f"{free / 1e9:.2f} GB free on the volume of {path}; the checkpoints may need {need / 1e9:.2f} GB",
-               f"free {max(0, need - free) / 1e9:.2f} GB there, raise [train] checkpoint_freq (fewer saves), "
-               f"or point the work dir at a larger volume")
+    shared.check_disk(report, path, need, what="the checkpoints",
+                      fix="raise [train] checkpoint_freq (fewer saves), or point the work dir at a larger volume")
