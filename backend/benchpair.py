@@ -15,8 +15,8 @@ With a third contender in the plan (`third`: a published drafter's bench, `start
 server's unit loading that checkpoint), it is benched between 2 and 3 in the drafter server's unit, and
 the drafter's bench compares with both (`--third-run`): one table of the three.
 
-The run directory R (stage "benchpair") holds its events (progress per step) and a summary with the drafter
-bench's comparison; the console's bench row and pane follow it (console/control/stages.py RUN_STAGE).
+The run directory R holds its events (progress per step) and a summary with the drafter bench's
+comparison, so the console shows it as a bench run.
 Exit codes (backend/exitcodes.py): 0 done, 3 done and the drafter is slower, 1 failed, 2 bad plan or run
 directory; a stop (SIGTERM) ends as stopped, exit 0, after step 5.
 """
@@ -36,7 +36,7 @@ from backend.lookup import InputError, completed_run, last_finish
 from backend.plans import PlanError, argv_list, read_plan
 from backend.runs import Manifest, run_path, write_json_atomic
 
-STAGE = "benchpair"  # its own runs; its two (or three) benches are stage "bench" runs of their own
+STAGE = "bench"  # the console shows the pair as its bench run (its benches are "bench" runs too)
 PLAN_FILE = "benchpair-plan.json"
 STEPS = ("baseline serving", "bench baseline", "swap to the drafter", "bench drafter", "back to the baseline")
 THIRD_STEPS = ("baseline serving", "bench baseline", "swap to the published drafter", "bench published drafter",

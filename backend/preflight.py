@@ -64,13 +64,24 @@ def free_bytes(path: str) -> int:
     return shutil.disk_usage(probe).free
 
 
-def check_disk(report: PreflightReport, path: str, need: int, *, what: str, fix: str) -> None:
+def check_disk(report: PreflightReport, path: str, need: int, *, what: str, fix: str,
+               work_dir: str | None = None) -> None:
     """`disk_space`: `need` bytes free on the volume of `path`, for `what` the stage writes; `fix` says how
-    else (after "free N there, ")."""
+    else (after "free N there, "); with `work_dir`, which old runs would make room."""
     free = free_bytes(path)
+    hint = room_hint_for(work_dir, need - free) if work_dir and free < need else ""
     report.add("disk_space", free >= need,
                f"{human_bytes(free)} free on the volume of {path}; {what} may need up to {human_bytes(need)}",
-               f"free {human_bytes(max(0, need - free))} there, {fix}")
+               f"free {human_bytes(max(0, need - free))} there, {fix}{hint}")
+
+
+def room_hint_for(work_dir: str, short: int) -> str:
+    """The old runs whose removal would make room (backend/disk.py), or ''."""
+    from backend.disk import room_hint  # imported late: it reads run directories, this module is imported early
+    try:
+        return room_hint(work_dir, short)
+    except Exception:  # noqa: BLE001 - a hint must never break the preflight it decorates
+        return ""
 
 
 def human_bytes(n: float) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from console.ui.app import ConsoleApp
-from tests.fake_controller import FakeController
+from harness.fake_controller import FakeController
 from console.ui.keys import (KEYS, KeymapError, default_keymap_path, effective_keys, load_keymap, parse_keymap,
                           spec_for, visible_keys)
 
@@ -17,7 +17,7 @@ def test_every_binding_has_a_unique_id_and_key():
 
 def test_readonly_table_drops_mutating_actions():
     assert {s.id for s in visible_keys(True)} == {s.id for s in KEYS} - {"start_stage", "stop_stage", "restart_server",
-                                                                        "serve_drafter", "serve_baseline", "bench"}
+                                                                        "serve_drafter", "serve_baseline", "bench", "prune"}
 
 
 @pytest.mark.parametrize("text, expected", [

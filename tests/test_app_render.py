@@ -5,15 +5,17 @@ from dataclasses import replace
 
 import pytest
 
-from tests.fake_controller import base_snapshot, generation_run, training_run
-from console.telemetry.snapshot import GpuInfo, RunInfo
+from harness.fake_controller import base_snapshot, generation_run, training_run
+from console.snapshot import GpuInfo, RunInfo
 from console.ui.panes.gauges import bar, duration, human_bytes, level_colour, pct, sparkline
+from console.telemetry.progress import generation_view
 from console.ui.panes.generation import TokenRate, generation_markup, pick_run
 from console.ui.panes.gpus import gpu_row
 from console.ui.panes.notices import transitions
 from console.ui.panes.readiness import readiness_markup
 from console.ui.panes.stages import stage_rows
-from console.ui.panes.training import TrainHistory, train_point
+from console.telemetry.progress import TrainPoint, train_point
+from console.ui.panes.training import TrainHistory
 
 
 @pytest.mark.parametrize("frac, width, expected", [
@@ -71,8 +73,8 @@ def test_generation_markup_and_token_rate():
     rate = TokenRate()
     first = generation_run(done=1000, ts=100.0)
     second = generation_run(done=1010, ts=102.0)
-    assert rate.feed("gen-0001", first.last_event) is None
-    assert rate.feed("gen-0001", second.last_event) == pytest.approx(4500.0)
+    assert rate.feed(generation_view(first)) is None
+    assert rate.feed(generation_view(second)) == pytest.approx(4500.0)
     text = generation_markup(second, 4500.0).plain
     assert "1010/5000" in text and "free disk 512.0 GiB" in text and "truncated (length) 4.0%" in text
 
@@ -80,9 +82,9 @@ def test_generation_markup_and_token_rate():
 def test_train_point_formats():
     assert train_point({"kind": "start"}) is None
     p = train_point({"step": 5, "epoch": 1, "loss": 1.5, "acc_0": 0.7, "acc_1": 0.4, "lr": 1e-4})
-    assert p.acc == [0.7, 0.4] and p.loss == 1.5
-    with pytest.raises(ValueError, match="loss"):
-        train_point({"step": 5, "loss": "high"})
+    assert p.acc == (0.7, 0.4) and p.loss == 1.5
+    # a value of the wrong type reads as not given: one odd event costs a figure, never the pane
+    assert train_point({"step": 5, "loss": "high", "lr": float("nan")}) == TrainPoint(step=5)
 
 
 def test_train_history_keeps_points_once_and_best_checkpoint():
@@ -99,6 +101,13 @@ def test_train_history_keeps_points_once_and_best_checkpoint():
 def test_readiness_markup_loading_and_failed():
     text = readiness_markup(base_snapshot(phase="loading_weights").server).plain
     assert "loading_weights" in text and "from shard progress" in text
+    assert "ready in 5m30s (each step from 2 previous loads)" in text
+    assert "weights  1m35s" in text
+    first = replace(base_snapshot(phase="loading_weights").server, eta_ready_s=95, eta_ready_confidence="low",
+                    eta_ready_basis=0)
+    assert "ready in >1m35s (low confidence: no previous load; weights only)" in readiness_markup(first).plain
+    unknown = replace(first, phase="compiling", eta_ready_s=None)
+    assert "ready in unknown (no previous load" in readiness_markup(unknown).plain
     failed = readiness_markup(base_snapshot(phase="failed").server)
     assert "✖ torch.OutOfMemoryError" in failed.plain and "[b red]✖ torch.OutOfMemoryError" in failed.markup
 
@@ -143,3 +152,37 @@ def test_help_lists_remapped_keys():
     from console.ui.screens.help import help_markup
     text = help_markup(visible_keys(False), {"stop_stage": "X"}, readonly=False).plain
     assert "X" in text and "stop_stage" in text and "?" in text and '[keys] stop_stage = "X"' in text
+
+
+def test_gpu_row_with_memory_history_fits_width():
+    gpu = GpuInfo(3, "NVIDIA H200", 70000, 143771, 87, 61, 420.0)
+    row = gpu_row(gpu, [10, 50, 90], 120, [20.0, 40.0, 48.0]).plain
+    assert len(row) <= 120 and row.endswith("▂▄▄          ▂▅▇")  # memory, then utilisation
+
+
+def test_history_buckets_gpus_and_rates_over_minutes():
+    from console.telemetry.history import BUCKET_S, POINTS, History
+    from console.telemetry.snapshot import ServerMetrics
+    h = History()
+    base = base_snapshot(n_gpus=1)
+    for i in range(POINTS + 5):
+        gpu = replace(base.gpus[0], utilization_pct=i % 100, memory_used_mib=1000 * i, memory_total_mib=100_000)
+        server = replace(base.server, metrics=ServerMetrics(generation_tps=10.0 * i))
+        h.add(replace(base, gpus=(gpu,), server=server, taken_at=1_000_000.0 + i * BUCKET_S))
+        h.add(replace(base, gpus=(gpu,), server=server, taken_at=1_000_000.0 + i * BUCKET_S + 1))  # same bucket
+    assert len(h.gpu_util[0].values()) == POINTS and h.gpu_util[0].values()[-1] == POINTS + 4
+    assert h.gpu_memory[0].values()[-1] == pytest.approx(POINTS + 4)
+    assert h.generation_tps.values()[-1] == 10.0 * (POINTS + 4)
+    # a gap in the samples is a gap in the strip, and a host that does not answer adds nothing
+    h.add(replace(base, taken_at=1_000_000.0 + (POINTS + 8) * BUCKET_S))
+    assert h.gpu_util[0].values()[-4:-1] == [None, None, None]
+    h.add(replace(base, host=replace(base.host, reachable=False), taken_at=1_000_000.0 + (POINTS + 9) * BUCKET_S))
+    assert h.gpu_util[0].values()[-1] is not None
+
+
+def test_token_rate_strip_when_serving():
+    from console.telemetry.snapshot import ServerMetrics
+    srv = replace(base_snapshot().server, metrics=ServerMetrics(requests_running=4, generation_tps=800.0))
+    text = readiness_markup(srv, [100.0, None, 400.0, 800.0]).plain
+    assert "rate     " in text and "generated tok/s, last 5 min, peak 800" in text
+    assert "rate" not in readiness_markup(srv, [800.0]).plain.split("load")[1]  # one sample: no strip yet

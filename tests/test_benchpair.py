@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim_support import REPO, SimServer
+from harness.sim_support import REPO, SimServer
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny"
@@ -153,15 +153,3 @@ def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):
     assert proc.returncode == 2 and "'stop_baseline' must be a non-empty list of strings" in out
     assert not (tmp_path / "w" / "runs").exists()
 
-
-def test_the_console_follows_the_pair_by_its_own_stage_name():
-    """The pair's runs are stage "benchpair" (its benches are "bench" runs): `run bench --wait` prints its
-    steps, and the stages pane's bench row and the busy rules follow it, not its benches."""
-    from backend.benchpair import STAGE
-    from console.commands.run_cmd import progress_line
-    from console.control.stages import host_stage
-    from console.telemetry.snapshot import RunInfo
-
-    assert STAGE == "benchpair" and host_stage("bench") == STAGE and host_stage("train") == "train"
-    pair = RunInfo(stage=STAGE, run_id="p", state="running", done=1, total=5, last_event={"current": "bench baseline"})
-    assert progress_line(pair, ()) == "running: 1/5 steps, bench baseline"

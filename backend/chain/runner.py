@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from backend.chain.requirements import check_plan
 from backend.chain.plan import PLAN_FILE, PlanError, PlannedStage, dumps_plan, load_plan
 from backend.lifecycle import StageFailed, StageRun, refuse
 from backend.lookup import InputError, completed_run, last_finish
@@ -58,6 +59,13 @@ class Chain:
             f.write(dumps_plan(self.stages))  # what this run was asked to do, for whoever looks later
         ctx.start(total=len(self.stages), stages=[s.stage for s in self.stages])
         self.started = time.monotonic()
+        problems = check_plan(self.work_dir, self._not_completed())
+        if problems:  # before the first stage: a missing piece costs seconds, not a generation run
+            error = "host requirements: " + "; ".join(p.line() for p in problems)
+            self.results.append({"stage": problems[0].stage, "run_id": next(
+                s.run_id for s in self.stages if s.stage == problems[0].stage), "status": "failed",
+                "error": error, "requirements": [p.__dict__ for p in problems]})
+            raise StageFailed(error)
         for i, planned in enumerate(self.stages):
             if self.stopping:
                 return
@@ -85,6 +93,15 @@ class Chain:
         print(f"pipeline: {status}: {done}/{len(self.stages)} stages" + (f" ({error})" if error else ""),
               file=sys.stderr)
         return summary
+
+    def _not_completed(self) -> list[PlannedStage]:
+        out = []
+        for planned in self.stages:
+            try:
+                completed_run(self.work_dir, planned.run_id, planned.stage)
+            except InputError:
+                out.append(planned)
+        return out
 
     def _run_stage(self, planned: PlannedStage, index: int) -> dict[str, Any]:
         assert self.ctx is not None

@@ -27,9 +27,9 @@ from typing import Any
 from backend.extract import disk
 from backend.extract.config import ExtractConfig
 from backend.extract.plan import PlanError, SwapPlan, load_plan
-from backend.preflight import PreflightReport, check_modules, free_bytes
 from backend.lifecycle import StageFailed, StageRun, Stopped
 from backend.lookup import CompletedRun, InputError, completed_run
+from backend.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
 from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
 from backend.verifier import VerifierError, VerifierInfo, read_verifier, resolve_aux_layers
@@ -136,7 +136,8 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
                     aux_layer_ids=aux, sides=sides, plan=plan)
     inputs.estimate = _estimate(c, inputs)
     e = inputs.estimate
-    report.add("disk_space", e.fits, e.detail(), e.refusal())
+    short = e.need_bytes + e.reserve_bytes - e.free_bytes
+    report.add("disk_space", e.fits, e.detail(), e.refusal() + ("" if e.fits else room_hint_for(c.work_dir, short)))
     return report, inputs
 
 

@@ -7,6 +7,7 @@ preflight also sends one small completion and looks at what comes back.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,7 +68,8 @@ def estimate_bytes(samples: int, max_tokens: int, token_ids: bool, avg_row_bytes
 
 def check_disk(report: PreflightReport, run_dir: str, need: int) -> None:
     shared.check_disk(report, run_dir, need, what="the output (answers averaging half of max_tokens)",
-                      fix="point --work-dir at a larger volume, or lower --limit/--max-tokens")
+                      fix="point --work-dir at a larger volume, or lower --limit/--max-tokens",
+                      work_dir=os.path.dirname(os.path.dirname(os.path.abspath(run_dir))))
 
 
 def check_context(report: PreflightReport, limits: ContextLimits, config: GenerateConfig) -> None:

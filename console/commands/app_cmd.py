@@ -7,6 +7,7 @@ import sys
 
 from console import demo
 from console.commands.server_cmd import load_or_exit
+from console.profile import ProfileError, notify_settings
 
 
 def run_app(a: argparse.Namespace) -> int:
@@ -28,14 +29,24 @@ def run_app(a: argparse.Namespace) -> int:
     else:
         print("error: give --profile FILE (see `eagle3-console profile init --help`) or --demo", file=sys.stderr)
         return 2
+    try:
+        notify = notify_settings(profile)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if work_dir is not None:
+            asyncio.run(demo.stop(work_dir))
+        return 2
     controller = Session(profile, readonly=a.readonly)
     try:
         try:
-            app = ConsoleApp(controller, readonly=a.readonly, keymap_path=a.keymap)
+            app = ConsoleApp(controller, readonly=a.readonly, keymap_path=a.keymap, notify=notify)
         except KeymapError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         app.run()
+        # Textual catches a crash inside the app, prints its traceback and sets the return code (1):
+        # a script that started the console must see it failed
+        code = app.return_code or 0
     finally:
         if work_dir is not None:
             # the demo host is ours: quitting the demo ends it, after the app has let go of the terminal
@@ -43,4 +54,4 @@ def run_app(a: argparse.Namespace) -> int:
             print("stopping the SIMULATED demo host ...", file=sys.stderr)
             stopped = asyncio.run(demo.stop(work_dir))
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}", file=sys.stderr)
-    return 0
+    return code

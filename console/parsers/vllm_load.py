@@ -6,7 +6,7 @@ ready/failed/stopped begins a fresh load; failure and shutdown end one.
 """
 from __future__ import annotations
 
-from console.telemetry.snapshot import LOAD_ORDER, Progress
+from console.snapshot import LOAD_ORDER, Progress
 from console.parsers import vllm_log as v
 from console.parsers.vllm_log import LogEvent, parse_line
 
@@ -56,6 +56,9 @@ class LoadTracker:
         self.load_started_ts: float | None = None
         self.ready_ts: float | None = None
         self.stopped_ts: float | None = None
+        # when each load step began (its first line): the ETA to ready measures the step in progress
+        # from there, and a finished load's step durations are what the next load's ETA expects
+        self.phase_started: dict[str, float] = {}
         self._cause: tuple[int, str] | None = None
 
     @property
@@ -96,6 +99,8 @@ class LoadTracker:
             return
         if self.phase == "unknown" or _ORDER[target] > _ORDER.get(self.phase, -1):
             self.phase = target
+            if ts is not None:
+                self.phase_started.setdefault(target, ts)
         if self.load_started_ts is None and target != "ready" and ts is not None:
             self.load_started_ts = ts
         if target == "ready" and self.ready_ts is None:

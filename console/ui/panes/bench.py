@@ -5,11 +5,9 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.content import Content
 
-from backend.bench.compare import Row
-from console.telemetry.bench_view import BenchView, bench_view
-from console.telemetry.snapshot import Snapshot
+from console.telemetry.bench_view import BenchView, Row, bench_view
+from console.snapshot import Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
-from console.control.stages import host_stage
 from console.ui.panes.generation import pick_run
 
 LABEL_WIDTH = 14
@@ -69,9 +67,7 @@ class BenchPane(Pane):
     _seen: tuple[str, str] | None = None  # the bench run (id, state) last shown
 
     def render_snapshot(self, snapshot: Snapshot) -> None:
-        runs = list(snapshot.runs)
-        # the bench pair the operator started (its comparison at the end), else a bench run on its own
-        run = pick_run(runs, host_stage("bench")) or pick_run(runs, "bench")
+        run = pick_run(list(snapshot.runs), "bench")
         self.set_class(run is not None, "-shown")
         if run is not None:
             self.query_one("#bench-body", Text).show(bench_markup(bench_view(run)))
