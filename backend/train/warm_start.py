@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from backend.fetch_drafter import STAGE as FETCH_STAGE
-from backend.pipeline import InputError, completed_run
+from backend.lookup import InputError, completed_run
 from backend.runs import RUN_ID_PATTERN, read_manifest, run_path, write_json_atomic
 from backend.train.verifier import VerifierInfo
 
