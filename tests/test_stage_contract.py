@@ -80,6 +80,10 @@ class Baseline:
         self.script = root / "baseline.py"
         self.script.write_text(BASELINE)
         self.pidfile = root / "baseline.pid"
+        # what the switch asks of a server that answers (it serves this directory): /health, /v1/models
+        (root / "health").write_text("ok")
+        (root / "v1").mkdir(exist_ok=True)
+        (root / "v1" / "models").write_text(json.dumps({"data": [{"id": "tiny", "max_model_len": 4096}]}))
 
     def cmd(self, action: str) -> list[str]:
         return [sys.executable, str(self.script), action, self.port, str(self.pidfile)]
@@ -98,15 +102,23 @@ class Baseline:
         subprocess.run(self.cmd("stop"), timeout=60)
 
 
+def switch_of(baseline: Baseline, away: list[dict[str, Any]], endpoint: str, **extra: Any) -> dict[str, Any]:
+    """The one server switch's plan (backend/switch.py): the stand-in baseline home, `away` to switch to."""
+    home = {"name": "baseline", "unit": "baseline", "start": baseline.cmd("start"), "stop": baseline.cmd("stop"),
+            "alive": baseline.cmd("alive")}
+    return {"version": 1, "home": home, "away": away, "endpoint": endpoint, "ready_timeout_s": 600,
+            "command_timeout_s": 60, **extra}
+
+
 def swap_plan(tmp: Path, baseline: Baseline, *, extractor_dies: bool = False) -> Path:
     """The extraction server never answers (so the stage waits in the swap); `extractor_dies`: its unit is
     gone at once (the swap fails)."""
     dead = f"http://127.0.0.1:{free_port()}"
-    plan = {"version": 1, "stop_baseline": baseline.cmd("stop"), "start_extractor": ["true"],
-            "stop_extractor": ["true"], "start_baseline": baseline.cmd("start"),
-            "extractor_alive": ["false" if extractor_dies else "true"], "endpoint": dead,
-            "ready_timeout_s": 600, "command_timeout_s": 60, "storage_path": str(tmp / "hs-staging"),
-            "aux_layer_ids": LAYERS}
+    flag = tmp / "extractor.up"  # its unit runs while the flag is there; a dying one never makes it
+    extractor = {"name": "extractor", "unit": "extractor", "start": ["true"] if extractor_dies else ["touch", str(flag)],
+                 "stop": ["rm", "-f", str(flag)], "alive": ["test", "-e", str(flag)]}
+    plan = {"version": 2, "switch": switch_of(baseline, [extractor], dead, stop_check_s=5),
+            "storage_path": str(tmp / "hs-staging"), "aux_layer_ids": LAYERS}
     path = tmp / "swap-plan.json"
     path.write_text(json.dumps(plan))
     return path
@@ -296,13 +308,17 @@ def make_case(program: str, scenario: str, tmp: Path, kit: dict[str, Any], reque
         done = ("from tests.train_support import completed_run; import sys; "
                 "completed_run(__import__('pathlib').Path(sys.argv[1]), 'bench', 'bp-baseline', {})")
         drafter = [sys.executable, "-c", "import time; time.sleep(120)"] if scenario == "stop" else ["false"]
-        pair = {"stop_baseline": baseline.cmd("stop"), "start_baseline": baseline.cmd("start"),
-                "baseline_alive": baseline.cmd("alive"), "stop_drafter": ["true"], "start_drafter": ["true"],
-                "drafter_alive": ["false"],
-                "baseline": {"run_id": "bp-baseline", "argv": [sys.executable, "-c", done, str(work)]},
-                "drafter": {"run_id": "bp-drafter", "argv": drafter}}
+        # the drafter server: a flag file its unit's commands touch, remove and test; it never answers (the
+        # endpoint is the baseline's), so a stop finds the pair waiting in the swap; a failure: it cannot start
+        flag = tmp / "drafter.up"
+        drafter_server = {"name": "drafter", "unit": "drafter",
+                          "start": ["false"] if scenario == "fail" else ["touch", str(flag)],
+                          "stop": ["rm", "-f", str(flag)], "alive": ["test", "-e", str(flag)]}
+        pair = {"baseline": {"run_id": "bp-baseline", "argv": [sys.executable, "-c", done, str(work)]},
+                "drafter": {"run_id": "bp-drafter", "argv": drafter},
+                "switch": switch_of(baseline, [drafter_server], f"http://127.0.0.1:{baseline.port}", stop_check_s=5)}
         if scenario == "bad":
-            del pair["baseline_alive"]
+            del pair["switch"]
         plan_file = tmp / "pair-plan.json"
         plan_file.write_text(json.dumps(pair))
         return Case(py("backend.benchpair", "--work-dir", str(work), "--run-id", "bp", "--plan", str(plan_file)),
