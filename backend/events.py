@@ -21,6 +21,9 @@ Every event has: `ts` (unix seconds), `kind`, `stage`, `run_id`. Kinds and their
                           val_cond_acc_k
               checkpoint: checkpoint (path), checkpoint_kind (epoch | mid_epoch | interrupt), epoch, step
               best:       best_checkpoint (path), best_val_loss, epoch
+              acceptance: epoch, step, mean_acceptance_length, per_position, anchors, val_loss, chosen_epoch,
+                          stale_epochs, patience, stop (held-out acceptance of the epoch's checkpoint:
+                          backend/train/selection.py)
             Verify: done, total, phase.
 - pause:    reason
 - resume:   (generation: the server is back, waited_s)

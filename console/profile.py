@@ -311,6 +311,20 @@ class GpusSection:
     count: int | None = knob(None, min=1, max=1024)
 
 
+def check_sources(v: list[dict[str, Any]]) -> str | None:
+    """[[generate.sources]] tables: name, dataset (a host path), count or share (backend/generate/sources.py)."""
+    from backend.generate.sources import SourceError, parse
+
+    try:
+        parse(v) if v else None
+    except SourceError as exc:
+        return str(exc).replace("--sources", "sources")
+    for item in v:
+        if check_path(item["dataset"]):
+            return f"sources: {item['name']}: dataset must be {check_path(item['dataset'])}"
+    return None
+
+
 @dataclass
 class GenerateSection:
     dataset: str | None = knob(None, check=check_path)
@@ -328,6 +342,11 @@ class GenerateSection:
     chat_template_kwargs: dict[str, Any] = knob({})
     return_token_ids: str = knob("auto", choices=("auto", "on", "off"))
     max_retries: int = knob(5, min=0, max=100)
+    sources: list[dict[str, Any]] = knob([], check=check_sources,
+                                         doc="instead of dataset: several datasets, each {name, dataset, count} or "
+                                             "{name, dataset, share} (a share of `samples`), sampled with "
+                                             "selection_seed")
+    selection_seed: int = knob(0, min=0, max=2**31 - 1, doc="which rows the sources' sample takes")
 
 
 def check_layer_ids(v: list[int]) -> str | None:
@@ -403,13 +422,23 @@ def check_train_args(v: list[str]) -> str | None:
     return None
 
 
+def check_from_pretrained(v: str) -> str | None:
+    """A run id of the work dir (train or fetch_drafter run) or an absolute checkpoint directory."""
+    from backend.runs import RUN_ID_PATTERN
+
+    if RUN_ID_PATTERN.fullmatch(v) or check_path(v) is None:
+        return None
+    return "a train or fetch_drafter run id, or an absolute checkpoint directory on the host"
+
+
 @dataclass
 class TrainSection:
     """The drafter's training (python -m backend.train; speculators' EAGLE-3 trainer)."""
     epochs: int = knob(20, min=1, max=10000)
     learning_rate: float = knob(1e-3, min=0.0, max=10, doc="speculators' --lr")
     draft_vocab_size: int | None = knob(None, min=16, max=10_000_000,
-                                        doc="the draft's vocabulary: the N most frequent tokens; unset: all")
+                                        doc="the draft's vocabulary: the N most frequent tokens (>= the verifier's "
+                                            "vocabulary: all of it); unset: by vocab_coverage and vocab_floor")
     draft_layers: int = knob(1, min=1, max=64, doc="decoder layers of the draft")
     seq_length: int = knob(8192, min=16, max=10_000_000, doc="tokens per packed training batch")
     optimizer: str = knob("muon", choices=("muon", "adamw"))
@@ -423,6 +452,20 @@ class TrainSection:
                                   doc="epochs between checkpoints; below 1 also saves within an epoch")
     seed: int = knob(0, min=0, max=2**31 - 1)
     extra_args: list[str] = knob([], check=check_train_args)
+    from_pretrained: str | None = knob(None, check=check_from_pretrained,
+                                       doc="warm start from this drafter (a train or fetch_drafter run id, or a "
+                                           "checkpoint directory); it must fit the verifier, the aux layers and "
+                                           "the draft vocabulary; its shape replaces draft_layers")
+    vocab_coverage: float = knob(0.99, min=0.01, max=1.0,
+                                 doc="the default draft vocabulary is the smallest covering this share of the "
+                                     "prepare run's supervised tokens")
+    vocab_floor: int = knob(32000, min=2, max=10_000_000,
+                            doc="the default draft vocabulary holds at least this many tokens")
+    acceptance_samples: int = knob(16, min=0, max=100_000,
+                                   doc="held-out rows each saved epoch's acceptance is measured on; the best "
+                                       "mean accepted length is the checkpoint handed on (0: lowest val loss)")
+    acceptance_patience: int = knob(3, min=0, max=100_000,
+                                    doc="stop early after this many epochs without a better acceptance (0: never)")
 
     def stage_args(self) -> list[str]:
         """These settings as `python -m backend.train` flags (backend/train/config.py); the draft tokens come
@@ -440,6 +483,11 @@ class TrainSection:
             args += ["--gpus", str(self.gpus)]
         if self.extra_args:
             args += ["--extra-args", json.dumps(self.extra_args)]
+        if self.from_pretrained is not None:
+            args += ["--from-pretrained", self.from_pretrained]
+        args += ["--vocab-coverage", repr(self.vocab_coverage), "--vocab-floor", str(self.vocab_floor),
+                 "--acceptance-samples", str(self.acceptance_samples),
+                 "--acceptance-patience", str(self.acceptance_patience)]
         return args
 
 
@@ -479,7 +527,9 @@ class BenchSection:
                                doc="a file of prompts; default the held-out rows of the latest prepare run")
     num_prompts: int = knob(200, min=1, max=1_000_000)
     concurrency: list[int] = knob([1, 4, 16], check=check_levels, doc="the concurrency levels measured")
-    max_tokens: int = knob(256, min=1, max=10_000_000, doc="output length per request")
+    max_tokens: int | None = knob(None, min=1, max=10_000_000,
+                                  doc="output length per request; unset: the median completion length of the "
+                                      "generation records the prompts come from (the workload's own)")
     temperature: float = knob(0.0, min=0, max=5)
     seed: int = knob(0, min=0, max=2**31 - 1, doc="picks the prompts; request i samples with seed + i")
     client: str = knob("auto", choices=("auto", "vllm", "ours"),

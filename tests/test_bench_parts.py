@@ -264,3 +264,30 @@ def test_vllm_bench_serve_argv():
                     "--result-dir", "/r", "--result-filename", "c4.json", "--label", "drafter",
                     "--trust-remote-code"]
     assert prompts[0].messages[-1]["content"] == "q"
+
+
+def test_output_length_defaults_to_the_workloads_median_completion(tmp_path):
+    """No fixed short cut: without --max-tokens the bench decodes as long as the generation run's answers."""
+    import json as _json
+
+    from backend.bench import workload as wl
+    from backend.bench.runner import with_output_length
+    from backend.runs import RunDirError
+
+    path = tmp_path / "records.jsonl"
+    rows = [{"id": f"s{i}", "conversations": [{"role": "user", "content": f"q{i}"},
+                                              {"role": "assistant", "content": "a"}], "completion_tokens": n}
+            for i, n in enumerate([100, 8000, 6000, 7000, 9000])]
+    path.write_text("".join(_json.dumps(r) + "\n" for r in rows))
+    w = wl.from_file(str(path), 5, 0)
+    assert w.median_completion == 7000 and w.describe()["median_completion_tokens"] == 7000
+    c = parse_config(["--work-dir", "/w", "--run-id", "b1", "--endpoint", "http://127.0.0.1:8000", "--model", "m",
+                      "--prompts", str(path)])
+    assert c.max_tokens is None and with_output_length(c, w).max_tokens == 7000
+    given = parse_config(["--work-dir", "/w", "--run-id", "b1", "--endpoint", "http://127.0.0.1:8000", "--model",
+                          "m", "--prompts", str(path), "--max-tokens", "64"])
+    assert with_output_length(given, w).max_tokens == 64
+    bare = tmp_path / "chat.jsonl"
+    bare.write_text(_json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
+    with pytest.raises(RunDirError, match="carry no completion lengths"):
+        with_output_length(c, wl.from_file(str(bare), 5, 0))

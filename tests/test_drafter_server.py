@@ -119,7 +119,7 @@ def test_bench_argv():
     assert bench_argv(p, "bench-2", label="drafter", input_run="prepare-1", baseline_run="bench-1") == [
         "/opt/venv/bin/python", "-m", "backend.bench", "--work-dir", "/data/eagle3", "--run-id", "bench-2",
         "--endpoint", "http://127.0.0.1:8000", "--model", "kimi-k2.5", "--input-run", "prepare-1",
-        "--label", "drafter", "--concurrency", "1,4,16", "--num-prompts", "200", "--max-tokens", "256",
+        "--label", "drafter", "--concurrency", "1,4,16", "--num-prompts", "200",
         "--temperature", "0", "--seed", "0", "--client", "auto", "--ready-timeout", "3600",
         "--tokenizer", "/shared/kimi-k2.5-int4", "--trust-remote-code", "--baseline-run", "bench-1"]
     with pytest.raises(ValueError, match="no prompts"):

@@ -33,3 +33,19 @@ def test_every_bad_key_is_named_at_once():
                      "train.extra_args: expected speculators flags the stage does not set itself (--save-path",
                      "train.learning_rat: unknown key"):
         assert expected in text
+
+
+def test_warm_start_acceptance_and_vocabulary_keys_reach_the_stage():
+    p = profile_from_dict({**BASE, "train": {"from_pretrained": "train-7", "vocab_coverage": 0.95, "vocab_floor": 64,
+                                             "acceptance_samples": 8, "acceptance_patience": 0}})
+    c = parse_config(["--verifier", "/m", *p.train.stage_args()])
+    assert (c.from_pretrained, c.vocab_coverage, c.vocab_floor, c.acceptance_samples, c.acceptance_patience) == (
+        "train-7", 0.95, 64, 8, 0)
+    d = parse_config(["--verifier", "/m", *profile_from_dict(BASE).train.stage_args()])
+    assert (d.from_pretrained, d.vocab_coverage, d.vocab_floor, d.acceptance_samples, d.acceptance_patience) == (
+        None, 0.99, 32000, 16, 3)
+    assert parse_config(["--verifier", "/m", *profile_from_dict(
+        {**BASE, "train": {"from_pretrained": "/srv/drafters/kimi-eagle3"}}).train.stage_args()]).from_pretrained
+    with pytest.raises(ProfileError) as e:
+        profile_from_dict({**BASE, "train": {"from_pretrained": "../x y"}}, file="p.toml")
+    assert "train.from_pretrained: expected a train or fetch_drafter run id" in str(e.value)

@@ -21,7 +21,7 @@ class BenchConfig:
     label: str
     levels: tuple[int, ...]
     num_prompts: int
-    max_tokens: int
+    max_tokens: int | None  # None: the median completion length of the workload's records (workload.py)
     temperature: float
     top_p: float | None
     seed: int
@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--label", default="baseline", help="this server's name in the comparison: baseline, drafter, ...")
     a("--concurrency", default="1,4", help="comma-separated concurrency levels (default 1,4)")
     a("--num-prompts", type=int, default=32)
-    a("--max-tokens", type=int, default=256, help="output length per request (max_completion_tokens)")
+    a("--max-tokens", type=int, default=None, help="output length per request (max_completion_tokens); default: "
+      "the median completion length of the selected prompts' generation records")
     a("--temperature", type=float, default=0.0)
     a("--top-p", type=float)
     a("--seed", type=int, default=0, help="selects the prompts; request i samples with seed + i")
@@ -92,7 +93,7 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
         raise ConfigError(f"--endpoint {ns.endpoint!r}: expected http://HOST:PORT")
     for name, value, lo, hi in (("--num-prompts", ns.num_prompts, 1, 1_000_000),
                                 ("--max-tokens", ns.max_tokens, 1, 10_000_000)):
-        if not lo <= value <= hi:
+        if value is not None and not lo <= value <= hi:
             raise ConfigError(f"{name} {value}: expected {lo}..{hi}")
     if not 0 <= ns.temperature <= 5:
         raise ConfigError(f"--temperature {ns.temperature}: expected 0..5")

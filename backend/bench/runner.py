@@ -251,6 +251,16 @@ def choose_client(c: BenchConfig) -> str:
     return VLLM_BENCH if found else OUR_CLIENT
 
 
+def with_output_length(c: BenchConfig, w: workload.Workload) -> BenchConfig:
+    """--max-tokens, defaulting to the workload's own median completion length (workload.py)."""
+    if c.max_tokens is not None:
+        return c
+    if w.median_completion is None:
+        raise RunDirError(f"--max-tokens: the prompts ({w.source}) carry no completion lengths to take the "
+                          f"workload's median from: give --max-tokens")
+    return replace(c, max_tokens=w.median_completion)
+
+
 def main(c: BenchConfig) -> int:
     """Everything that can be refused is refused before the run directory is touched (exit 2)."""
     try:
@@ -259,6 +269,7 @@ def main(c: BenchConfig) -> int:
             w = workload.from_run(c.work_dir, c.input_run, c.num_prompts, c.seed)
         else:
             w = workload.from_file(str(c.prompts), c.num_prompts, c.seed)
+        c = with_output_length(c, w)
         refs = [load_run_result(c.work_dir, r) for r in (c.baseline_run, c.third_run) if r]
         labels = [r.label for r in refs] + [c.label]
         if len(set(labels)) != len(labels):

@@ -9,6 +9,10 @@ The prompt of a row is its turns up to the last user turn (backend/generate/data
 generation stage's own rule). The selection is deterministic: rows ordered by a hash of (seed, sample id),
 the first N taken, so the baseline and the drafter get exactly the same workload. Random tokens are never
 used: a drafter accepts almost nothing on them, which says nothing about the operator's traffic.
+
+Output length: by default the median completion length of the selected prompts' own generation records
+(`completion_tokens`), so the bench decodes as long as the workload does (8K-token reasoning on the seed
+host), never a fixed short cut that would hide how acceptance holds up deep into an answer.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ MAX_LINE = 64 * 2**20  # a generation record with a long answer is big, but not 
 class Prompt:
     sample_id: str
     messages: tuple[dict[str, str], ...]
+    completion_tokens: int | None = None  # the generation record's answer length, when the row is one
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,15 @@ class Workload:
             h.update(p.sample_id.encode() + b"\0" + json.dumps(p.messages, sort_keys=True).encode() + b"\0")
         return h.hexdigest()[:16]
 
+    @property
+    def median_completion(self) -> int | None:
+        """The median answer length of the selected prompts' records (None: no record says)."""
+        lengths = sorted(p.completion_tokens for p in self.prompts if p.completion_tokens)
+        return lengths[len(lengths) // 2] if lengths else None
+
     def describe(self) -> dict[str, Any]:
-        return {"source": self.source, "heldout": self.heldout, "prompts": len(self.prompts), "digest": self.digest}
+        return {"source": self.source, "heldout": self.heldout, "prompts": len(self.prompts), "digest": self.digest,
+                "median_completion_tokens": self.median_completion}
 
 
 def select(rows: list[Prompt], num: int, seed: int) -> tuple[Prompt, ...]:
@@ -82,7 +94,8 @@ def _prompts(path: str, keep: set[str] | None = None) -> list[Prompt]:
         if isinstance(turns, tuple):
             bad[turns[0]] = bad.get(turns[0], 0) + 1
             continue
-        out.append(Prompt(sid, tuple(turns)))
+        n = row.get("completion_tokens") if isinstance(row, dict) else None
+        out.append(Prompt(sid, tuple(turns), n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None))
     if not out:
         why = f" ({', '.join(f'{n} {r}' for r, n in sorted(bad.items()))})" if bad else ""
         raise InputError(f"{path}: no usable prompts{why}")

@@ -35,6 +35,9 @@ class GenerateConfig:
     return_token_ids: str = "auto"  # auto (if the server returns them) | on | off
     expect_reasoning: bool = True
     limit: int | None = None  # only the first N dataset rows
+    sources: list[dict[str, Any]] = field(default_factory=list)  # several datasets, each a count or share
+    sample_total: int | None = None  # with shares in --sources: the samples drawn in all
+    selection_seed: int = 0  # which rows --sources draws (backend/generate/sources.py)
     max_retries: int = 5
     backoff_base: float = 1.0
     backoff_max: float = 60.0
@@ -52,8 +55,21 @@ class GenerateConfig:
     skip_preflight: bool = False
 
     def validate(self) -> None:
-        if not self.dataset:
-            raise ConfigError("--dataset is required (a local parquet/jsonl/json file or directory)")
+        if self.sources:
+            from backend.generate.sources import SourceError, parse
+
+            if self.dataset:
+                raise ConfigError("give --dataset or --sources, not both")
+            if self.limit is not None:
+                raise ConfigError("--limit applies to --dataset; with --sources give each source a count")
+            try:
+                parse(self.sources)
+            except SourceError as exc:
+                raise ConfigError(str(exc)) from None
+            if self.sample_total is not None and self.sample_total < 0:
+                raise ConfigError(f"--sample-total must be >= 0, got {self.sample_total}")
+        elif not self.dataset:
+            raise ConfigError("--dataset is required (a local parquet/jsonl/json file or directory), or --sources")
         if not self.model:
             raise ConfigError("--model is required (the served model id the server must report)")
         if self.max_tokens < 1:
@@ -93,6 +109,7 @@ class GenerateConfig:
 
 _BOOLS = {f.name for f in fields(GenerateConfig) if f.type in ("bool", bool)}
 _JSON = {"sampling", "chat_template_kwargs"}
+_JSON_LISTS = {"sources"}
 _HELP = {
     "dataset": "local dataset file or directory (parquet, jsonl, json)",
     "work_dir": "the run goes to WORK_DIR/runs/RUN_ID/",
@@ -105,6 +122,10 @@ _HELP = {
                    "max_tokens cut to what fits, noted in its record) or skip (count it, send nothing); a "
                    "prompt that cannot fit at all is always skipped",
     "limit": "use only the first N dataset rows",
+    "sources": "JSON list of datasets to draw from, each {\"name\", \"dataset\", \"count\" or \"share\"}: a "
+               "seeded sample of each (see backend/generate/sources.py)",
+    "sample_total": "with shares in --sources: how many samples to draw in all",
+    "selection_seed": "the seed of the --sources sample (the same seed picks the same rows)",
     "max_pause_s": "give up when the server stays down this long (0: wait forever)",
     "api_key_env": "name of the environment variable holding the API key",
     "api_key_file": "file holding the API key",
@@ -125,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help=help_text)
         elif f.name in _JSON:
             p.add_argument(flag, dest=f.name, type=_json_object(flag), default=None, help=help_text)
+        elif f.name in _JSON_LISTS:
+            p.add_argument(flag, dest=f.name, type=_json_list(flag), default=None, help=help_text)
         else:
             p.add_argument(flag, dest=f.name, type=_scalar_type(f), default=None, help=help_text)
     return p
@@ -147,6 +170,18 @@ def _json_object(flag: str) -> Any:
             raise argparse.ArgumentTypeError(f"{flag}: not valid JSON ({exc})") from exc
         if not isinstance(value, dict):
             raise argparse.ArgumentTypeError(f"{flag}: expected a JSON object")
+        return value
+    return parse
+
+
+def _json_list(flag: str) -> Any:
+    def parse(text: str) -> list[Any]:
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{flag}: not valid JSON ({exc})") from exc
+        if not isinstance(value, list):
+            raise argparse.ArgumentTypeError(f"{flag}: expected a JSON list")
         return value
     return parse
 
@@ -177,6 +212,7 @@ def _check_value(path: str, name: str, value: Any) -> Any:
     ok = (value is None and "None" in t) or (
         (name in _BOOLS and isinstance(value, bool))
         or (name in _JSON and isinstance(value, dict))
+        or (name in _JSON_LISTS and isinstance(value, list))
         or (t.startswith("int") and isinstance(value, int) and not isinstance(value, bool))
         or (t.startswith("float") and isinstance(value, (int, float)) and not isinstance(value, bool))
         or (t.startswith("str") and isinstance(value, str)))

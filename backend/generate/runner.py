@@ -108,6 +108,8 @@ class Runner:
         self.limits = ContextLimits()
         self.fitter: PromptFitter | None = None
         self.first_rejection = ""  # the server's message for the first permanently failed sample
+        self.selection: Any = None  # --sources: the seeded selection (backend/generate/sources.py)
+        self.by_source: Counter = Counter()  # --sources: done samples per source
 
     # -- events that must never take the run down (the disk may be full) --
     def emit(self, kind: str, **data: Any) -> None:
@@ -131,7 +133,9 @@ class Runner:
                 "reasoning_captured": s.reasoning_captured, "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.completion_tokens, "rate": s.rate(),
                 "bytes_written": writer.durable_size if writer is not None else None,
-                "free_disk": self._free(writer.path) if writer is not None else None}
+                "free_disk": self._free(writer.path) if writer is not None else None,
+                **({"by_source": {"done": dict(self.by_source), "selected": self.selection.counts()}}
+                   if self.selection is not None else {})}
 
     @staticmethod
     def _free(path: str) -> int | None:
@@ -142,9 +146,19 @@ class Runner:
 
     async def run(self) -> int:
         c = self.config
-        info = ds.describe(c.dataset)
+        if c.sources:
+            from backend.generate import sources
+
+            try:
+                self.selection = sources.plan(c.sources, c.sample_total, c.selection_seed)
+            except sources.SourceError as exc:
+                raise ds.DatasetError(str(exc)) from None
+            info = ds.DatasetInfo(path="sources", files=[f for s in self.selection.sources for f in s.info.files],
+                                  rows=self.selection.total)
+        else:
+            info = ds.describe(c.dataset)
         if info.rows == 0 and c.limit != 0:
-            raise ds.DatasetError(f"{c.dataset}: the dataset has no rows (its files are empty)")
+            raise ds.DatasetError(f"{c.dataset or 'the sources'}: the dataset has no rows (its files are empty)")
         self.rows = min(info.rows, c.limit) if c.limit is not None else info.rows
         avg_row = (sum(f["size"] for f in info.files) // info.rows) if info.rows else 0
         settings = ClientSettings(base_url=c.endpoint, concurrency=c.concurrency,
@@ -152,7 +166,10 @@ class Runner:
                                   backoff_base=c.backoff_base, backoff_max=c.backoff_max,
                                   health_interval=c.health_interval, max_pause_s=c.max_pause_s,
                                   api_key=self.api_key)
-        manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, info, self.rows),
+        identity = identity_of(c, info, self.rows)
+        if self.selection is not None:
+            identity.update(self.selection.identity())
+        manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity,
                             settings={"endpoint": c.endpoint, "concurrency": c.concurrency,
                                       "request_timeout": c.request_timeout, "max_retries": c.max_retries,
                                       "long_prompt": c.long_prompt})
@@ -187,6 +204,10 @@ class Runner:
             self.emit("error", fatal=False, message=f"{index.bad_lines} unreadable lines in {OUTPUT_FILE} "
                       f"are skipped; their samples will be generated again")
         self.stats = Stats.from_index(index)
+        if self.selection is not None:
+            from backend.generate.sources import done_by_source
+
+            self.by_source = Counter(done_by_source(index.done_ids, self.selection))
         token_ids = c.return_token_ids != "off"
         if not c.skip_preflight:
             remaining = max(0, self.rows - index.records)
@@ -250,7 +271,9 @@ class Runner:
 
         async def produce() -> None:
             try:
-                for n, item in enumerate(ds.iter_samples(c.dataset, limit=c.limit)):
+                rows = (self.selection.iter_samples() if self.selection is not None
+                        else ds.iter_samples(c.dataset, limit=c.limit))
+                for n, item in enumerate(rows):
                     if n % 256 == 0:
                         await asyncio.sleep(0)  # skipping a long done prefix must not starve the loop
                     if self.stop.is_set():
@@ -333,6 +356,10 @@ class Runner:
                               max_tokens=outcome.max_tokens, max_tokens_reduced=outcome.reduced)
         meta = (record["truncated"], record["reasoning_captured"], completion.prompt_tokens or 0,
                 completion.completion_tokens or 0, outcome.reduced)
+        if self.selection is not None:
+            from backend.generate.sources import source_of
+
+            self.by_source[source_of(item.sample_id)] += 1
         if writer.append(dumps_line(record), meta):
             await self._flush(writer)
 

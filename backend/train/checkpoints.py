@@ -32,12 +32,20 @@ def epoch_dirs(save_path: str) -> list[int]:
 
 
 def best_checkpoint(save_path: str) -> str | None:
-    """The checkpoint vLLM should load: the best by validation loss, else the newest epoch's."""
+    """speculators' best by validation loss, else the newest epoch's (the stage prefers the best held-out
+    acceptance when it was measured: backend/train/selection.py)."""
     link = os.path.join(save_path, BEST_LINK)
     if os.path.isdir(link):
         return os.path.realpath(link)
     epochs = epoch_dirs(save_path)
     return os.path.join(os.path.abspath(save_path), str(epochs[-1])) if epochs else None
+
+
+def loss_best_epoch(save_path: str) -> int | None:
+    """The epoch speculators' `checkpoint_best` link names (lowest validation loss), if any."""
+    link = os.path.join(save_path, BEST_LINK)
+    name = os.path.basename(os.path.realpath(link)) if os.path.islink(link) else ""
+    return int(name) if name.isdigit() else None
 
 
 def read_config(ckpt: str) -> dict[str, Any]:

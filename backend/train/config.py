@@ -24,7 +24,7 @@ OWNED_FLAGS = ("--speculator-type", "--verifier-name-or-path", "--data-path", "-
                "--max-steps", "--draft-vocab-size", "--d2t-path", "--t2d-path", "--token-freq-path",
                "--hidden-states-path", "--on-missing", "--vllm-endpoint", "--trust-remote-code", "--logger",
                "--log-dir", "--draft-attn-impl", "--loss-implementation", "--no-resume-from-checkpoint",
-               "--dry-run", "--config", "--dump-config", "--hidden-states-backend")
+               "--dry-run", "--config", "--dump-config", "--hidden-states-backend", "--from-pretrained")
 
 
 def check_extra_args(args: list[str]) -> None:
@@ -47,7 +47,9 @@ class TrainStageConfig:
     epochs: int = 20
     lr: float = 1e-3
     speculative_tokens: int = 3
-    draft_vocab_size: int | None = None  # None: the verifier's whole vocabulary
+    draft_vocab_size: int | None = None  # None: by coverage (backend/train/vocab.py); >= the verifier's: all of it
+    vocab_coverage: float = 0.99  # the default draft vocabulary covers this share of the supervised tokens
+    vocab_floor: int = 32000  # ... and holds at least this many tokens
     seq_length: int = 8192  # tokens per packed batch
     draft_layers: int = 1
     optimizer: str = "muon"
@@ -66,6 +68,10 @@ class TrainStageConfig:
     served_model: str | None = None  # the id that server reports in /v1/models (default: the verifier path)
     plan: str | None = None  # online under the swap (backend/swap.py): the extraction server takes the baseline's place
     trust_remote_code: str = "auto"  # auto (when config.json has auto_map) | on | off
+    acceptance_samples: int = 16  # held-out rows each checkpoint's acceptance is measured on (0: off)
+    acceptance_patience: int = 3  # stop after this many epochs without a better acceptance (0: never)
+    acceptance_min_delta: float = 0.01  # mean accepted length a better epoch must gain (measurement noise)
+    from_pretrained: str | None = None  # warm start: a train or fetch_drafter run id, or a checkpoint directory
     extra_args: list[str] = field(default_factory=list)
     min_free_bytes: int = 1 << 30
     fresh: bool = False
@@ -83,6 +89,10 @@ class TrainStageConfig:
             raise ConfigError(f"--lr must be in (0, 10), got {self.lr}")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
             raise ConfigError(f"--draft-vocab-size must be >= 2, got {self.draft_vocab_size}")
+        if not 0 < self.vocab_coverage <= 1:
+            raise ConfigError(f"--vocab-coverage must be in (0, 1], got {self.vocab_coverage}")
+        if self.vocab_floor < 2:
+            raise ConfigError(f"--vocab-floor must be >= 2, got {self.vocab_floor}")
         if self.optimizer not in ("muon", "adamw"):
             raise ConfigError(f"--optimizer must be muon or adamw, got {self.optimizer!r}")
         if self.gpus is not None and not 0 <= self.gpus <= 1024:
@@ -112,6 +122,21 @@ class TrainStageConfig:
         if self.aux_layer_ids is not None and not self.aux_layer_ids:
             raise ConfigError("--aux-layer-ids is empty")
         check_extra_args(self.extra_args)
+        for name in ("acceptance_samples", "acceptance_patience"):
+            if not 0 <= getattr(self, name) <= 100_000:
+                raise ConfigError(f"--{name.replace('_', '-')} must be 0 .. 100000, got {getattr(self, name)}")
+        if not 0 <= self.acceptance_min_delta < 100:
+            raise ConfigError(f"--acceptance-min-delta must be in [0, 100), got {self.acceptance_min_delta}")
+        if self.from_pretrained is not None:
+            from backend.train.warm_start import SHAPING_FLAGS
+
+            shaping = [a for a in self.extra_args if a.split("=", 1)[0] in SHAPING_FLAGS]
+            if shaping:
+                raise ConfigError(f"--extra-args {' '.join(shaping)}: a warm start takes the draft's shape from "
+                                  f"--from-pretrained, and speculators refuses decoder-shaping flags beside it")
+            if not self.from_pretrained.strip():
+                raise ConfigError("--from-pretrained is empty: give a train or fetch_drafter run id, or a "
+                                  "checkpoint directory")
 
     @property
     def online(self) -> bool:
@@ -147,7 +172,11 @@ _HELP = {
     "verifier": "the verifier model's directory on this host",
     "aux_layer_ids": "verifier layers whose input states the draft reads (vLLM's convention); default: the "
                      "extract run's",
-    "draft_vocab_size": "reduce the draft's vocabulary to the N most frequent tokens (default: the verifier's)",
+    "draft_vocab_size": "the draft's vocabulary: the N most frequent supervised tokens (N >= the verifier's "
+                        "vocabulary: all of it); default: by --vocab-coverage and --vocab-floor",
+    "vocab_coverage": "the default draft vocabulary is the smallest that covers this share of the prepare "
+                      "run's supervised tokens",
+    "vocab_floor": "the default draft vocabulary holds at least this many tokens (at most the verifier's)",
     "seq_length": "tokens per packed training batch",
     "gpus": "GPU processes (torchrun when > 1); 0 trains on the CPU; default: every visible GPU",
     "nvidia_smi": "how this host's GPUs are asked, as a JSON list (the console passes its profile's [gpus] "
@@ -164,6 +193,14 @@ _HELP = {
             "started again afterwards, also after a failure or SIGTERM; --vllm-endpoint defaults to its endpoint",
     "served_model": "online: the model id the extraction server serves (speculators checks it; default: "
                     "the verifier path, vLLM's default id)",
+    "acceptance_samples": "held-out rows each saved checkpoint's acceptance is measured on; the checkpoint with "
+                          "the best mean accepted length is the one handed on (0: speculators' lowest "
+                          "validation loss)",
+    "acceptance_patience": "stop early after this many epochs without a better acceptance (0: never)",
+    "acceptance_min_delta": "mean accepted length an epoch must gain to count as better",
+    "from_pretrained": "warm start from this drafter: a train run or fetch_drafter run of the work dir (its "
+                       "checkpoint), or a checkpoint directory; it must fit the verifier, the aux layers and the "
+                       "draft vocabulary (its shape replaces --draft-layers)",
     "extra_args": "further `speculators train` flags, as one shell-quoted string or a JSON list",
     "fresh": "archive an existing run directory (renamed, never deleted) and start over",
     "preflight_only": "run the preflight checks, print them as JSON, and exit",

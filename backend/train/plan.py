@@ -27,6 +27,7 @@ class TrainPlan:
     processes: int  # 1: in-process; more: torchrun
     device: str  # "cpu" or "gpu"
     served_model: str | None = None  # online: the extraction server's model id
+    selection: dict[str, Any] | None = None  # acceptance-driven choice (backend/train/selection.py settings)
     argv: list[str] = field(default_factory=list)  # speculators train flags
 
     def to_dict(self) -> dict[str, Any]:
@@ -45,13 +46,24 @@ class TrainPlan:
 
 def speculators_argv(c: TrainStageConfig, *, train_data: str, hidden_states: str | None, save_path: str,
                      layer_ids: list[int], vocab: tuple[int, str, str] | None, remote_code: bool,
-                     cpu: bool, num_workers: int, log_dir: str, cache_dir: str) -> list[str]:
-    """The `speculators train` flags for this run (see backend/train/adapters.py for the CPU ones)."""
+                     cpu: bool, num_workers: int, log_dir: str, cache_dir: str,
+                     warm_start: str | None = None) -> list[str]:
+    """The `speculators train` flags for this run (see backend/train/adapters.py for the CPU ones).
+
+    A warm start (`warm_start`: the staged checkpoint, backend/train/warm_start.py) passes --from-pretrained
+    and leaves out what the checkpoint defines: the decoder shape (speculators refuses --num-layers beside
+    it), the aux layer ids and the draft vocabulary mapping (both read from the checkpoint; the stage
+    checked they fit)."""
     check_extra_args(c.extra_args)
+    if warm_start is not None:
+        shape = ["--from-pretrained", warm_start]
+        vocab = None
+    else:
+        shape = ["--target-layer-ids", *map(str, layer_ids), "--num-layers", str(c.draft_layers)]
     argv = ["--speculator-type", "eagle3", "--verifier-name-or-path", c.verifier, "--data-path", train_data,
-            "--save-path", save_path, "--target-layer-ids", *map(str, layer_ids), "--epochs", str(c.epochs),
+            "--save-path", save_path, *shape, "--epochs", str(c.epochs),
             "--lr", repr(c.lr), "--ttt-steps", str(c.speculative_tokens), "--total-seq-len", str(c.seq_length),
-            "--num-layers", str(c.draft_layers), "--optimizer", c.optimizer, "--seed", str(c.seed),
+            "--optimizer", c.optimizer, "--seed", str(c.seed),
             "--checkpoint-freq", repr(c.checkpoint_freq), "--log-freq", str(c.log_freq),
             "--num-workers", str(num_workers), "--hidden-states-dtype", c.hidden_states_dtype,
             "--train-data-ratio", repr(c.train_data_ratio), "--logger", "", "--log-dir", log_dir]

@@ -28,6 +28,8 @@ from backend.train import preflight as pf
 from backend.train.config import ConfigError, TrainStageConfig
 from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_status, speculators_argv
 from backend.train.verifier import VerifierError, VerifierInfo, check_layer_ids, inspect_verifier
+from backend.train.vocab import VocabChoice
+from backend.train.warm_start import WarmStart, WarmStartError
 
 STAGE = "train"
 
@@ -87,10 +89,43 @@ class Inputs:
         self.heldout_hs = self.run.outputs.get("heldout_hidden_states")
         if self.train_hs is not None and not any(n.startswith("hs_") for n in os.listdir(self.train_hs)):
             raise InputError(f"{self.run.stage} run {self.run.run_id}: {self.train_hs} holds no hs_*.safetensors")
-        if c.draft_vocab_size is not None and c.draft_vocab_size < self.info.vocab_size:
+        self.warm: WarmStart | None = None
+        if c.from_pretrained is not None:
+            from backend.train import warm_start
+
+            self.warm = warm_start.check_fit(c.from_pretrained, warm_start.resolve(c.work_dir, c.from_pretrained),
+                                             self.info, self.layer_ids, c.draft_vocab_size)
+        elif c.draft_vocab_size is not None and c.draft_vocab_size < self.info.vocab_size:
             if not self.token_freq or not os.path.exists(self.token_freq):
                 raise InputError(f"a draft vocabulary of {c.draft_vocab_size} needs the token frequencies of "
                                  f"{self.run.stage} run {self.run.run_id} (its token_freq output is missing)")
+        self.vocab = choose_vocab(c, self)
+        if self.warm is None and c.draft_vocab_size is None and not self.vocab.full:
+            c.draft_vocab_size = self.vocab.size  # the run's identity and speculators' flags carry the size
+
+
+def choose_vocab(c: TrainStageConfig, inputs: "Inputs") -> "VocabChoice":
+    """The draft vocabulary and its coverage of the prepare run's supervised tokens (backend/train/vocab.py)."""
+    from backend.train import vocab as vb
+
+    freq = None
+    if inputs.token_freq and os.path.exists(inputs.token_freq):
+        try:
+            freq = vb.load_freq(inputs.token_freq)
+            vb.counts(freq)
+        except Exception as exc:  # torch raises its own kinds for a damaged file
+            raise InputError(f"{inputs.run.stage} run {inputs.run.run_id}: its token frequencies "
+                             f"{inputs.token_freq} are unreadable ({exc})") from None
+    vocab = inputs.info.vocab_size
+    if inputs.warm is not None:
+        ranked = vb.counts(freq) if freq is not None else None
+        return vb.VocabChoice(size=inputs.warm.draft_vocab_size, vocab=vocab, chosen_by="warm start",
+                              coverage=vb.covered(ranked, inputs.warm.draft_vocab_size) if ranked else None)
+    if c.draft_vocab_size is not None:
+        return vb.given(freq, vocab, c.draft_vocab_size)
+    if freq is None or not freq:
+        return vb.VocabChoice(size=vocab, vocab=vocab, coverage=None, chosen_by="no token frequencies")
+    return vb.by_coverage(freq, vocab, c.vocab_coverage, c.vocab_floor)
 
 
 def identity_of(c: TrainStageConfig, inputs: Inputs) -> dict[str, Any]:
@@ -101,7 +136,8 @@ def identity_of(c: TrainStageConfig, inputs: Inputs) -> dict[str, Any]:
             "draft_vocab_size": c.draft_vocab_size, "seq_length": c.seq_length, "draft_layers": c.draft_layers,
             "optimizer": c.optimizer, "seed": c.seed, "hidden_states_dtype": c.hidden_states_dtype,
             "train_data_ratio": c.train_data_ratio, "max_steps": c.max_steps, "online": c.online,
-            "extra_args": c.extra_args}
+            "extra_args": c.extra_args,
+            **({"from_pretrained": inputs.warm.checkpoint} if inputs.warm else {})}
 
 
 def gpu_count() -> int:
@@ -130,7 +166,7 @@ def vocab_files(c: TrainStageConfig, inputs: Inputs, run_dir: str) -> tuple[int,
     """The reduced draft vocabulary as speculators' d2t/t2d files, built in the run dir (speculators would
     write them beside the input data, in another run's directory)."""
     size = c.draft_vocab_size
-    if size is None or size >= inputs.info.vocab_size:
+    if inputs.warm is not None or size is None or size >= inputs.info.vocab_size:
         return None
     import numpy as np
     import torch
@@ -156,6 +192,19 @@ def estimate_checkpoint_bytes(c: TrainStageConfig, info: VerifierInfo, layers: i
     params = trainable + info.vocab_size * h + vocab * h
     saves = c.epochs if c.checkpoint_freq <= 1 else max(1, int(c.epochs // c.checkpoint_freq))
     return pf.checkpoint_bytes(params, trainable, saves + 1)
+
+
+def selection_settings(c: TrainStageConfig, inputs: Inputs) -> dict[str, Any] | None:
+    """What the trainer measures each checkpoint on (backend/train/selection.py); None: nothing to measure."""
+    from backend.train.selection import SelectionSettings
+
+    if c.acceptance_samples < 1 or not inputs.heldout_data or not inputs.heldout_hs:
+        return None
+    if not (os.path.isdir(inputs.heldout_data) and os.path.isdir(inputs.heldout_hs)):
+        return None
+    return SelectionSettings(samples=c.acceptance_samples, k=c.speculative_tokens, patience=c.acceptance_patience,
+                             min_delta=c.acceptance_min_delta, heldout_data=inputs.heldout_data,
+                             heldout_hidden_states=inputs.heldout_hs).to_dict()
 
 
 class Stage:
@@ -225,7 +274,7 @@ class Stage:
         try:
             self.use_plan()
             inputs = Inputs(c)
-        except (InputError, VerifierError, UsageError, ConfigError) as exc:
+        except (InputError, VerifierError, UsageError, ConfigError, WarmStartError) as exc:
             return refuse("train", exc)
         if c.nvidia_smi:
             pf.NVIDIA_SMI = list(c.nvidia_smi)
@@ -239,7 +288,9 @@ class Stage:
                             settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint, "plan": c.plan,
                                       "served_model": c.served_model,
                                       "checkpoint_freq": c.checkpoint_freq, "log_freq": c.log_freq,
-                                      "num_workers": c.num_workers})
+                                      "num_workers": c.num_workers, "acceptance_samples": c.acceptance_samples,
+                                      "acceptance_patience": c.acceptance_patience,
+                                      "acceptance_min_delta": c.acceptance_min_delta})
         save_path = os.path.join(run_path(c.work_dir, c.run_id), CHECKPOINTS_DIR)
         try:
             if not c.fresh:
@@ -265,6 +316,11 @@ class Stage:
                 raise StageFailed(f"preflight failed: {report.failures()}")
         ck.mark_save_root(save_path, inputs.info)
         vocab = vocab_files(c, inputs, run_dir.path)
+        staged = None
+        if inputs.warm is not None:
+            from backend.train import warm_start
+
+            staged = warm_start.stage(inputs.warm, run_dir.path, inputs.info)
         cpu = processes == 0 or c.simulated_gpus  # simulated GPUs are checked, never computed on
         workers = c.num_workers if c.num_workers is not None else (0 if cpu else 4)
         plan = TrainPlan(run_id=c.run_id, run_dir=run_dir.path, events_path=run_dir.events_path,
@@ -274,10 +330,13 @@ class Stage:
                                                save_path=save_path, layer_ids=inputs.layer_ids, vocab=vocab,
                                                remote_code=self._remote_code(inputs.info), cpu=cpu,
                                                num_workers=workers, log_dir=os.path.join(run_dir.path, "logs"),
-                                               cache_dir=os.path.join(run_dir.path, "hs-cache")))
+                                               cache_dir=os.path.join(run_dir.path, "hs-cache"),
+                                               warm_start=staged))
+        plan.selection = selection_settings(c, inputs)
         plan_path = plan.save()
+        print(f"train: {inputs.vocab.describe()}", file=sys.stderr)
         self.ctx.start(total=0, processes=plan.processes, device=plan.device, verifier=inputs.info.to_dict(),
-                       aux_layer_ids=inputs.layer_ids, input_run=inputs.run.run_id)
+                       aux_layer_ids=inputs.layer_ids, input_run=inputs.run.run_id, draft_vocab=inputs.vocab.to_dict())
         try:
             os.remove(os.path.join(run_dir.path, "train_status.json"))
         except FileNotFoundError:
@@ -345,8 +404,11 @@ class Stage:
 
     def _summary(self, run_dir: RunDir | None, inputs: Inputs, save_path: str, status: str,
                  error: str | None) -> dict[str, Any]:
+        from backend.train import selection
+
         assert run_dir is not None
-        best = ck.best_checkpoint(save_path)
+        best = selection.chosen_checkpoint(save_path) or ck.best_checkpoint(save_path)
+        loss_best = ck.loss_best_epoch(save_path)
         state = read_status(run_dir.path) or {}
         outputs = {"checkpoints": save_path, "checkpoint": best, "heldout_data": inputs.heldout_data,
                    "heldout_hidden_states": inputs.heldout_hs, "token_freq": inputs.token_freq,
@@ -355,11 +417,19 @@ class Stage:
                                    "outputs": {k: v for k, v in outputs.items() if v},
                                    "verifier": inputs.info.path, "aux_layer_ids": inputs.layer_ids,
                                    "speculative_tokens": self.c.speculative_tokens,
-                                   "draft_vocab_size": self.c.draft_vocab_size or inputs.info.vocab_size,
+                                   "draft_vocab_size": (inputs.warm.draft_vocab_size if inputs.warm else
+                                                        self.c.draft_vocab_size or inputs.info.vocab_size),
                                    "epochs": self.c.epochs, "steps": state.get("global_step"),
                                    "done": state.get("global_step") or 0,
                                    "checkpoint_epochs": ck.epoch_dirs(save_path), "online": self.c.online,
                                    "vllm_endpoint": self.c.vllm_endpoint, **self.outcome}
+        if inputs.warm is not None:
+            summary["warm_start"] = inputs.warm.to_dict()
+        summary["draft_vocab"] = {**inputs.vocab.to_dict(), "text": inputs.vocab.describe()}
+        summary["selection"] = selection.describe(selection.read(save_path), loss_best) or {
+            "by": "validation loss", "epoch": loss_best, "why": "no held-out acceptance was measured (online "
+            "training, no held-out hidden states, or --acceptance-samples 0): speculators' lowest validation loss"}
+        summary["stopped_early"] = bool(state.get("stopped_early"))
         if self.server is not None:
             summary["swap"] = self.server.record.to_dict()
         if status == "completed":

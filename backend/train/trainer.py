@@ -12,6 +12,9 @@ A subclass, not a patch: the worker constructs it where speculators' own `train`
   layout (`<save>/<epoch>/` + training_state.json with the local step), so starting the run again
   resumes at the next step and no step is trained (or reported) twice.
 - Events: checkpoints saved, the best checkpoint, and where a restart resumes (`Reporter`).
+- Selection: after each epoch whose checkpoint was saved, `selector(epoch, step, model, val_loss)` (rank
+  0: backend/train/selection.py measures held-out acceptance) says whether to stop early; every rank
+  agrees on its answer.
 `run_training` is speculators' epoch loop (train, save, validate, update best) with these hooks.
 """
 from __future__ import annotations
@@ -43,11 +46,14 @@ class TrainingStopped(Exception):
 
 class HostTrainer(Trainer):
     def __init__(self, *args: Any, reporter: Reporter | None = None,
-                 stop_check: Callable[[], bool] | None = None, **kwargs: Any):
+                 stop_check: Callable[[], bool] | None = None,
+                 selector: Callable[[int, int, Any, float | None], bool] | None = None, **kwargs: Any):
         self.reporter = reporter
         self.stop_check = stop_check  # a stop asked for before training started (the stage's own handler)
         self.stop_requested = False
         self.stopped = False
+        self.selector = selector
+        self.stopped_early = False
         self._epoch = 0
         self._epoch_base = 0  # the epoch's local step the current train_epoch call starts at
         self._epoch_start_step = 0
@@ -121,6 +127,19 @@ class HostTrainer(Trainer):
         if self.best_val_loss != before and self.reporter and self._is_main():
             self.reporter.best(str(self.checkpointer.path / str(epoch)), epoch, float(self.best_val_loss))
 
+    def _select(self, epoch: int, val_metrics: dict | None) -> bool:
+        """Measure the epoch's checkpoint (rank 0) and agree on whether to stop early."""
+        stop = False
+        if self.selector is not None and self._is_main():
+            loss = val_metrics.get("loss_epoch") if isinstance(val_metrics, dict) else None
+            model = getattr(self.model, "module", self.model)  # DDP wraps the draft
+            stop = bool(self.selector(epoch, self.global_step, model, float(loss) if loss is not None else None))
+        if self.is_distributed:
+            flag = torch.tensor([1.0 if stop else 0.0], device=self.local_rank)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return stop
+
     # -- the epoch loop --
     def _plan(self, epoch: int, n_epochs: int) -> int:
         """Steps in this epoch (the packing sampler's count varies by epoch) and the run's total so far."""
@@ -152,6 +171,7 @@ class HostTrainer(Trainer):
                 if self.is_distributed:
                     dist.barrier()
                 self.maybe_save_checkpoint(epoch)
+                saved = self._saved_at == self.global_step
                 if self.is_distributed:
                     dist.barrier()
                 val_metrics = self.val_epoch(epoch) if self.val_loader is not None else None
@@ -160,6 +180,10 @@ class HostTrainer(Trainer):
                 self.maybe_update_best(epoch, val_metrics)
                 if self.is_distributed:
                     dist.barrier()
+                if saved and self._select(epoch, val_metrics):
+                    self.stopped_early = True
+                    log.info(f"stopping early after epoch {epoch + 1}: held-out acceptance has not improved")
+                    break
                 if self.config.max_steps is not None and self.global_step >= self.config.max_steps:
                     break
         except TrainingStopped:

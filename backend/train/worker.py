@@ -55,6 +55,40 @@ class EventsReporter:
         self.emit("progress", phase="best", best_checkpoint=path, epoch=epoch, best_val_loss=val_loss,
                   total=self.total, fsync=True)
 
+    def acceptance(self, entry: Any, choice: Any, patience: int) -> None:
+        self.emit("progress", phase="acceptance", epoch=entry.epoch, step=entry.step - 1,
+                  mean_acceptance_length=entry.mean_acceptance_length, per_position=entry.per_position,
+                  anchors=entry.anchors, val_loss=entry.val_loss, chosen_epoch=choice.epoch,
+                  stale_epochs=choice.stale, patience=patience, stop=choice.stop, total=self.total, fsync=True)
+
+
+class Selector:
+    """The trainer's selector (rank 0): measure, record in <save>/acceptance.json, report, say stop."""
+
+    def __init__(self, settings: dict[str, Any], info: Any, save_path: str, reporter: EventsReporter | None):
+        from backend.train import selection
+
+        self.settings = selection.SelectionSettings(**settings)
+        self.save_path = save_path
+        self.reporter = reporter
+        self.probe = selection.Probe(self.settings, info)
+        self.state = selection.load_state(save_path, self.settings.patience, self.settings.min_delta)
+
+    def __call__(self, epoch: int, step: int, model: Any, val_loss: float | None) -> bool:
+        from backend.train import selection
+
+        acc = self.probe.measure(model)
+        entry = selection.EpochAcceptance(epoch=epoch, step=step, anchors=acc.anchors,
+                                          mean_acceptance_length=round(acc.mean_acceptance_length, 4),
+                                          per_position=[round(p, 4) for p in acc.per_position], val_loss=val_loss)
+        choice = self.state.record(entry)
+        selection.save_state(self.save_path, self.state)
+        if self.reporter:
+            self.reporter.acceptance(entry, choice, self.settings.patience)
+        print(f"train: epoch {epoch + 1}: held-out mean acceptance length {entry.mean_acceptance_length:.3f} "
+              f"(best: epoch {choice.epoch + 1 if choice.epoch is not None else '-'})", file=sys.stderr)
+        return choice.stop
+
 
 def trainer_config(args: argparse.Namespace, train_kwargs: dict, val_kwargs: dict, dtype: Any) -> Any:
     """speculators' TrainerConfig from the resolved flags, as speculators.train.cli.main builds it
@@ -124,12 +158,15 @@ def train(plan: TrainPlan, stop_check: Callable[[], bool] | None = None) -> str:
                 num_workers=args.num_workers, prefetch_factor=args.prefetch_factor, preprocess=shift_batch,
                 train_data_ratio=args.train_data_ratio, seed=args.seed)
             train_kwargs, val_kwargs = model_class.get_trainer_kwargs(**vars(args))
+            selector = (Selector(plan.selection, info, args.save_path, reporter)
+                        if plan.selection and rank == 0 else None)
             trainer = HostTrainer(draft, trainer_config(args, train_kwargs, val_kwargs, dtype), train_loader,
-                                  val_loader, reporter=reporter, stop_check=stop_check)
+                                  val_loader, reporter=reporter, stop_check=stop_check, selector=selector)
             trainer.run_training()
             status = "stopped" if trainer.stopped else "completed"
             if rank == 0:
-                write_status(plan.run_dir, status, global_step=trainer.global_step)
+                write_status(plan.run_dir, status, global_step=trainer.global_step,
+                             stopped_early=trainer.stopped_early)
         del trainer, draft
         gc.collect()
         return status

@@ -111,7 +111,7 @@ def draft_proposals(model: Any, batch: dict[str, torch.Tensor], k: int) -> torch
     dtype = next(model.parameters()).dtype
     tokens = model(hidden_states=batch["hidden_states"].unsqueeze(0).to(dtype),
                    input_ids=batch["input_ids"].unsqueeze(0),
-                   document_ids=torch.zeros(1, n, dtype=torch.long),
+                   document_ids=torch.zeros(1, n, dtype=torch.long, device=batch["input_ids"].device),
                    position_ids=batch["position_ids"].unsqueeze(0), ttt_steps=k)
     return torch.stack([to_verifier_vocab(model, t[0]) for t in tokens])
 

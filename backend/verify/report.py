@@ -44,6 +44,31 @@ def table(report: dict[str, Any]) -> str:
             cells = "".join(f"  {_cell(p, '<7.3f', 7)}" for p in positions[:k])
             lines.append(f"  {name:<16}{cells}  {_cell(a.get('mean_accepted'), '<13.3f', 13)}  "
                          f"{_cell(a.get('mean_acceptance_length'), '.3f')}")
+    k_table = read_k_table(report.get("k_table"))
+    if k_table is not None:
+        from backend.verify.k_table import format_table
+
+        lines += ["", *format_table(k_table)]
     if report.get("error"):
         lines += ["", f"error: {report['error']}"]
     return "\n".join(lines)
+
+
+def read_k_table(data: Any) -> Any:
+    """The report's K table (backend/verify/k_table.py) read back as untrusted JSON: rows with finite numbers,
+    at most K_MAX of them; None when there is nothing usable."""
+    from backend.verify.k_table import KRow, KTable
+
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        return None
+    rows = []
+    for r in data["rows"][:K_MAX]:
+        if isinstance(r, dict) and count(r.get("k")) > 0 and finite(r.get("expected_length")) is not None \
+                and finite(r.get("speedup")) is not None:
+            rows.append(KRow(k=count(r.get("k")), expected_length=finite(r["expected_length"]),
+                             speedup=finite(r["speedup"])))
+    cost = finite(data.get("draft_cost"))
+    if not rows or cost is None:
+        return None
+    return KTable(rows=tuple(rows), draft_cost=cost, cost_source=str(data.get("cost_source"))[:120],
+                  recommended=min(count(data.get("recommended")), K_MAX))

@@ -19,7 +19,6 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Iterator
 
 from backend.preflight import PreflightReport
@@ -49,6 +48,7 @@ class VerifyConfig:
     served_model: str | None = None  # the id that server serves (default: the verifier path)
     plan: str | None = None  # the swap plan: the extraction server in the baseline's place while sampling
     seed: int = 0
+    draft_cost: float | None = None  # a draft step against a verifier step (default: a bench's, else assumed)
     fresh: bool = False
 
 
@@ -67,9 +67,13 @@ def parse_args(argv: list[str] | None) -> VerifyConfig:
                                   "online), stop the baseline, serve the extraction server while the held-out "
                                   "samples are fetched, and start the baseline again")
     p.add_argument("--seed", type=int, default=0, help="seed of the untrained baseline draft")
+    p.add_argument("--draft-cost", type=float, help="one draft step's cost against one verifier step, for the K "
+                                                    "table (default: from the latest bench, else assumed)")
     p.add_argument("--fresh", action="store_true", help="archive an existing run directory and start over")
     args = p.parse_args(argv)
     config = VerifyConfig(**vars(args))
+    if config.draft_cost is not None and not 0 <= config.draft_cost < 100:
+        p.error(f"--draft-cost must be in [0, 100), got {config.draft_cost}")
     if config.samples < 1:
         p.error(f"--samples must be >= 1, got {config.samples}")
     if config.speculative_tokens is not None and not 1 <= config.speculative_tokens <= 32:
@@ -80,9 +84,7 @@ def parse_args(argv: list[str] | None) -> VerifyConfig:
 def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | None,
                     served_model: str | None = None) -> Iterator[dict[str, Any]]:
     """Held-out rows with their hidden states, as speculators' own dataset reads them."""
-    import torch
-    from hs_connectors.transfer import FileTransfer
-    from speculators.train.data import ArrowDataset
+    from backend.verify.samples import heldout_items
 
     data = run.output("heldout_data")
     hs = run.outputs.get("heldout_hidden_states")
@@ -92,17 +94,8 @@ def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | No
     for path in (data, hs):
         if path is not None and not os.path.isdir(path):
             raise InputError(f"train run {run.run_id}: {path} is missing on this host")
-    transfer = FileTransfer(Path(hs if hs else os.path.join(run.path, "hs-cache")))
-    dataset = ArrowDataset(max_len=1 << 30, datapath=data, transfer=transfer,
-                           vllm_endpoint=endpoint or "http://127.0.0.1:8000/v1",
-                           on_missing="raise" if endpoint is None else "generate", train_ratio=1.0,
-                           hidden_states_dtype=torch.float32,
-                           model=(served_model or info.path) if endpoint else None)
-    for i in range(min(limit, len(dataset))):
-        item = dataset[i]
-        if isinstance(item, dict):
-            yield {k: (v.float() if k in ("hidden_states", "verifier_last_hidden_states") else v)
-                   for k, v in item.items()}
+    yield from heldout_items(data, hs, limit, endpoint=endpoint, model=served_model or info.path,
+                             cache_dir=os.path.join(run.path, "hs-cache"))
 
 
 def fetch_samples(run: CompletedRun, info: Any, c: VerifyConfig, ctx: StageRun) -> list[dict[str, Any]]:
@@ -179,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         if pre.ok:
             try:
                 report["acceptance"] = measure(ckpt, info, run, k, c, ctx, pre, keys)
+                report["k_table"] = k_evidence(report["acceptance"]["trained"]["per_position"], k, c).to_dict()
             except InputError as exc:
                 report["error"] = str(exc)
             except Exception as exc:  # a checkpoint that does not load is what this stage exists to catch
@@ -205,6 +199,22 @@ def main(argv: list[str] | None = None) -> int:
     ctx.summarize = summarize
     ctx.report = table
     return ctx.run(body)
+
+
+def k_evidence(per_position: list[float], k: int, c: VerifyConfig) -> Any:
+    """The K table (backend/verify/k_table.py) at the draft cost given, a bench's, or the assumed one."""
+    from backend.verify import k_table as kt
+
+    if c.draft_cost is not None:
+        return kt.k_table(per_position, c.draft_cost, "as given (--draft-cost)")
+    try:
+        bench = latest_completed(c.work_dir, "bench", lambda r: isinstance(r.summary.get("comparison"), dict))
+        cost = kt.draft_cost_from_bench(bench.summary["comparison"], k)
+    except (InputError, OSError):
+        cost, bench = None, None
+    if cost is not None and bench is not None:
+        return kt.k_table(per_position, round(cost, 4), f"measured by bench run {bench.run_id} at k={k}")
+    return kt.k_table(per_position, kt.ASSUMED_DRAFT_COST, "assumed: no bench with the drafter yet")
 
 
 def measure(ckpt: str, info: Any, run: CompletedRun, k: int, c: VerifyConfig, ctx: StageRun,

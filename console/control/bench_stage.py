@@ -17,7 +17,8 @@ def bench_argv(profile: Profile, run_id: str, *, label: str, input_run: str | No
             "--endpoint", f"http://127.0.0.1:{profile.server.port}", "--model", profile.server.model_id,
             *(["--prompts", source] if source else ["--input-run", str(input_run)]),
             "--label", label, "--concurrency", ",".join(str(c) for c in b.concurrency),
-            "--num-prompts", str(b.num_prompts), "--max-tokens", str(b.max_tokens),
+            "--num-prompts", str(b.num_prompts),
+            *(["--max-tokens", str(b.max_tokens)] if b.max_tokens is not None else []),
             "--temperature", f"{b.temperature:g}", "--seed", str(b.seed), "--client", b.client,
             "--ready-timeout", f"{profile.server.load_timeout_s:g}"]
     if profile.server.model_path != profile.server.model_id:

@@ -25,16 +25,24 @@ def check_host_path(value: str, what: str) -> str:
 def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, limit: int | None = None,
                   fresh: bool = False, preflight_only: bool = False, api_key_path: str | None = None) -> list[str]:
     g = profile.generate
-    dataset = dataset or g.dataset
-    if not dataset:
-        raise StageArgError("no dataset: set [generate].dataset in the profile or pass --dataset PATH")
+    dataset = dataset or (None if g.sources else g.dataset)
+    if not dataset and not g.sources:
+        raise StageArgError("no dataset: set [generate].dataset (or [[generate.sources]]) in the profile or pass "
+                            "--dataset PATH")
+    if dataset:
+        selection = ["--dataset", dataset, "--limit", str(limit or g.samples)]
+    else:  # several sources, a seeded sample of each (backend/generate/sources.py)
+        selection = ["--sources", json.dumps(g.sources, separators=(",", ":")),
+                     "--selection-seed", str(g.selection_seed)]
+        if any("share" in s for s in g.sources):
+            selection += ["--sample-total", str(limit or g.samples)]
     argv = [profile.paths.python, "-m", "backend.generate",
-            "--dataset", dataset, "--work-dir", profile.paths.work_dir, "--run-id", run_id,
+            *selection[:2], "--work-dir", profile.paths.work_dir, "--run-id", run_id,
             "--endpoint", f"http://127.0.0.1:{profile.server.port}", "--model", profile.server.model_id,
             "--max-tokens", str(g.max_tokens), "--long-prompt", g.long_prompt, "--concurrency", str(g.concurrency),
             "--request-timeout", f"{g.request_timeout_s:g}", "--temperature", f"{g.temperature:g}",
             "--top-p", f"{g.top_p:g}", "--return-token-ids", g.return_token_ids,
-            "--max-retries", str(g.max_retries), "--limit", str(limit or g.samples),
+            "--max-retries", str(g.max_retries), *selection[2:],
             "--expect-reasoning" if profile.server.expect_reasoning else "--no-expect-reasoning"]
     if g.chat_template_kwargs:
         argv += ["--chat-template-kwargs", json.dumps(g.chat_template_kwargs, separators=(",", ":"))]

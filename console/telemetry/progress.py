@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from backend.numbers import count, finite
-from backend.verify.report import K_MAX, draft_positions
+from backend.verify.report import K_MAX, draft_positions, read_k_table
 from console.parsers.text import clean, clean_block
 from console.snapshot import RunInfo
 
@@ -89,6 +89,7 @@ class GenerationProgress(StageProgress):
     bytes_written: int | None = None
     free_disk: int | None = None
     ts: float | None = None
+    by_source: tuple[tuple[str, int, int], ...] = ()  # --sources runs: (name, done, selected)
 
 
 def reason_counts(value: Any) -> tuple[tuple[str, int], ...]:
@@ -118,7 +119,17 @@ def generation_view(run: RunInfo, runs: Sequence[RunInfo] = ()) -> GenerationPro
         skipped_by_reason=reason_counts(ev.get("skipped_by_reason")), failed_by_reason=reason_counts(ev.get("failed_by_reason")),
         reasoning_captured=amount(ev.get("reasoning_captured")), truncated=amount(ev.get("truncated")),
         completion_tokens=amount(ev.get("completion_tokens")), tokens_per_s=finite(ev.get("tokens_per_s")),
-        bytes_written=amount(ev.get("bytes_written")), free_disk=free, ts=finite(ev.get("ts")))
+        bytes_written=amount(ev.get("bytes_written")), free_disk=free, ts=finite(ev.get("ts")),
+        by_source=source_counts(ev.get("by_source")))
+
+
+def source_counts(value: Any, limit: int = 64) -> tuple[tuple[str, int, int], ...]:
+    """A generation's `by_source` ({done: {name: n}, selected: {name: n}}): names cut and cleaned."""
+    if not isinstance(value, dict) or not isinstance(value.get("selected"), dict):
+        return ()
+    done = value.get("done") if isinstance(value.get("done"), dict) else {}
+    return tuple((clean(str(name))[:32], amount(done.get(name)) or 0, n)
+                 for name, selected in list(value["selected"].items())[:limit] if (n := amount(selected)) is not None)
 
 
 @dataclass(frozen=True)
@@ -198,6 +209,7 @@ class VerifyProgress(StageProgress):
     trained: Acceptance | None = None
     untrained: Acceptance | None = None
     report: Mapping[str, Any] | None = field(default=None, compare=False)  # for the stage's own table
+    k_table: Any = field(default=None, compare=False)  # backend/verify/k_table.KTable, read back tolerantly
 
     @property
     def failed_checks(self) -> tuple[str, ...]:
@@ -227,7 +239,8 @@ def verify_view(run: RunInfo, runs: Sequence[RunInfo] = ()) -> VerifyProgress:
     acc = ev.get("acceptance") if isinstance(ev.get("acceptance"), dict) else {}
     k = draft_positions(acc)
     return VerifyProgress(**base, checks=checks, k=k, trained=_acceptance(acc.get("trained"), k),
-                          untrained=_acceptance(acc.get("untrained"), k), report=ev)
+                          untrained=_acceptance(acc.get("untrained"), k), report=ev,
+                          k_table=read_k_table(ev.get("k_table")))
 
 
 @dataclass(frozen=True)
@@ -275,6 +288,11 @@ class TrainProgress(StageProgress):
     val_acc: tuple[float | None, ...] = ()
     resumed_from: int | None = None
     from_series: bool = False
+    # held-out acceptance per saved epoch (backend/train/selection.py): (epoch, mean acceptance length)
+    acceptance: tuple[tuple[int, float], ...] = ()
+    chosen_epoch: int | None = None
+    acceptance_patience: int | None = None
+    stale_epochs: int | None = None
 
     def line(self) -> str:
         if self.point is None:
@@ -318,4 +336,10 @@ def train_view(run: RunInfo, runs: Sequence[RunInfo] = ()) -> TrainProgress:
     return TrainProgress(**base, point=point, loss=loss, val=tuple(val), last_checkpoint=point.checkpoint,
                          best=best_pair, epochs=amount(series.get("epochs")), steps_total=amount(series.get("total")),
                          val_acc=tuple(finite(a) for a in val_acc[:MAX_K]) if isinstance(val_acc, list) else (),
-                         resumed_from=amount(series.get("resumed_from")), from_series=True)
+                         resumed_from=amount(series.get("resumed_from")), from_series=True,
+                         acceptance=tuple((e, v) for item in (series.get("acceptance") or [])[:10_000]
+                                          if isinstance(item, list) and len(item) >= 2
+                                          and (e := amount(item[0])) is not None and (v := finite(item[1])) is not None),
+                         chosen_epoch=amount(series.get("chosen_epoch")),
+                         acceptance_patience=amount(series.get("acceptance_patience")),
+                         stale_epochs=amount(series.get("stale_epochs")))

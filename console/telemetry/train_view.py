@@ -44,6 +44,11 @@ class TrainSeries:
     rate: float | None = None
     eta_s: float | None = None
     resumed_from: int | None = None
+    # held-out acceptance per saved epoch (backend/train/selection.py): (epoch, mean acceptance length, step)
+    acceptance: list[tuple[int, float, int | None]] = field(default_factory=list)
+    chosen_epoch: int | None = None  # the epoch whose checkpoint is handed on (best acceptance)
+    acceptance_patience: int | None = None
+    stale_epochs: int | None = None
     _stride: int = 1  # keep one loss point in `_stride` once decimated
 
     def apply(self, kind: str, data: dict[str, Any]) -> None:
@@ -68,6 +73,8 @@ class TrainSeries:
         elif phase == "checkpoint" and isinstance(data.get("checkpoint"), str):
             self.checkpoints.append({"path": data["checkpoint"], "kind": data.get("checkpoint_kind"),
                                      "epoch": data.get("epoch"), "step": step})
+        elif phase == "acceptance":
+            self._apply_acceptance(data, step)
         elif phase == "best" and isinstance(data.get("best_checkpoint"), str):
             self.best = {"path": data["best_checkpoint"], "val_loss": _num(data.get("best_val_loss")),
                          "epoch": data.get("epoch")}
@@ -85,11 +92,24 @@ class TrainSeries:
             self.rate = _num(data.get("rate"))
             self.eta_s = _num(data.get("eta_s"))
 
+    def _apply_acceptance(self, data: dict[str, Any], step: int | None) -> None:
+        epoch, length = data.get("epoch"), _num(data.get("mean_acceptance_length"))
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or length is None:
+            return
+        self.acceptance = [a for a in self.acceptance if a[0] != epoch] + [(epoch, length, step)]
+        chosen = data.get("chosen_epoch")
+        self.chosen_epoch = chosen if isinstance(chosen, int) and not isinstance(chosen, bool) else self.chosen_epoch
+        for name in ("patience", "stale_epochs"):
+            value = data.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, "acceptance_patience" if name == "patience" else name, value)
+
     def supersede(self, step: int) -> None:
         """Drop what a restart from `step` trains again."""
         self.loss = [p for p in self.loss if p[0] < step]
         self.val = [v for v in self.val if v[0] < step]
         self.checkpoints = [c for c in self.checkpoints if not isinstance(c.get("step"), int) or c["step"] < step]
+        self.acceptance = [a for a in self.acceptance if a[2] is None or a[2] < step]
         self.step = step - 1 if step > 0 else None
         self.resumed_from = step
 
@@ -102,4 +122,6 @@ class TrainSeries:
                 "last_checkpoint": self.checkpoints[-1] if self.checkpoints else None, "best": self.best,
                 "acc_k": self.acc_k, "val_acc_k": self.val_acc_k, "epoch": self.epoch, "step": self.step,
                 "steps_per_epoch": self.steps_per_epoch, "epochs": self.epochs, "total": self.total, "lr": self.lr, "rate": self.rate,
-                "eta_s": self.eta_s, "resumed_from": self.resumed_from}
+                "eta_s": self.eta_s, "resumed_from": self.resumed_from,
+                "acceptance": [list(a) for a in self.acceptance[-MAX_SENT:]], "chosen_epoch": self.chosen_epoch,
+                "acceptance_patience": self.acceptance_patience, "stale_epochs": self.stale_epochs}

@@ -65,6 +65,17 @@ def outcome_lines(view: GenerationProgress) -> list[Content]:
     return out
 
 
+def source_line(view: GenerationProgress, limit: int = 6) -> Content | None:
+    """`sources  chat 7/7 · code 2/8`: done of selected per source (--sources runs only); the names were
+    cleaned by the typed view and go in as a `markup()` value."""
+    if not view.by_source:
+        return None
+    cells = [f"{name} {done}/{selected}" for name, done, selected in view.by_source[:limit]]
+    if len(view.by_source) > limit:
+        cells.append(f"+{len(view.by_source) - limit} more")
+    return markup("sources  $cells", cells=" · ".join(cells))
+
+
 def generation_markup(run: RunInfo | GenerationProgress, tokens_per_s: float | None, width: int = 60) -> Content:
     v = run if isinstance(run, GenerationProgress) else generation_view(run)
     done, total, errors = v.done, v.total, v.failed
@@ -79,6 +90,7 @@ def generation_markup(run: RunInfo | GenerationProgress, tokens_per_s: float | N
         f"tokens/s {num(tokens_per_s, '{:.0f}')}   written {human_bytes(v.bytes_written)}"
         f"   free disk {human_bytes(v.free_disk) if v.free_disk is not None else 'N/A'}",
         *outcome_lines(v),
+        *([line] if (line := source_line(v)) is not None else []),
     )
 
 

@@ -1,4 +1,5 @@
-"""Training progress: loss curve (train per step, validation per epoch), accuracy per draft position, epoch
+"""Training progress: loss curve (train per step, validation per epoch), held-out acceptance per saved epoch
+(the chosen checkpoint starred), accuracy per draft position, epoch
 and step, lr, rate and ETA, last and best checkpoint; and verify's table once it finishes.
 
 A real run's RunInfo carries its accumulated curves (`series`, console/telemetry/train_view.py); without
@@ -87,6 +88,20 @@ def _positions(values: list[Any] | None, with_bars: bool = True) -> str:
     return "  ".join(cells) or "N/A"
 
 
+def acceptance_line(view: Any) -> str | None:
+    """Held-out acceptance per saved epoch (mean acceptance length), the chosen one starred, and how much
+    patience is left before training stops early; None before the first measurement. Numbers only."""
+    points = list(view.acceptance)
+    if not points:
+        return None
+    chosen = view.chosen_epoch
+    cells = [f"ep{e + 1} {v:.2f}" + ("*" if e == chosen else "") for e, v in points[-8:]]
+    tail = f"   chosen: epoch {chosen + 1}" if chosen is not None else ""
+    if view.acceptance_patience and view.stale_epochs is not None:
+        tail += f"   [dim]no gain {view.stale_epochs}/{view.acceptance_patience} epochs[/]"
+    return f"accept   {'  '.join(cells)}{tail}"
+
+
 def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistory,
                     rate: float | None = None) -> Content:
     p = h.last
@@ -107,10 +122,12 @@ def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistor
     resumed = f"   [dim]resumed at step {series.resumed_from}[/]" if series and series.resumed_from is not None else ""
     best = f"{h.best[1]} (val {h.best[0]:.4f})" if h.best else "N/A"
     val_acc = list(series.val_acc) if series else None
+    accept = acceptance_line(series) if series else None
     return lines(
         markup(f"run      [b]$run[/b]  [dim]$state[/]   epoch {epoch}  step {step}   "
                f"rate {num(rate, '{:.2f} step/s')}   ETA {duration(eta)}{resumed}", run=run_id, state=state),
         f"loss     {num(p.loss, '{:.4f}')}   val {num(p.val_loss, '{:.4f}')}   lr {num(p.lr, '{:.2e}')}",
+        *([accept] if accept else []),
         f"acc/pos  {_positions(p.acc)}" + (f"   [dim]val {_positions(val_acc, False)}[/]" if val_acc else ""),
         markup("ckpt     last $last   best $best", last=h.last_checkpoint or "N/A", best=best),
     )
@@ -136,7 +153,19 @@ def verify_markup(run: RunInfo) -> Content:
         cells = "".join(f"{x:<7.2f}" if x is not None else "N/A    " for x in per[:k])
         rows.append(f"         {name:<10} {cells}{num(a and a.mean_accepted, '{:<9.2f}')} "
                     f"{num(a and a.mean_acceptance_length, '{:.2f}')}")
-    return lines(*rows)
+    k_line = _k_line(v.k_table)
+    return lines(*rows, *([k_line] if k_line else []))
+
+
+def _k_line(table: Any) -> Content | None:
+    """verify's K table (the typed view's, read tolerantly there) in one line: expected length and speed-up
+    per K, the recommended K and where the draft cost came from (host text, as a variable)."""
+    if table is None or not table.rows:
+        return None
+    cells = [f"{r.k}:{r.expected_length:.2f}/x{r.speedup:.2f}" for r in table.rows]
+    verdict = f"recommended K={table.recommended}" if table.recommended > 0 else "no K pays"
+    return markup(f"         K length/speed-up  {'  '.join(cells)}   [b]{verdict}[/b]  [dim]$source[/]",
+                  source=table.cost_source[:80])
 
 
 class TrainingPane(Pane):
