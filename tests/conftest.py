@@ -6,7 +6,10 @@ exactly the bugs they exist to catch.
 """
 from __future__ import annotations
 
+import http.server
+import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,3 +94,26 @@ def utc(monkeypatch):
     yield
     monkeypatch.undo()
     time.tzset()
+
+
+class _Answering(http.server.BaseHTTPRequestHandler):
+    """Says 200 to everything the one server switch asks (/health, /v1/models with one model)."""
+
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "tiny", "max_model_len": 4096}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_):
+        pass
+
+
+@pytest.fixture
+def answering():
+    """The URL of a loopback server that answers the switch's readiness checks."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()

@@ -5,13 +5,11 @@ handled by the plan's commands (a service manager reduced to `touch`/`rm`/`test`
 real bench program, against the stand-in."""
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,36 +19,6 @@ from harness.sim_support import REPO, SimServer
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny"
-
-
-class Answering:
-    """A server stand-in that only answers the switch's readiness checks (/health, /v1/models)."""
-
-    def __init__(self):
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = json.dumps({"data": [{"id": MODEL, "max_model_len": 4096}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-
-
-@pytest.fixture
-def answering():
-    server = Answering()
-    yield server.url
-    server.close()
 
 
 def plan_for(tmp_path: Path, baseline_argv: list[str], drafter_argv: list[str],

@@ -4,14 +4,12 @@ tmpfs): every program ends with a finish, the toy's naming the full volume."""
 from __future__ import annotations
 
 import errno
-import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -176,20 +174,8 @@ def _fill_then(cmd: str) -> list[str]:
             "        f.write(b'x' * 65536); f.flush()\nexcept OSError:\n    pass\nsys.exit(1)", cmd]
 
 
-class _Answering(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = json.dumps({"data": [{"id": "m", "max_model_len": 4096}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_):
-        pass
-
-
 @pytest.mark.parametrize("program", ["chain", "benchpair"])
-def test_every_program_ends_with_a_finish_on_a_full_disk(tmp_path, small_disk, program, request):
+def test_every_program_ends_with_a_finish_on_a_full_disk(tmp_path, small_disk, program, answering):
     """The chain and the bench pair died with a traceback when their summary no longer fitted."""
     work = small_disk
     filler = str(small_disk / "filler")
@@ -199,13 +185,10 @@ def test_every_program_ends_with_a_finish_on_a_full_disk(tmp_path, small_disk, p
         run = work / "runs" / "c"
     else:
         # the baseline runs already and answers (a loopback server that says 200 to the switch's checks)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        request.addfinalizer(server.shutdown)
         home = {"name": "baseline", "unit": "baseline", "start": ["true"], "stop": ["true"], "alive": ["true"]}
         drafter = {"name": "drafter", "unit": "drafter", "start": ["true"], "stop": ["true"], "alive": ["false"]}
         plan = {"switch": {"version": 1, "home": home, "away": [drafter], "ready_timeout_s": 30,
-                           "endpoint": f"http://127.0.0.1:{server.server_address[1]}"}}
+                           "endpoint": answering}}
         plan["baseline"] = {"run_id": "p-baseline", "argv": _fill_then(filler)}
         plan["drafter"] = {"run_id": "p-drafter", "argv": ["true"]}
         argv = ["backend.benchpair", "--run-id", "p"]

@@ -4,12 +4,10 @@ processes: servers are marker files handled by the plan's commands (a service ma
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,25 +18,6 @@ from backend.switch import Switch, SwitchFailed, switch_from_dict
 from tests.sim_support import REPO
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def answering():
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"data": [{"id": "m", "max_model_len": 4096}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
 
 
 def plan_dict(tmp_path: Path, endpoint: str, *, start_delay: float = 0.0, stubborn: str = "",
