@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from backend.numbers import finite
+from backend.redact import redacted
 from backend.runs import read_json_object
 from backend.serverlock import LockHeld, ServerLock
 
@@ -279,10 +280,11 @@ class Switch:
             return None, f"timed out after {timeout:g} s"
 
     async def step(self, name: str, argv: list[str], phase: str) -> bool:
-        self.progress(phase, force=True, step=name, command=shlex.join(argv))
+        shown = shlex.join(redacted(argv))  # events and summaries never hold a unit's secret Environment= value
+        self.progress(phase, force=True, step=name, command=shown)
         t0 = time.monotonic()
         rc, output = await self._exec(argv, self.plan.command_timeout_s)
-        record = StepRecord(step=name, command=shlex.join(argv), rc=rc, ok=rc == 0,
+        record = StepRecord(step=name, command=shown, rc=rc, ok=rc == 0,
                             seconds=round(time.monotonic() - t0, 2), output=output)
         self.record.steps.append(record)
         self.progress(phase, force=True, swap=record.to_dict())

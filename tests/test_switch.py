@@ -190,3 +190,24 @@ async def test_the_consoles_own_server_actions_are_refused_while_a_program_holds
                     in result.message, result
     finally:
         lock.release()
+
+
+def test_a_units_secret_environment_never_lands_in_the_switchs_events(tmp_path, answering):
+    """A derived server carries the operator's unit's Environment= as --setenv; its token is run, not recorded."""
+    plan = plan_dict(tmp_path, answering)
+    start = plan["away"][0]["start"]
+    plan["away"][0]["start"] = ["env", "HF_TOKEN=hf_secret_value", "--setenv=API_KEY=sk-secret", *start]
+    progress: list[dict] = []
+    sw = Switch(switch_from_dict(plan), holder="test",
+                progress=lambda phase, force=False, **kw: progress.append({"phase": phase, **kw}))
+
+    async def run() -> None:
+        try:
+            await sw.go("drafter")
+        finally:
+            await sw.back()
+
+    asyncio.run(run())
+    shown = json.dumps([sw.record.to_dict(), progress])
+    assert "start_drafter" in shown and "HF_TOKEN=***" in shown
+    assert "hf_secret_value" not in shown and "sk-secret" not in shown
