@@ -119,7 +119,8 @@ def test_stepwise_draft_equals_speculators_forward(tiny_drafters, tiny):
     ids = tiny.chat_prompt(ASK, thinking=True) + tiny.encode("<think>Let me break the question into parts.")
     n = len(ids)
     with torch.inference_mode():
-        states = hidden_states.compute(tiny.model, ids, drafter.aux_layer_ids)
+        states = hidden_states.compute(tiny.model, ids, hidden_states.speculators_ids(
+            drafter.aux_layer_ids, hidden_states.num_layers(tiny.model)))
         aux = states[:, :-1].reshape(n, -1)
         ref = drafter.model(hidden_states=aux[:-1][None], input_ids=torch.tensor(ids[1:])[None],
                             document_ids=torch.zeros(1, n - 1, dtype=torch.long),

@@ -10,7 +10,9 @@ is an argv list (no shell parsing here), run with a timeout:
     extractor_log_tail (optional)         prints the end of its log, for saying why it died
 
 plus where the extractor answers (`endpoint`, `health_url`, `models_url`), how long it may take to load
-(`ready_timeout_s`), where its connector writes (`storage_path`) and the aux layer ids it was started with.
+(`ready_timeout_s`), where its connector writes (`storage_path`), the layer ids the server is started with
+(`extract_layer_ids`: the aux ids plus the verifier's final layer, backend/verifier.extraction_layer_ids) and
+the aux ids alone (`aux_layer_ids`, what training and verify get).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class SwapPlan:
     ready_timeout_s: float
     storage_path: str
     aux_layer_ids: list[int]
+    extract_layer_ids: list[int]  # asked of the server: aux ids + the final layer; one state per id comes back
     command_timeout_s: float = 300.0
     extractor_alive: list[str] | None = None
     extractor_log_tail: list[str] | None = None
@@ -75,6 +78,13 @@ def plan_from_dict(data: Any, path: str = "<plan>") -> SwapPlan:
     ids = data.get("aux_layer_ids")
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise PlanError(f"{path}: aux_layer_ids must be a non-empty list of integers")
+    asked = data.get("extract_layer_ids")
+    if not isinstance(asked, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in asked):
+        raise PlanError(f"{path}: extract_layer_ids must be a list of integers (the aux ids plus the final layer), "
+                        f"got {str(asked)[:80]}: the console and the backend on the host differ; start the stage "
+                        f"from the console again")
+    if asked[:-1] != ids or len(asked) != len(ids) + 1:
+        raise PlanError(f"{path}: extract_layer_ids {asked} must be aux_layer_ids {ids} plus the final layer")
     timeouts = {}
     for key, default in (("ready_timeout_s", None), ("command_timeout_s", 300.0)):
         value = data.get(key, default)
@@ -94,11 +104,23 @@ def plan_from_dict(data: Any, path: str = "<plan>") -> SwapPlan:
         health_url=_url(path, {"health_url": data.get("health_url", f"{endpoint}/health")}, "health_url"),
         models_url=_url(path, {"models_url": data.get("models_url", f"{endpoint}/v1/models")}, "models_url"),
         ready_timeout_s=timeouts["ready_timeout_s"], command_timeout_s=timeouts["command_timeout_s"],
-        storage_path=storage, aux_layer_ids=list(ids),
+        storage_path=storage, aux_layer_ids=list(ids), extract_layer_ids=list(asked),
         extractor_alive=_argv(path, data, "extractor_alive", required=False),
         extractor_log_tail=_argv(path, data, "extractor_log_tail", required=False),
         baseline_unit=str(data.get("baseline_unit") or ""), extractor_unit=str(data.get("extractor_unit") or ""),
         extractor_command=[str(v) for v in data.get("extractor_command") or []])
+
+
+def check_server_layers(plan: SwapPlan, info: Any) -> None:
+    """PlanError unless the plan's server is asked for what speculators reads: the aux ids and then the
+    verifier's (`info`: backend.verifier.VerifierInfo) final layer, one state each."""
+    from backend.verifier import VerifierError, check_extraction_layer_ids, extraction_layer_ids
+
+    try:
+        check_extraction_layer_ids(info, plan.extract_layer_ids)
+    except VerifierError as exc:
+        raise PlanError(f"the plan starts the extraction server with layer ids {plan.extract_layer_ids}, expected "
+                        f"{extraction_layer_ids(plan.aux_layer_ids, info.num_layers)}: {exc}") from None
 
 
 def load_plan(path: str) -> SwapPlan:

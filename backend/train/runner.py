@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from backend.events import EventLog
-from backend.extract.plan import PlanError, SwapPlan, load_plan
+from backend.extract.plan import PlanError, SwapPlan, check_server_layers, load_plan
 from backend.pipeline import CompletedRun, InputError, completed_run, latest_completed
 from backend.runs import Manifest, RunDir, RunDirError, open_run_dir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
@@ -222,7 +222,9 @@ class Stage:
         try:
             self.use_plan()
             inputs = Inputs(c)
-        except (InputError, VerifierError, UsageError, ConfigError) as exc:
+            if self.swap_plan is not None:  # online: its server must write the states speculators reads
+                check_server_layers(self.swap_plan, inputs.info)
+        except (InputError, VerifierError, UsageError, ConfigError, PlanError) as exc:
             print(f"train: {exc}", file=sys.stderr)
             return 2
         available = gpu_count()

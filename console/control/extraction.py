@@ -2,7 +2,8 @@
 
 The extraction server is the baseline's own command line (units.server_command, from the same profile
 values) plus vLLM's two extraction flags: the `extract_hidden_states` speculative method with the aux layer
-ids, and the hidden-states KV connector writing into this run's staging directory. It runs as its own
+ids AND the verifier's final layer (vLLM writes exactly one state per id; speculators reads the last one as
+the final state: backend/verifier.extraction_layer_ids), and the hidden-states KV connector writing into this run's staging directory. It runs as its own
 program beside the baseline's name (`<server unit>-extract`): a transient systemd unit, or its own tmux
 session, started and stopped with the same argv builders as stages (units.stage_start_argv / stop).
 
@@ -17,6 +18,7 @@ import shlex
 from typing import Any, Sequence
 
 from backend.extract.plan import PLAN_VERSION
+from backend.verifier import extraction_layer_ids
 from console.control.units import (_sudo, server_command, server_log_path, server_start_argv, server_stop_argv,
                                    stage_log_path, stage_start_argv,
                                    stage_stop_argv, tmux_stop_argv, tmux_target)
@@ -51,16 +53,17 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def extraction_flags(aux_layer_ids: Sequence[int], storage: str) -> list[str]:
+def extraction_flags(layer_ids: Sequence[int], storage: str) -> list[str]:
+    """vLLM's flags for an extraction server writing one state per id in `layer_ids` into `storage`."""
     spec = {"method": EXTRACT_METHOD, "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in aux_layer_ids]}}}
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids]}}}
     kv = {"kv_connector": HS_CONNECTOR, "kv_role": "kv_producer",
           "kv_connector_extra_config": {"shared_storage_path": storage}}
     return ["--speculative-config", _json(spec), "--kv-transfer-config", _json(kv)]
 
 
-def extractor_command(profile: Profile, aux_layer_ids: Sequence[int], storage: str) -> list[str]:
-    if not aux_layer_ids:
+def extractor_command(profile: Profile, layer_ids: Sequence[int], storage: str) -> list[str]:
+    if not layer_ids:
         raise ExtractionPlanError("no aux layer ids: resolve [drafter].aux_layer_ids against the verifier first")
     base = server_command(profile)
     clash = sorted({a.split("=", 1)[0] for a in base if a.split("=", 1)[0] in _OWN_FLAGS})
@@ -68,7 +71,7 @@ def extractor_command(profile: Profile, aux_layer_ids: Sequence[int], storage: s
         raise ExtractionPlanError(f"the server's command line already has {', '.join(clash)} "
                                   f"(server.vllm_args or server.command): the extraction server adds its own; "
                                   f"take it out of the baseline's arguments")
-    return base + extraction_flags(aux_layer_ids, storage)
+    return base + extraction_flags(layer_ids, storage)
 
 
 def _alive_argv(profile: Profile, unit: str) -> list[str]:
@@ -85,12 +88,16 @@ def _log_tail_argv(profile: Profile, unit: str, log_path: str) -> list[str]:
     return ["tail", "-n", str(LOG_LINES), log_path]
 
 
-def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int]) -> dict[str, Any]:
-    """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it)."""
+def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_layers: int) -> dict[str, Any]:
+    """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it);
+    `num_layers`: the verifier's decoder layers, whose last output the server is asked for too."""
+    if not aux_layer_ids:
+        raise ExtractionPlanError("no aux layer ids: resolve [drafter].aux_layer_ids against the verifier first")
     s = profile.server
     unit = extractor_unit(profile)
     storage = staging_dir(profile, run_id)
-    command = extractor_command(profile, aux_layer_ids, storage)
+    asked = extraction_layer_ids(aux_layer_ids, num_layers)
+    command = extractor_command(profile, asked, storage)
     log_path = stage_log_path(profile, unit)
     start = stage_start_argv(profile, unit, command, log_path=log_path, cwd=profile.paths.work_dir,
                              env=dict(profile.extract.server_env))
@@ -114,6 +121,7 @@ def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int]) -> d
         "command_timeout_s": s.stop_timeout_s + 60,
         "storage_path": storage,
         "aux_layer_ids": [int(i) for i in aux_layer_ids],
+        "extract_layer_ids": asked,
     }
 
 

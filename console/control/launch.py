@@ -360,7 +360,7 @@ class _Launcher:
                 return stage_argv.prepare_argv(p, run_id, input_run or "", fresh=fresh), None
             if stage == "extract":
                 ids = json.loads(await self.host_query(stage_argv.aux_layers_argv(p), "aux layer ids"))
-                plan_file = await self.upload_swap_plan(run_id, ids["aux_layer_ids"])
+                plan_file = await self.upload_swap_plan(run_id, ids["aux_layer_ids"], ids["num_layers"])
                 return (stage_argv.extract_argv(p, run_id, input_run or "", plan_file=plan_file,
                                                 aux_layer_ids=ids["aux_layer_ids"], fresh=fresh),
                         stage_argv.extract_argv(p, run_id, input_run or "", plan_file=plan_file,
@@ -368,7 +368,7 @@ class _Launcher:
             if stage in ("train", "verify") and req.is_online(p):
                 # the extraction server takes the baseline's place for the stage (backend/swap.py)
                 ids = json.loads(await self.host_query(stage_argv.aux_layers_argv(p), "aux layer ids"))
-                plan_file = await self.upload_swap_plan(run_id, ids["aux_layer_ids"])
+                plan_file = await self.upload_swap_plan(run_id, ids["aux_layer_ids"], ids["num_layers"])
                 if stage == "verify":
                     if req.checkpoint is not None:
                         check_host_path(req.checkpoint, "--checkpoint")
@@ -418,8 +418,8 @@ class _Launcher:
         self.shown.extend(f"(bench {k}) {shlex.join(plan[k]['argv'])}" for k in ("baseline", "drafter"))
         return pair_argv(p, run_id, plan_file, fresh=req.fresh)
 
-    async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int]) -> str:
-        plan = build_plan(self.profile, run_id, aux_layer_ids)
+    async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int], num_layers: int) -> str:
+        plan = build_plan(self.profile, run_id, aux_layer_ids, num_layers)
         path = plan_path(self.profile, run_id)
         await self.host.run(["mkdir", "-p", path.rsplit("/", 1)[0]], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), path)
