@@ -17,7 +17,7 @@ transformers, tokenizers, aiohttp; nothing is downloaded. Target: under 10 minut
    hidden states (sim/hidden_states.py on the GPU) with speculators' model and loss (the loop of
    tests/specdec_support.train; switch to the train stage, backend/train, once it is merged).
 4. `vllm serve` again with `--speculative-config` (eagle3, the checkpoint, 3 tokens), checked by its
-   `Using auxiliary layers` log line; the bench stage measures it on the same prompts against the
+   `Using [Eagle3] auxiliary layers from ...` log line; the bench stage measures it on the same prompts against the
    baseline run and prints the table (exit 3 from the bench means the drafter was slower).
 
 Prints each phase's wall time, the comparison table, and per level the speed-up and acceptance length.
@@ -243,7 +243,7 @@ def main() -> None:
     try:
         server.wait_ready()
         log = server.log.read_text()
-        if "Using auxiliary layers" not in log:
+        if "auxiliary layers from" not in log:  # V1 runner: "Using auxiliary ...", V2: "Using Eagle3 auxiliary ..."
             print("warning: vllm did not log its auxiliary layers; is the drafter loaded?", flush=True)
         phase("drafter vllm ready", t)
         t = time.monotonic()

@@ -3,8 +3,8 @@
 The extraction server is the baseline's own command line (units.server_command, from the same profile
 values) plus vLLM's two extraction flags: the `extract_hidden_states` speculative method with the aux layer
 ids AND the verifier's final layer (vLLM writes exactly one state per id; speculators reads the last one as
-the final state: backend/verifier.extraction_layer_ids), and the hidden-states KV connector writing into this run's staging directory. It runs as its own
-program beside the baseline's name (`<server unit>-extract`): a transient systemd unit, or its own tmux
+the final state: backend/verifier.extraction_layer_ids), and the hidden-states KV connector writing into
+this run's staging directory. It runs as its own program beside the baseline's name (`<server unit>-extract`): a transient systemd unit, or its own tmux
 session, started and stopped with the same argv builders as stages (units.stage_start_argv / stop).
 
 The plan (backend/extract/plan.py reads it) holds argv lists only; the extract stage runs them itself,
