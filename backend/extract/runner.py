@@ -8,7 +8,9 @@
     extract                          speculators' generate-offline-data for the train and held-out rows
                                      (offline.py, one child process), watched: files counted for progress,
                                      the server's health and unit checked so a server that dies midway
-                                     ends the run at once with the reason
+                                     ends the run at once with the reason, and the first file of each
+                                     side checked for one state per layer id asked for (the aux ids and
+                                     the final layer: backend/verifier.extraction_layer_ids)
     swap back (always)               stop the extraction server and start the baseline again, also after a
                                      failure or SIGTERM; every command and its outcome goes to events.jsonl
 
