@@ -139,7 +139,7 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
             if aux is not None and plan.aux_layer_ids != aux:
                 raise PlanError(f"the plan starts the extraction server with aux layer ids {plan.aux_layer_ids}, "
                                 f"the stage extracts {aux}")
-            if info is not None:
+            if info is not None and aux is not None:  # (ids out of range are reported once, above)
                 check_server_layers(plan, info)
             report.add("swap_plan", True, f"extraction server {plan.extractor_unit or '?'} at {plan.endpoint}")
         except PlanError as exc:
