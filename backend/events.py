@@ -34,10 +34,13 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from backend.numbers import finite
 
 EVENTS_FILE = "events.jsonl"
 # The systemd unit or tmux session the stage runs in, set by whoever started it (a pipeline's stages run
@@ -61,9 +64,23 @@ class Event:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "Event":
+        """Raises BadEvent when a key every event has is of the wrong type (a foreign or hostile writer:
+        `"ts":"x"`, `"ts":null`, a list for a stage); readers skip that line and count it."""
+        ts = finite(record.get("ts", 0.0))
+        if ts is None:
+            raise BadEvent(f"ts is not a finite number: {str(record.get('ts'))[:40]!r}")
+        names = {}
+        for key in ("kind", "stage", "run_id"):
+            value = record.get(key, "")
+            if not isinstance(value, str):
+                raise BadEvent(f"{key} is not a string")
+            names[key] = value
         data = {k: v for k, v in record.items() if k not in ("ts", "kind", "stage", "run_id")}
-        return cls(kind=str(record.get("kind", "")), stage=str(record.get("stage", "")),
-                   run_id=str(record.get("run_id", "")), ts=float(record.get("ts", 0.0)), data=data)
+        return cls(ts=ts, data=data, **names)
+
+
+class BadEvent(ValueError):
+    """A JSON object that is not an event (a key every event has is missing its type)."""
 
 
 class EventWriteFailed(OSError):
@@ -171,23 +188,53 @@ def drop_torn_tail(fd: int, path: str) -> str | None:
     return side
 
 
-def parse_events(chunk: bytes) -> tuple[list[Event], int]:
-    """Parse complete lines of `chunk`; return the events and how many bytes were consumed.
+def _finite_or_none(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
 
-    An unterminated last line is left for the next read (it may still be being written); a line
-    that is not valid JSON (torn by a crash, then followed by more writes) is skipped, never raised.
-    """
-    events: list[Event] = []
+
+def load_json(line: bytes | str) -> Any:
+    """One JSON value as a reader of another program's file takes it: `NaN`, `Infinity` and numbers that
+    overflow a float (`1e999`) read as null, so no non-finite float gets past here; raises ValueError for
+    anything that is not JSON, nested too deep (RecursionError) or with an integer too long to convert."""
+    try:
+        return json.loads(line, parse_float=_finite_or_none, parse_constant=lambda _name: None)
+    except RecursionError as exc:
+        raise ValueError("nested too deep") from exc
+
+
+@dataclass
+class ParsedEvents:
+    events: list[Event]
+    consumed: int  # bytes of the chunk that were whole lines
+    skipped: int = 0  # whole lines that were not an event (not JSON, not an object, wrong types)
+
+
+def read_events(chunk: bytes) -> ParsedEvents:
+    """Parse the complete lines of `chunk`.
+
+    An unterminated last line is left for the next read (it may still be being written); a line that is
+    not an event (torn by a crash then followed by more writes, or written by a foreign or hostile
+    program) is skipped and counted, never raised: its blast radius is that one line."""
+    out = ParsedEvents([], 0)
     end = chunk.rfind(b"\n")
     if end < 0:
-        return events, 0
+        return out
+    out.consumed = end + 1
     for line in chunk[: end + 1].splitlines():
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = load_json(line)
+            if not isinstance(record, dict):
+                raise BadEvent("not a JSON object")
+            out.events.append(Event.from_record(record))
         except ValueError:
-            continue
-        if isinstance(record, dict):
-            events.append(Event.from_record(record))
-    return events, end + 1
+            out.skipped += 1
+    return out
+
+
+def parse_events(chunk: bytes) -> tuple[list[Event], int]:
+    """read_events without the count of skipped lines: (events, bytes consumed)."""
+    parsed = read_events(chunk)
+    return parsed.events, parsed.consumed

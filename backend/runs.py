@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -86,19 +87,46 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+class _NonFinite(str):
+    """NaN, Infinity or a number that overflows a float, as written in the file (to name it)."""
+
+
+def _finite_float(text: str) -> float | str:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def _non_finite_key(data: Any, where: str = "") -> tuple[str, str] | None:
+    if isinstance(data, _NonFinite):
+        return where or "(top level)", str(data)
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = _non_finite_key(value, f"{where}.{key}" if isinstance(key, str) and where else
+                                f"{where}[{key}]" if isinstance(key, int) else str(key))
+        if found:
+            return found
+    return None
+
+
 def read_json_object(path: str, error: type[Exception], missing: str) -> dict[str, Any]:
-    """A JSON object from `path`, or `error` saying what is wrong with it (`missing` when it is absent)."""
+    """A JSON object from `path`, or `error` saying what is wrong with it (`missing` when it is absent).
+
+    Every number in it is finite: a plan or a config with NaN or 1e999 (a timeout that never ends, a
+    learning rate of nan) is refused naming the key, as a profile is."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = json.load(f, parse_float=_finite_float, parse_constant=_NonFinite)
     except FileNotFoundError:
         raise error(missing) from None
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise error(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise error(f"{path} is not a JSON object")
+    bad = _non_finite_key(data)
+    if bad is not None:
+        raise error(f"{path}: {bad[0]}: expected a finite number, got {bad[1]}")
     return data
 
 

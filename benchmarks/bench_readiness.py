@@ -5,8 +5,10 @@
 One `eagle3-console status --watch` process (as an operator would run it) watches a local demo profile
 (tmux manager) for all trials. Each trial starts the stand-in, a thread notes when its port first
 accepts a connection (a 2 ms connect loop: vLLM binds at once but listens only when loaded), and the
-watch's JSON line with phase `ready` is timestamped as it is read. Target: median <= 1.0 s (the seed's
-polling took up to 300 s).
+watch's JSON line with phase `ready` is timestamped as it is read. The session does not wait for its
+next tick: the server's `Application startup complete.` (the journal stream under systemd, a `tail -F`
+of the log under tmux) makes it ask /health and /v1/models at once. Target: median <= 0.25 s (polling
+alone: about half the interval; the seed's `sleep 300` took up to 300 s).
 """
 from __future__ import annotations
 
@@ -111,8 +113,8 @@ def main() -> int:
     print(f"readiness latency over {len(ms)} trials (listen -> `status --watch` ready, interval {a.interval:g} s)")
     print(f"  median {statistics.median(ms):.0f} ms   max {ms[-1]:.0f} ms   min {ms[0]:.0f} ms")
     print(f"  all: {' '.join(f'{x:.0f}' for x in ms)}")
-    ok = statistics.median(ms) <= 1000
-    print(f"  target median <= 1000 ms: {'met' if ok else 'MISSED'}")
+    ok = statistics.median(ms) <= 250
+    print(f"  target median <= 250 ms: {'met' if ok else 'MISSED'}")
     return 0 if ok else 1
 
 

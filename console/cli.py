@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from console.commands import demo_cmd, profile_cmd, run_cmd, server_cmd, trust_cmd
+from console.commands import demo_cmd, profile_cmd, run_cmd, runs_cmd, server_cmd, trust_cmd
 from console.version import package_version
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     server_cmd.add_parsers(sub)
     demo_cmd.add_parser(sub)
     run_cmd.add_parser(sub)
+    runs_cmd.add_parser(sub)
     trust_cmd.add_parser(sub)
     return parser
 

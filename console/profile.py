@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import tomllib
@@ -19,7 +20,7 @@ from typing import Any, Callable
 
 import tomli_w
 
-from backend.fetch_drafter.names import repo_id_problem, revision_problem
+from backend.fetch_drafter.names import endpoint_problem, repo_id_problem, revision_problem
 
 # --- value checks -----------------------------------------------------------------------------------
 
@@ -160,7 +161,9 @@ def _matches(value: Any, tp: Any) -> bool:
     if origin is dict:
         return isinstance(value, dict)
     if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        # TOML has nan and inf: neither is a timeout, a learning rate or a size (`nan < lo` is false,
+        # so no range check would ever refuse it)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if tp is bool:
@@ -200,6 +203,9 @@ def _build(cls: type, table: Any, prefix: str, problems: list[tuple[str, str]]) 
         value = table[name]
         if nested:
             values[name] = _build(nested, value, key, problems)
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append((key, f"expected a finite number, got {_describe(value)}"))
             continue
         if not _matches(value, tp):
             problems.append((key, f"expected {_type_name(tp)}, got {_describe(value)}"))
@@ -263,6 +269,8 @@ class HostSection:
     known_hosts: str | None = knob(None, check=check_local_path,
                                    doc="default ~/.ssh/known_hosts; checking is never switched off")
     simulated: bool = knob(False, doc="a demo host: every view is labelled SIMULATED")
+    forward_agent: bool = knob(False, doc="forward your ssh-agent to the host; off unless set here, whatever "
+                                          "~/.ssh/config says (whoever is root there can use the agent's keys)")
 
 
 @dataclass
@@ -453,7 +461,9 @@ _HUB_ENDPOINT = re.compile(r"https?://[A-Za-z0-9.-]+(?::\d{1,5})?(?:/[A-Za-z0-9.
 
 
 def check_hub_endpoint(v: str) -> str | None:
-    return None if _HUB_ENDPOINT.fullmatch(v) else "an http(s) URL such as https://huggingface.co"
+    if not _HUB_ENDPOINT.fullmatch(v):
+        return "an http(s) URL such as https://huggingface.co"
+    return endpoint_problem(v)
 
 
 @dataclass
@@ -479,6 +489,18 @@ class BenchSection:
     hub_token_env: str = knob("HF_TOKEN", check=check_env_name,
                               doc="the console's environment variable holding a Hub token (gated/private repos)")
     hub_token_file: str | None = knob(None, check=check_local_path, doc="or a file on this machine holding it")
+    hub_token_upload: bool = knob(False, doc="the drafter's repo is gated or private: hand `run fetch-drafter` the "
+                                             "Hub token (never otherwise; the stage removes it once read)")
+
+
+@dataclass
+class NotifySection:
+    """A call when a load finishes or fails, or a stage completes or fails (also with --readonly). The
+    user config ($XDG_CONFIG_HOME/eagle3-console/config.toml, table [notify]) overrides these keys."""
+    bell: bool = knob(True, doc="ring the terminal bell")
+    tmux: bool = knob(True, doc="a tmux display-message when the console runs inside tmux ($TMUX)")
+    command: list[str] = knob([], check=check_args,
+                              doc="a program on this machine (argv list), given the event as JSON on stdin")
 
 
 @dataclass
@@ -495,6 +517,7 @@ class Profile:
     verify: VerifySection = knob(None)
     serve_drafter: ServeDrafterSection = knob(None)
     bench: BenchSection = knob(None)
+    notify: NotifySection = knob(None)
     name: str = field(default="", metadata={"internal": True})
     source: str | None = field(default=None, metadata={"internal": True})
 
@@ -597,3 +620,37 @@ def hub_token(profile: Profile) -> str | None:
         except OSError:
             return None
     return None
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "eagle3-console" / "config.toml"
+
+
+def notify_settings(profile: Profile, path: str | Path | None = None) -> NotifySection:
+    """The profile's [notify], with the keys the user config's [notify] sets put over it (the operator's
+    own bell and notify command follow them from host to host). A bad user config: ProfileError naming it."""
+    path = Path(path) if path is not None else user_config_path()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return profile.notify
+    except OSError as e:
+        raise ProfileError(str(path), [("", f"cannot read: {e.strerror}")]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ProfileError(str(path), [("", f"not a TOML file: {e}")]) from None
+    problems: list[tuple[str, str]] = []
+    for key in data:
+        if key != "notify":
+            problems.append((key, "unknown table; expected: notify"))
+    table = data.get("notify", {})
+    if not isinstance(table, dict):
+        problems.append(("notify", "expected a table"))
+        table = {}
+    merged = {**dataclasses.asdict(profile.notify), **table}
+    settings = _build(NotifySection, merged, "notify", problems)
+    if problems:
+        raise ProfileError(str(path), problems)
+    return settings

@@ -18,9 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
-from console.control import launch
+from console.control import disk, launch
+from console.control.disk import DiskReport
 from console.control import drafter_server as ds
 from console.control.launch import Launch, StageError, StageRequest
+from console.control.operator_unit import OperatorUnitError, read_server_program
 from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
                                    server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
@@ -28,8 +30,10 @@ from console.host.base import AuthenticationFailed, HostError, HostKeyError
 from console.host.factory import host_for_profile
 from console.parsers.journal import journal_follow_argv, parse_journal_json
 from console.parsers.text import clean, clean_block
+from console.parsers.vllm_log import STARTUP_COMPLETE, parse_line
 from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
+from console.telemetry.history import History
 from console.telemetry.server_log import LogFileCursor
 from console.telemetry.snapshot import RunInfo, Snapshot
 
@@ -76,9 +80,38 @@ class Controller(Protocol):
 
     async def serve_baseline(self) -> ActionResult: ...
 
+    async def disk_report(self) -> DiskReport:
+        await self.host.connect()
+        return await disk.survey(self.host, self.profile, readonly=self.readonly)
+
+    def _prune_selection(self) -> list[str]:
+        running = [r.run_id for r in self.collector.run_infos() if r.state == "running"]
+        return disk.selection_args(running=running, older_than_s=None, stage=None, archived=False)
+
+    async def prune_plan(self) -> disk.PrunePlan:
+        return await disk.prune(self.host, self.profile, self._prune_selection())
+
+    async def prune_runs(self, names: list[str]) -> ActionResult:
+        """Delete the runs the operator agreed to; the host plans again first and keeps what is protected now."""
+        if refused := self._refused():
+            return refused
+        try:
+            done = await disk.prune(self.host, self.profile, self._prune_selection(), only=names)
+        except (disk.DiskError, HostError) as e:
+            return ActionResult(False, clean_block(str(e)))
+        kept = [n for n in names if n not in done.deleted]
+        note = f"; kept after all (protected or gone meanwhile): {', '.join(kept)}" if kept else ""
+        return ActionResult(True, f"deleted {len(done.deleted)} run(s): {', '.join(done.deleted) or 'none'}{note}",
+                            (f"python -m backend.disk prune --delete ({len(names)} run(s))",))
+
     async def deep_check(self) -> ActionResult: ...
 
     async def close(self) -> None: ...
+
+
+def is_ready_line(line: str) -> bool:
+    event = parse_line(line)
+    return event is not None and event.kind == STARTUP_COMPLETE
 
 
 class Session:
@@ -101,6 +134,12 @@ class Session:
         self._subscribers: set[asyncio.Queue] = set()
         self._refresh: asyncio.Task | None = None
         self._waiting_since: float | None = None
+        # set by the server's log stream on `Application startup complete.`: the loop checks HTTP at
+        # once instead of at its next tick (readiness within one round trip of the server being ready)
+        self.history = History()  # the panes' strips: GPU memory and utilization, token rates
+        self._ready_line = asyncio.Event()
+        self._ready_watch: asyncio.Task | None = None
+        self._ready_watch_path: str | None = None
 
     @property
     def final_error(self) -> str | None:
@@ -117,11 +156,52 @@ class Session:
         while True:
             started = time.monotonic()
             snap = await self.tick()
+            self._ensure_ready_watch()
+            self.history.add(snap)
             yield snap
             if self.final_error:
                 return
             pause = self.interval if snap.host.reachable else 2 * self.interval
-            await asyncio.sleep(max(0.0, pause - (time.monotonic() - started)))
+            while await self._ready_line_before(started + pause):
+                snap = await self.collector.check_ready_now()
+                self.history.add(snap)
+                yield snap
+
+    async def _ready_line_before(self, until: float) -> bool:
+        """Sleep until `until` (monotonic); True, early, when the server's ready line arrives."""
+        remaining = until - time.monotonic()
+        if remaining > 0 and not self._ready_line.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._ready_line.wait(), remaining)
+        if self._ready_line.is_set():
+            self._ready_line.clear()
+            return True
+        return False
+
+    def _ensure_ready_watch(self) -> None:
+        """tmux manager: the probe reads the server's log once a tick, so a `tail -F` of it (while the
+        loop runs) brings the ready line as it is written. systemd: the journal stream does it."""
+        if self.profile.server.manager == "systemd" or not self._connected:
+            return
+        path = ds.server_log(self.profile, self.collector.active)
+        if self._ready_watch is not None and (self._ready_watch_path != path or self._ready_watch.done()):
+            self._ready_watch.cancel()
+            self._ready_watch = None
+        if self._ready_watch is None:
+            self._ready_watch_path = path
+            self._ready_watch = asyncio.create_task(self._watch_ready_line(path))
+
+    async def _watch_ready_line(self, path: str) -> None:
+        delay = 0.5
+        while self.final_error is None:
+            with contextlib.suppress(HostError):
+                async for raw in self.host.stream(["tail", "-n", "0", "-F", "--", path]):
+                    delay = 0.5
+                    for line in raw.split("\r"):
+                        if is_ready_line(line):
+                            self._ready_line.set()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     async def tick(self) -> Snapshot:
         """One step: connect if needed, refresh within the deadline, or say the host is not answering."""
@@ -187,7 +267,10 @@ class Session:
         """The followed server unit's one journal stream: every entry goes to the load tracker and to
         each view following the server's log."""
         async for entry in self._follow_unit(unit, lambda: self.collector.log.cursor):
+            before = self.collector.tracker.phase
             if self.collector.log.feed_entry(entry) is not None:  # None: a duplicate
+                if before != "ready" and self.collector.tracker.phase == "ready":
+                    self._ready_line.set()
                 line = JournalLine(clean(entry.message), unit, entry.ts)
                 for q in self._subscribers:
                     if q.full():
@@ -419,12 +502,15 @@ class Session:
             found = json.loads(res.stdout.strip().splitlines()[-1])
             checkpoint, verify_run = str(found["checkpoint"]), str(found["run_id"])
             no_expand = self.profile.server.manager == "systemd" and await launch.systemd_run_expands(self.host)
-            start = ds.drafter_start_command(self.profile, checkpoint, no_expand_option=no_expand)
+            program = await read_server_program(self.host, self.profile)
+            start = ds.drafter_start_command(self.profile, checkpoint, no_expand_option=no_expand, program=program)
+            if program.note:
+                shown.append(f"note: {program.note}")
             if "baseline" in live and (failed := await self._stop_server("baseline", shown)):
                 return failed
             result = await self._run_all([start], "start the drafter server")
-        except ds.DrafterServerError as e:
-            return ActionResult(False, f"serve the drafter failed: {e}", tuple(shown))
+        except (ds.DrafterServerError, OperatorUnitError) as e:
+            return ActionResult(False, clean_block(f"serve the drafter failed: {e}"), tuple(shown))
         except (HostError, launch.StageError, ValueError, KeyError) as e:
             return ActionResult(False, clean_block(f"serve the drafter failed: {e}"), tuple(shown))
         shown.extend(result.commands)
@@ -485,12 +571,12 @@ class Session:
         return ActionResult(text.startswith("ok"), clean_block(text), ("POST /v1/chat/completions",))
 
     async def close(self) -> None:
-        for task in (self._server_stream, self._refresh):
+        for task in (self._server_stream, self._refresh, self._ready_watch):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        self._server_stream = self._refresh = None
+        self._server_stream = self._refresh = self._ready_watch = None
         await self.collector.close()
         with contextlib.suppress(Exception):
             await self.host.close()

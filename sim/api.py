@@ -101,7 +101,7 @@ class SimApi:
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics_page(self, _: web.Request) -> web.Response:
-        self.metrics.running.set(self.running)
+        self.metrics.running.set(float("inf") if self.faults.inf_metrics else self.running)
         self.metrics.waiting.set(self.waiting)
         self.metrics.set_kv_usage(min(1.0, self.inflight_tokens / self.kv_tokens))
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")

@@ -12,13 +12,14 @@ Given on the command line as `--fault KIND[:VALUE]` (repeatable) or at run time 
   stall                generation requests are accepted and never answered
   5xx:N                the next N generation requests get 500 with an error body
   no-tokenize          /tokenize answers 404 as if absent (a proxy that passes only /v1 routes)
+  inf-metrics          /metrics reports +Inf requests running (a buggy exporter: the console must shrug)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 LOAD_KINDS = ("crash-during-load", "nccl-error", "address-in-use")
-RUNTIME_KINDS = ("die-after", "engine-dead", "slow", "stall", "5xx", "no-tokenize")
+RUNTIME_KINDS = ("die-after", "engine-dead", "slow", "stall", "5xx", "no-tokenize", "inf-metrics")
 KINDS = LOAD_KINDS + RUNTIME_KINDS
 
 
@@ -37,6 +38,7 @@ class Faults:
     stall: bool = False
     error_burst: int = 0
     no_tokenize: bool = False
+    inf_metrics: bool = False
     engine_dead: bool = False  # set once engine_dead_after is reached
 
     def apply(self, kind: str, value: object = None) -> None:
@@ -68,6 +70,8 @@ class Faults:
             self.error_burst = _count(kind, value, required=True)
         elif kind == "no-tokenize":
             self.no_tokenize = value is None or value is True or str(value).lower() not in ("0", "false", "off")
+        elif kind == "inf-metrics":
+            self.inf_metrics = value is None or value is True or str(value).lower() not in ("0", "false", "off")
 
     def describe(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

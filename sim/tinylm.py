@@ -127,9 +127,13 @@ def model_dir(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None) -> Path
     return (root or cache_root()) / recipe.ident(tinycorpus.digest(turns))
 
 
+Progress = Callable[[int, int, float], None]  # (training step done, steps in all, current loss)
+
+
 def ensure_model(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None,
-                 on_build: Callable[[Path], None] | None = None) -> Path:
-    """The model directory for `recipe`, built first if it is not in the cache yet."""
+                 on_build: Callable[[Path], None] | None = None, progress: Progress | None = None) -> Path:
+    """The model directory for `recipe`, built first if it is not in the cache yet; `progress` is called
+    every few training steps of a build."""
     turns = _turns(recipe)
     root = root or cache_root()
     final = root / recipe.ident(tinycorpus.digest(turns))
@@ -148,7 +152,7 @@ def ensure_model(recipe: Recipe = DEFAULT_RECIPE, root: Path | None = None,
             on_build(final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
         try:
-            build(recipe, turns, tmp)
+            build(recipe, turns, tmp, progress)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -177,7 +181,7 @@ def _tokenizer_config(recipe: Recipe) -> dict[str, Any]:
             "add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE}
 
 
-def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path) -> None:
+def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path, progress: Progress | None = None) -> None:
     """Train tokenizer and model on `turns` and save both into `out` (an existing, empty directory)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -203,7 +207,7 @@ def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path) -> None:
         gen = torch.Generator().manual_seed(recipe.seed)
         torch.manual_seed(recipe.seed)
         model = LlamaForCausalLM(config)
-        first_loss, loss = _train(model, tok, turns, recipe, gen)
+        first_loss, loss = _train(model, tok, turns, recipe, gen, progress)
     finally:
         torch.set_num_threads(threads)
     model.generation_config = GenerationConfig(
@@ -216,7 +220,8 @@ def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path) -> None:
         "build_seconds": round(time.monotonic() - started, 2), "simulated": True}, indent=2) + "\n")
 
 
-def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, gen: Any) -> tuple[float, float]:
+def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, gen: Any,
+           progress: Progress | None = None) -> tuple[float, float]:
     """Next-token training on the turns packed into fixed blocks (no padding, no attention mask:
     cheapest). Only completions are learned: trained on the prompts too, the model picks up that a
     question mark ends a turn, and with thinking-off prompts it learns to skip its own thinking."""
@@ -237,7 +242,9 @@ def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, g
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=recipe.steps, pct_start=0.1)
     model.train()
     losses: list[float] = []
-    for _ in range(recipe.steps):
+    for step in range(recipe.steps):
+        if progress and step % 25 == 0:
+            progress(step, recipe.steps, losses[-1] if losses else float("nan"))
         pick = torch.randint(0, len(blocks), (recipe.batch,), generator=gen)
         out = model(input_ids=blocks[pick], labels=targets[pick])
         out.loss.backward()
@@ -246,5 +253,48 @@ def _train(model: Any, tok: Any, turns: list[tinycorpus.Turn], recipe: Recipe, g
         sched.step()
         losses.append(out.loss.item())
     model.eval()
+    if progress:
+        progress(recipe.steps, recipe.steps, losses[-1])
     tail = losses[-max(1, len(losses) // 20):]  # one batch's loss is noisy on varied text
     return losses[0], sum(tail) / len(tail)
+
+
+class TerminalProgress:
+    """One self-rewriting line on a terminal (a new line per report elsewhere), with an ETA from the
+    steps done so far: what scripts/demo.sh shows while the first start builds the model."""
+
+    def __init__(self, stream: Any = None):
+        import sys
+        self.stream = stream or sys.stderr
+        self.started = time.monotonic()
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def __call__(self, step: int, steps: int, loss: float) -> None:
+        elapsed = time.monotonic() - self.started
+        eta = f", about {elapsed / step * (steps - step):.0f} s left" if 0 < step < steps else ""
+        line = f"demo: building the tiny verifier: step {step}/{steps} ({100 * step // steps} %{eta})"
+        end = "\n" if step >= steps or not self.tty else ""
+        self.stream.write(("\r\x1b[K" if self.tty else "") + line + end)
+        self.stream.flush()
+
+
+def main() -> int:
+    """`python -m sim.tinylm`: build the tiny verifier into the cache (if needed) with progress."""
+    import sys
+    try:
+        cached = (model_dir() / "config.json").is_file()
+        if not cached:
+            print("demo: first start: building the stand-in's tiny verifier once (about a minute of CPU; "
+                  f"cached in {cache_root()})", file=sys.stderr, flush=True)
+        path = ensure_model(progress=TerminalProgress())
+    except TinyLMUnavailable as exc:
+        print(f"demo: tiny model unavailable ({exc}); the stand-in serves canned text and the drafter "
+              "stages will fail their preflight: install the `train` extra", file=sys.stderr)
+        return 0  # the demo still starts: the header's SIMULATED badge says which text it serves
+    if not cached:
+        print(f"demo: tiny verifier ready: {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

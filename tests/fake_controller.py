@@ -141,7 +141,8 @@ def base_snapshot(*, phase: str = "ready", n_gpus: int = 2, reachable: bool = Tr
         server = ServerInfo("ready", model_id="Qwen/Qwen3-8B", max_model_len=32768, version="0.11.0",
                             reasoning_field="reasoning_content", deep_check="ok: 1 completion, 38 tokens")
     elif phase == "loading_weights":
-        server = ServerInfo("loading_weights", Progress(3, 8), eta_s=95, eta_source="shards")
+        server = ServerInfo("loading_weights", Progress(3, 8), eta_s=95, eta_source="shards", eta_ready_s=330,
+                            eta_ready_confidence="previous_loads", eta_ready_basis=2)
     elif phase == "failed":
         service = ServiceInfo("systemd", SERVER_UNIT, "failed", "failed", restarts=3,
                               since="2023-11-14 22:13:20 UTC", result="exit-code")

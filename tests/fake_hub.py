@@ -8,7 +8,9 @@ downloads use, with the same headers and error codes, and faults on demand.
 - HEAD/GET /{repo}/resolve/{rev}/{file}: `X-Repo-Commit`, `ETag`, `Content-Length`, `Accept-Ranges`;
   a Range request gets 206 with `Content-Range`.
 Faults: `slow[file]` serves a file at a MiB per that many seconds; `cut(file, n)` makes the next GET of `file` send n bytes of its body and drop the connection,
-after which the hub answers 503 until `available` is set again. Every request is recorded.
+after which the hub answers 503 until `available` is set again; `listed_size[file]` is the size the listing
+gives instead of the true one (the content served and its hashes stay true); `extra[file]` is sent after the
+file's bytes, as a broken or hostile server would (Content-Length counts it). Every request is recorded.
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ class FakeHub:
     requests: list[Request] = field(default_factory=list)
     available: bool = True
     slow: dict[str, float] = field(default_factory=dict)  # file -> seconds per MiB served
+    listed_size: dict[str, int] = field(default_factory=dict)  # file -> the size the listing claims
+    extra: dict[str, bytes] = field(default_factory=dict)  # file -> bytes served after its content
     _cuts: dict[str, int] = field(default_factory=dict)
 
     def cut(self, file: str, after: int) -> None:
@@ -132,10 +136,11 @@ def _handler(hub: FakeHub):
                 for path, data in sorted(repo.files.items()):
                     if prefix and not path.startswith(prefix + "/"):
                         continue
-                    entry = {"type": "file", "oid": blob_id(data), "size": len(data), "path": path}
+                    size = hub.listed_size.get(path, len(data))
+                    entry = {"type": "file", "oid": blob_id(data), "size": size, "path": path}
                     if len(data) >= LFS_MIN:
-                        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
-                        entry["size"] = len(data)
+                        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
+                        entry["size"] = size
                     entries.append(entry)
                 self._json(200, entries)
                 return
@@ -161,7 +166,7 @@ def _handler(hub: FakeHub):
                         return
                     start, status = int(rm[1]), 206
                     headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-                body = data[start:]
+                body = data[start:] + hub.extra.get(file, b"")
                 headers["Content-Length"] = str(len(body))
                 cut = hub._cuts.pop(file, None) if not head else None
                 if cut is None and file in hub.slow and not head:

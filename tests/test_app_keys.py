@@ -17,7 +17,7 @@ def test_every_binding_has_a_unique_id_and_key():
 
 def test_readonly_table_drops_mutating_actions():
     assert {s.id for s in visible_keys(True)} == {s.id for s in KEYS} - {"start_stage", "stop_stage", "restart_server",
-                                                                        "serve_drafter", "serve_baseline", "bench"}
+                                                                        "serve_drafter", "serve_baseline", "bench", "prune"}
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -99,6 +99,13 @@ def test_train_history_keeps_points_once_and_best_checkpoint():
 def test_readiness_markup_loading_and_failed():
     text = readiness_markup(base_snapshot(phase="loading_weights").server).plain
     assert "loading_weights" in text and "from shard progress" in text
+    assert "ready in 5m30s (each step from 2 previous loads)" in text
+    assert "weights  1m35s" in text
+    first = replace(base_snapshot(phase="loading_weights").server, eta_ready_s=95, eta_ready_confidence="low",
+                    eta_ready_basis=0)
+    assert "ready in >1m35s (low confidence: no previous load; weights only)" in readiness_markup(first).plain
+    unknown = replace(first, phase="compiling", eta_ready_s=None)
+    assert "ready in unknown (no previous load" in readiness_markup(unknown).plain
     failed = readiness_markup(base_snapshot(phase="failed").server)
     assert "✖ torch.OutOfMemoryError" in failed.plain and "[b red]✖ torch.OutOfMemoryError" in failed.markup
 
@@ -143,3 +150,37 @@ def test_help_lists_remapped_keys():
     from console.ui.screens.help import help_markup
     text = help_markup(visible_keys(False), {"stop_stage": "X"}, readonly=False).plain
     assert "X" in text and "stop_stage" in text and "?" in text and '[keys] stop_stage = "X"' in text
+
+
+def test_gpu_row_with_memory_history_fits_width():
+    gpu = GpuInfo(3, "NVIDIA H200", 70000, 143771, 87, 61, 420.0)
+    row = gpu_row(gpu, [10, 50, 90], 120, [20.0, 40.0, 48.0]).plain
+    assert len(row) <= 120 and row.endswith("▂▄▄          ▂▅▇")  # memory, then utilisation
+
+
+def test_history_buckets_gpus_and_rates_over_minutes():
+    from console.telemetry.history import BUCKET_S, POINTS, History
+    from console.telemetry.snapshot import ServerMetrics
+    h = History()
+    base = base_snapshot(n_gpus=1)
+    for i in range(POINTS + 5):
+        gpu = replace(base.gpus[0], utilization_pct=i % 100, memory_used_mib=1000 * i, memory_total_mib=100_000)
+        server = replace(base.server, metrics=ServerMetrics(generation_tps=10.0 * i))
+        h.add(replace(base, gpus=(gpu,), server=server, taken_at=1_000_000.0 + i * BUCKET_S))
+        h.add(replace(base, gpus=(gpu,), server=server, taken_at=1_000_000.0 + i * BUCKET_S + 1))  # same bucket
+    assert len(h.gpu_util[0].values()) == POINTS and h.gpu_util[0].values()[-1] == POINTS + 4
+    assert h.gpu_memory[0].values()[-1] == pytest.approx(POINTS + 4)
+    assert h.generation_tps.values()[-1] == 10.0 * (POINTS + 4)
+    # a gap in the samples is a gap in the strip, and a host that does not answer adds nothing
+    h.add(replace(base, taken_at=1_000_000.0 + (POINTS + 8) * BUCKET_S))
+    assert h.gpu_util[0].values()[-4:-1] == [None, None, None]
+    h.add(replace(base, host=replace(base.host, reachable=False), taken_at=1_000_000.0 + (POINTS + 9) * BUCKET_S))
+    assert h.gpu_util[0].values()[-1] is not None
+
+
+def test_token_rate_strip_when_serving():
+    from console.telemetry.snapshot import ServerMetrics
+    srv = replace(base_snapshot().server, metrics=ServerMetrics(requests_running=4, generation_tps=800.0))
+    text = readiness_markup(srv, [100.0, None, 400.0, 800.0]).plain
+    assert "rate     " in text and "generated tok/s, last 5 min, peak 800" in text
+    assert "rate" not in readiness_markup(srv, [800.0]).plain.split("load")[1]  # one sample: no strip yet

@@ -78,3 +78,25 @@ def test_stop_confirmation(snap_compare):
 
     assert snap_compare(app_for(snap, journal={SERVER_UNIT: [], stage_unit("generate"): []}),
                         terminal_size=SIZE, run_before=run_before)
+
+
+def history_snapshots(n: int = 31):
+    """Five minutes of snapshots 10 s apart: memory filling as a load goes on, GPU 1 throttling in the
+    middle, then the server generating at a rate that sags and recovers."""
+    from console.telemetry.snapshot import ServerMetrics
+    snaps = []
+    for i in range(n):
+        base = base_snapshot(taken_at=NOW - 10 * (n - 1 - i))
+        gpus = tuple(replace(g, memory_used_mib=min(130_000, 4_000 + 6_000 * i),
+                             utilization_pct=(30 if g.index == 1 and 10 <= i < 18 else 95) if i > 12 else 5)
+                     for g in base.gpus)
+        tps = None if i < 14 else 900.0 - 400.0 * (18 <= i < 22) + 10 * (i % 3)
+        server = replace(base.server, metrics=ServerMetrics(requests_running=32, requests_waiting=0,
+                                                            kv_cache_usage_pct=41.0, generation_tps=tps))
+        snaps.append(replace(base, gpus=gpus, server=server))
+    return snaps
+
+
+def test_history_strips(snap_compare):
+    """Per-GPU memory and utilisation strips and the token-rate strip, over the session's five minutes."""
+    assert snap_compare(app_for(*history_snapshots()), terminal_size=(230, 48), run_before=settle)

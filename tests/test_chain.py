@@ -120,3 +120,50 @@ def test_sigterm_stops_the_running_stage_cleanly(tmp_path):
 def test_bad_plans_are_named(data, message):
     with pytest.raises(PlanError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_plan(data)
+
+
+def _summary(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "work" / "runs" / "night" / "summary.json").read_text())
+
+
+def test_a_host_lacking_speculators_fails_before_generate_starts(tmp_path):
+    # the prepare stage's python is a bare venv: no speculators (nor anything else beyond the stdlib)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    path = plan(tmp_path, ("generate", "prepare"))
+    data = json.loads(path.read_text())
+    data["stages"][1]["argv"][0] = bare
+    path.write_text(json.dumps(data))
+    started = time.monotonic()
+    proc = chain(tmp_path, path)
+    assert proc.wait(60) == 1
+    assert time.monotonic() - started < 30  # seconds, not a generation run
+    err = proc.stderr.read()
+    assert "prepare" in err and "lacks speculators" in err and f"{bare} -m pip install" in err
+    assert not (tmp_path / "work" / "order.txt").exists()  # generate never ran
+    assert not (tmp_path / "work" / "runs" / "night-generate").exists()
+    summary = _summary(tmp_path)
+    assert summary["status"] == "failed" and summary["failed_stage"] == "prepare"
+    assert "host requirements" in summary["error"] and "speculators" in summary["error"]
+    assert [e["kind"] for e in events(tmp_path)] == ["start", "finish"]
+
+
+def test_a_missing_verifier_is_named_before_the_first_stage(tmp_path):
+    path = plan(tmp_path, ("prepare", "extract"))
+    data = json.loads(path.read_text())
+    data["stages"][1]["argv"] += ["--verifier", str(tmp_path / "no-such-model")]
+    path.write_text(json.dumps(data))
+    proc = chain(tmp_path, path)
+    assert proc.wait(60) == 1
+    summary = _summary(tmp_path)
+    assert summary["failed_stage"] == "extract"
+    assert f"verifier {tmp_path / 'no-such-model'} does not exist on this host" in summary["error"]
+    assert not (tmp_path / "work" / "order.txt").exists()
+
+
+def test_a_stage_python_that_does_not_run_is_named(tmp_path):
+    from backend.chain.plan import PlannedStage
+    from backend.chain.requirements import check_plan
+    missing = PlannedStage("prepare", "night-prepare", (str(tmp_path / "gone" / "python"), "-m", "backend.prepare"))
+    problems = check_plan(str(tmp_path), [missing])
+    assert [p.what for p in problems] == ["python_modules"] and "did not answer" in problems[0].detail

@@ -50,6 +50,29 @@ def test_systemd_drafter_unit_argv():
     assert drafter_stop_command(sudo).argv == ["sudo", "-n", "systemctl", "stop", "vllm-kimi-drafter"]
 
 
+def test_the_drafter_server_starts_from_the_operators_unit():
+    """Its command line, environment (the caller's on top), files, user and directory are the unit's, whatever
+    the profile's fields say; a secret-looking value is hidden in what the operator is shown."""
+    from console.control.units import ServerProgram
+
+    unit = ServerProgram(("/opt/venv/bin/vllm", "serve", "/shared/kimi-k2.5-int4", "-tp", "8", "--enable-expert-parallel"),
+                         env=(("NCCL_P2P_DISABLE", "1"), ("HF_TOKEN", "hf_secret"), ("CUDA_VISIBLE_DEVICES", "all")),
+                         env_files=(("/etc/default/vllm", False),), user="vllm", group="vllm",
+                         working_dir="/srv/vllm", source="unit vllm-kimi.service", systemd_syntax=True)
+    p = systemd_profile(vllm_args=["-tp", "4"])  # the profile's own arguments are not the drafter's
+    assert drafter_command(p, CKPT, unit) == [*unit.argv, "--speculative-config", SPEC]
+    start = drafter_start_command(p, CKPT, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, program=unit)
+    assert start.argv == [
+        "systemd-run", "--unit=vllm-kimi-drafter", "--collect", "--quiet", "--working-directory=/srv/vllm",
+        "--property=KillSignal=SIGTERM", "--property=TimeoutStopSec=120", "--uid=vllm", "--gid=vllm",
+        "--property=EnvironmentFile=/etc/default/vllm", "--setenv=NCCL_P2P_DISABLE=1", "--setenv=HF_TOKEN=hf_secret",
+        "--setenv=CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", *unit.argv, "--speculative-config", SPEC]
+    assert "hf_secret" not in start.shown and "--setenv=HF_TOKEN=***" in start.shown
+    p.serve_drafter.draft_tensor_parallel_size = 4  # the target's TP is the unit's 8, not the profile's 4
+    with pytest.raises(DrafterServerError, match=r"draft_tensor_parallel_size 4: .*\(8\)"):
+        drafter_start_command(p, CKPT, program=unit)
+
+
 def test_tmux_drafter_session_argv():
     p = profile_from_dict({
         "host": {"name": "localhost", "transport": "local"},

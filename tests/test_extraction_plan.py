@@ -4,6 +4,7 @@ Pure: argv lists and numbers, no host."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -129,6 +130,9 @@ def test_extraction_flags_are_vllms_json():
     ({"start_extractor": []}, "start_extractor must be a non-empty list"),
     ({"endpoint": "127.0.0.1:8000"}, "endpoint must be an http"),
     ({"ready_timeout_s": 0}, "ready_timeout_s must be a positive number"),
+    ({"ready_timeout_s": float("nan")}, "ready_timeout_s must be a positive number"),
+    ({"command_timeout_s": float("inf")}, "command_timeout_s must be a positive number"),
+    ({"command_timeout_s": 10**9}, "command_timeout_s must be a positive number"),
     ({"storage_path": "relative/dir"}, "storage_path must be an absolute"),
     ({"aux_layer_ids": []}, "aux_layer_ids must be a non-empty list"),
     ({"extract_layer_ids": None}, "extract_layer_ids must be a list of integers .* the console and the backend"),
@@ -139,6 +143,19 @@ def test_a_bad_plan_names_the_key(change, message):
     plan = {**build_plan(profile(), "r1", AUX, LAYERS), **change}
     with pytest.raises(PlanError, match=message):
         plan_from_dict(plan, "plan.json")
+
+
+@pytest.mark.parametrize("text, key", [
+    ('{"ready_timeout_s": NaN}', "ready_timeout_s"),
+    ('{"command_timeout_s": 1e999}', "command_timeout_s"),
+    ('{"nested": {"list": [1, -Infinity]}}', "nested.list[1]"),
+])
+def test_a_plan_file_with_a_non_finite_number_is_refused_naming_the_key(tmp_path, text, key):
+    from backend.extract.plan import load_plan
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    with pytest.raises(PlanError, match=rf"plan.json: {re.escape(key)}: expected a finite number"):
+        load_plan(str(path))
 
 
 def test_stage_command_lines_from_the_profile():
@@ -225,10 +242,32 @@ def test_the_server_is_asked_for_the_aux_ids_and_the_final_layer_training_gets_t
         check_layer_ids(info, [2, 30, 61])  # the final layer is no aux layer
     plan = plan_from_dict(build_plan(profile(), "r1", AUX, LAYERS))
     check_server_layers(plan, info)
+    (tmp_path / "v40").mkdir()
     with pytest.raises(PlanError, match=r"layer ids \[2, 30, 58, 61\], expected \[2, 30, 58, 40\]"):
-        check_server_layers(plan, read_verifier(_verifier(tmp_path / "v40" if (tmp_path / "v40").mkdir() is None
-                                                          else tmp_path, 40)))
+        check_server_layers(plan, read_verifier(_verifier(tmp_path / "v40", 40)))
     # what the console asks the host before it builds the extraction server's command line
     assert main(["aux-layers", "--verifier", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out) == {"aux_layer_ids": [2, 30, 58], "num_layers": 61,
                                                    "extract_layer_ids": [2, 30, 58, 61]}
+
+
+def test_the_units_command_line_keeps_systemds_expansion_and_the_added_flags_do_not():
+    """A unit's ExecStart is passed as systemd stored it (its `${PORT}` expands from the same environment
+    in the derived unit); the profile's words and the extraction flags are escaped (`$$`)."""
+    from console.control.units import ServerProgram
+
+    unit = ServerProgram(("/venv/bin/vllm", "serve", "/m", "--port", "${PORT}"), env=(("PORT", "8000"),),
+                         env_files=(("/etc/default/vllm", True),), user="vllm", working_dir="!/srv/vllm",
+                         source="unit vllm-kimi.service", systemd_syntax=True)
+    p = profile()
+    start = build_plan(p, "r$1", AUX, LAYERS, unit)["start_extractor"]
+    assert start[:9] == ["systemd-run", "--unit=vllm-kimi-extract", "--collect", "--quiet",
+                         "--property=WorkingDirectory=-/srv/vllm", "--property=KillSignal=SIGTERM",
+                         "--property=TimeoutStopSec=120", "--uid=vllm", "--property=EnvironmentFile=-/etc/default/vllm"]
+    assert start[9:15] == ["--setenv=PORT=8000", "/venv/bin/vllm", "serve", "/m", "--port", "${PORT}"]
+    assert start[-1].endswith('"/data/eagle3/extract-staging/r$$1"}}')
+    literal = build_plan(profile(vllm_args=["--x", "$HOME"]), "r1", AUX, LAYERS)["start_extractor"]
+    assert "$$HOME" in literal and "$HOME" not in literal
+    with pytest.raises(ExtractionPlanError, match=r"already has --speculative-config \(unit vllm-kimi.service\)"):
+        build_plan(p, "r1", AUX, LAYERS, ServerProgram(("vllm", "serve", "/m", "--speculative-config", "{}"),
+                                                       source="unit vllm-kimi.service", systemd_syntax=True))

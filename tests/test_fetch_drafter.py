@@ -247,3 +247,115 @@ def test_a_download_that_cannot_fit_is_refused_before_a_byte_is_written(tmp_path
     listing = Listing("community/huge", "main", "0" * 40, (RemoteFile("model.safetensors", 10**16),), ())
     with pytest.raises(HubError, match=r"community/huge needs 9313225\.75 GiB more in .* only .* GiB are free"):
         check_space(listing, str(tmp_path))
+
+
+# -- the shared download folder is not trusted (issue 23) -----------------------------------------------
+
+REPO_ID = "community/kimi-eagle3"
+
+
+def target_of(tmp_path: Path, hub: FakeHub) -> Path:
+    return tmp_path / "drafters" / "community--kimi-eagle3" / hub.repos[REPO_ID].commit
+
+
+def test_a_file_at_its_final_name_is_hashed_before_it_is_kept(tmp_path, big_repo):
+    hub, data = big_repo
+    target = target_of(tmp_path, hub)
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_bytes(b"\0" * len(data))  # the listed size, not the content
+    with HubServer(hub) as server:
+        res = fetch(tmp_path, server.url, "--repo", REPO_ID)
+    assert res.returncode == 0, res.stderr
+    assert (target / "model.safetensors").read_bytes() == data
+    assert finish(tmp_path)["summary"]["transfer"]["model.safetensors"] == "fetched"
+
+
+def test_a_planted_link_in_the_download_folder_is_never_followed(tmp_path, big_repo):
+    hub, _ = big_repo
+    target = target_of(tmp_path, hub)
+    target.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (target / "model.safetensors.part").symlink_to(victim)
+    with HubServer(hub) as server:
+        res = fetch(tmp_path, server.url, "--repo", REPO_ID)
+    assert res.returncode == 1 and "is a symbolic link" in res.stderr
+    assert victim.read_bytes() == b"precious"
+    (target / "model.safetensors.part").unlink()
+    (target / "model.safetensors").symlink_to(victim)  # at the final name: not taken for the file either
+    with HubServer(hub) as server:
+        res = fetch(tmp_path, server.url, "--repo", REPO_ID)
+    assert res.returncode == 1 and "is a symbolic link" in res.stderr and victim.read_bytes() == b"precious"
+
+
+def test_a_server_sending_more_than_listed_is_stopped_at_the_listed_size(tmp_path, big_repo):
+    hub, data = big_repo
+    hub.extra["model.safetensors"] = b"x" * (8 * MIB)
+    with HubServer(hub) as server:
+        res = fetch(tmp_path, server.url, "--repo", REPO_ID)
+    assert res.returncode == 0, res.stderr
+    assert (target_of(tmp_path, hub) / "model.safetensors").read_bytes() == data
+
+
+def test_an_overstated_size_never_wedges_on_416_and_fresh_starts_over(tmp_path, big_repo):
+    hub, data = big_repo
+    target = target_of(tmp_path, hub)
+    target.mkdir(parents=True)
+    # a partial file holding all the server has, while the listing claims more: a Range past the end
+    (target / "model.safetensors.part").write_bytes(data)
+    hub.listed_size["model.safetensors"] = len(data) + MIB
+    with HubServer(hub) as server:
+        res = fetch(tmp_path, server.url, "--repo", REPO_ID)
+        assert res.returncode == 1 and "not the size its listing gives" in res.stderr, res.stderr
+        ranges = [r.headers.get("range") for r in hub.gets("model.safetensors")]
+        assert ranges == [f"bytes={len(data)}-", None]  # the 416, then once from the start
+        assert (target / "model.safetensors.part").stat().st_size == 0  # nothing left to ask a Range for
+        hub.listed_size.clear()  # the listing is right again: the next run completes
+        (target / "model.safetensors.part").write_bytes(b"\0" * MIB)  # and --fresh drops any partial file
+        res = fetch(tmp_path, server.url, "--repo", REPO_ID, "--fresh")
+        assert res.returncode == 0, res.stderr
+        assert hub.gets("model.safetensors")[-1].headers.get("range") is None
+    assert (target / "model.safetensors").read_bytes() == data
+
+
+def test_a_resumed_run_whose_branch_moved_does_not_reuse_the_old_conversion(tmp_path):
+    old = Repo(files={"config.json": b'{"model_type": "llama"}', "model.safetensors": b"old" * 600})
+    hub = FakeHub(repos={REPO_ID: old})
+    with HubServer(hub) as server:
+        assert fetch(tmp_path, server.url, "--repo", REPO_ID).returncode == 1  # no verifier: not converted
+    # an earlier try of this run converted the branch's previous commit
+    ckpt = tmp_path / "runs" / "fetch" / "checkpoint"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text(json.dumps({"speculators_config": {}}))
+    (ckpt / "fetched_from.json").write_text(json.dumps({"repo": REPO_ID, "commit": "0" * 40}))
+    with HubServer(hub) as server:
+        res = fetch(tmp_path, server.url, "--repo", REPO_ID)
+    # the checkpoint there was converted from another commit: this one needs converting (a verifier)
+    assert res.returncode == 1 and "pass --verifier" in res.stderr, res.stderr
+    (ckpt / "fetched_from.json").write_text(json.dumps({"repo": REPO_ID, "commit": old.commit}))
+    with HubServer(hub) as server:
+        res = fetch(tmp_path, server.url, "--repo", REPO_ID)
+    assert res.returncode == 0, res.stderr
+    assert finish(tmp_path)["summary"]["outputs"]["checkpoint"] == str(ckpt)
+
+
+def test_the_consoles_token_copy_is_removed_once_read(tmp_path):
+    """The token the console hands over lives on the host only until the stage has it: gone after the run,
+    whether it succeeded or failed; a token file of the operator's own (no --remove-token-file) stays."""
+    secret = "hf_s3cretTokenValue0123456789"
+    hub = FakeHub(repos={"community/private": Repo(files={"config.json": SPEC_CONFIG})})
+    with HubServer(hub) as server:
+        for repo, rc in (("community/private", 0), ("community/missing", 1)):
+            token_file = tmp_path / "secrets" / "hf-token"
+            token_file.parent.mkdir(exist_ok=True)
+            token_file.write_text(secret + "\n")
+            res = fetch(tmp_path / "w", server.url, "--repo", repo, "--token-file", str(token_file),
+                        "--remove-token-file", run_id=f"r{rc}")
+            assert res.returncode == rc, res.stderr
+            assert not token_file.exists()
+        own = tmp_path / "own-token"
+        own.write_text(secret + "\n")
+        assert fetch(tmp_path / "w", server.url, "--repo", "community/private", "--token-file", str(own),
+                     run_id="own").returncode == 0
+        assert own.exists()
+    assert all(r.headers.get("authorization") == f"Bearer {secret}" for r in hub.requests)

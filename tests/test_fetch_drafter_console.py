@@ -45,7 +45,8 @@ def test_the_stage_parses_exactly_what_the_console_sends(tmp_path):
 
 def test_hub_token_reaches_the_host_as_a_private_file(tmp_path, monkeypatch):
     p = profile_from_dict({**BASE, "host": {"name": "localhost", "transport": "local"},
-                           "paths": {"work_dir": str(tmp_path)}, "bench": {"hub_token_env": "E3_TEST_HF_TOKEN"}})
+                           "paths": {"work_dir": str(tmp_path)},
+                           "bench": {"hub_token_env": "E3_TEST_HF_TOKEN", "hub_token_upload": True}})
     monkeypatch.delenv("E3_TEST_HF_TOKEN", raising=False)
     assert asyncio.run(upload_hub_token(LocalHost(), p)) is None and not (tmp_path / "secrets").exists()
     monkeypatch.setenv("E3_TEST_HF_TOKEN", "hf_very_secret")
@@ -54,6 +55,58 @@ def test_hub_token_reaches_the_host_as_a_private_file(tmp_path, monkeypatch):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     argv = fetch_drafter_argv(profile_from_dict({**BASE, "bench": {"third_drafter": "o/n"}}), "r", token_path=path)
     assert "hf_very_secret" not in " ".join(argv) and argv[argv.index("--token-file") + 1] == path
+    assert "--remove-token-file" in argv  # the stage deletes the console's copy once read
+
+
+def test_the_token_goes_to_the_host_only_when_the_profile_says_the_repo_needs_it(tmp_path, monkeypatch):
+    """The default HF_TOKEN is the operator's personal token: a public repo never gets it on the host."""
+    p = profile_from_dict({**BASE, "host": {"name": "localhost", "transport": "local"},
+                           "paths": {"work_dir": str(tmp_path)}})
+    monkeypatch.setenv("HF_TOKEN", "hf_personal")
+    assert p.bench.hub_token_env == "HF_TOKEN" and p.bench.hub_token_upload is False
+    assert asyncio.run(upload_hub_token(LocalHost(), p)) is None and not (tmp_path / "secrets").exists()
+
+
+def test_a_token_file_others_can_read_is_warned_about(tmp_path, monkeypatch):
+    token = tmp_path / "hf-token-file"
+    token.write_text("hf_from_file\n")
+    token.chmod(0o644)
+    p = profile_from_dict({**BASE, "host": {"name": "localhost", "transport": "local"},
+                           "paths": {"work_dir": str(tmp_path / "w")},
+                           "bench": {"hub_token_env": "E3_TEST_HF_TOKEN", "hub_token_file": str(token),
+                                     "hub_token_upload": True}})
+    monkeypatch.delenv("E3_TEST_HF_TOKEN", raising=False)
+    shown: list[str] = []
+    path = asyncio.run(upload_hub_token(LocalHost(), p, shown))
+    assert open(path).read().strip() == "hf_from_file"
+    assert shown == [f"(warning) {token} can be read by others (mode 644): `chmod 600 {token}`; it holds your "
+                     f"Hub token"]
+    token.chmod(0o600)
+    shown.clear()
+    asyncio.run(upload_hub_token(LocalHost(), p, shown))
+    assert shown == []
+
+
+@pytest.mark.parametrize("endpoint, ok", [
+    ("https://huggingface.co", True), ("https://hub-mirror.example/hf", True), ("http://127.0.0.1:8080", True),
+    ("http://localhost:9", True), ("http://hub-mirror.example", False),
+    ("http://192.0.2.1", False),
+])
+def test_plain_http_reaches_only_loopback(endpoint, ok, tmp_path):
+    from console.profile import ProfileError
+    data = {**BASE, "bench": {"third_drafter": "o/n", "hub_endpoint": endpoint}}
+    if ok:
+        profile_from_dict(data)
+    else:
+        with pytest.raises(ProfileError, match="bench.hub_endpoint"):
+            profile_from_dict(data)
+    args = ["--work-dir", str(tmp_path), "--repo", "o/n", "--endpoint", endpoint]
+    if ok:
+        assert parse_args(args).endpoint == endpoint.rstrip("/")
+    else:
+        res = subprocess.run([sys.executable, "-m", "backend.fetch_drafter", *args], capture_output=True, text=True,
+                             cwd=REPO, timeout=60)
+        assert res.returncode == 2 and "plain http only to a loopback" in res.stderr, res.stderr
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:

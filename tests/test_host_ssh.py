@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import aclosing
+from pathlib import Path
 
 import asyncssh
 import httpx
@@ -341,3 +344,57 @@ async def test_refused_forward_keeps_the_connection(sshd_server):
         await stream.aclose()
     finally:
         await host.close()
+
+
+@pytest.fixture
+def agent_home(tmp_path, monkeypatch, sshd_server):
+    """An operator's environment: a running ssh-agent holding the host's key; the test writes the
+    ~/.ssh/config."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    short = Path(tempfile.mkdtemp(prefix="e3a-", dir="/tmp"))  # a socket path stays under 108 bytes
+    sock = short / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", "-q", str(sshd_server.identity_file)], env=env, check=True,
+                       capture_output=True, timeout=10)
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        yield home, sock
+    finally:
+        agent.kill()
+        agent.wait()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+REMOTE_AGENT = ["sh", "-c", 'echo "${SSH_AUTH_SOCK:-none}"']
+
+
+@pytest.mark.rig
+@pytest.mark.parametrize("with_identity", [False, True])
+async def test_the_agent_is_never_forwarded_unless_the_profile_asks(sshd_server, ssh_host, agent_home,
+                                                                    with_identity):
+    """~/.ssh/config's ForwardAgent is not the console's: the agent's keys never reach the GPU host's root
+    unless host.forward_agent says so (then the same setup forwards it, so this test can tell)."""
+    home, sock = agent_home
+    # `yes` forwards the agent used to log in; a socket path forwards that agent even with an identity file
+    (home / ".ssh" / "config").write_text(f"Host *\n    ForwardAgent {sock if with_identity else 'yes'}\n")
+    extra = {} if with_identity else {"identity_file": None}  # without one, the agent's key logs in
+    host = ssh_host(sshd_server, **extra)
+    assert (await host.run(REMOTE_AGENT)).stdout.strip() == "none"
+    asking = ssh_host(sshd_server, forward_agent=True, **extra)
+    assert (await asking.run(REMOTE_AGENT)).stdout.strip() != "none"
+
+
+def test_the_profile_key_reaches_the_host():
+    from console.host.factory import host_for_profile as factory
+    from console.profile import profile_from_dict
+    base = {"host": {"name": "gpu-host.example"}, "server": {"model_path": "/m"}, "paths": {"work_dir": "/w"}}
+    assert factory(profile_from_dict(base)).forward_agent is False
+    base["host"]["forward_agent"] = True
+    assert factory(profile_from_dict(base)).forward_agent is True

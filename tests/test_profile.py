@@ -175,3 +175,39 @@ def test_third_drafter_is_a_hub_repo_id_checked_whole():
     # a token never goes in a profile
     ((key, msg),) = problems(with_value("bench", "hub_token", "hf_x"))
     assert key == "bench.hub_token" and "secrets never go in a profile" in msg
+
+
+def float_keys() -> list[tuple[str, str]]:
+    """Every key of the profile that takes a float (TOML's nan and inf are floats)."""
+    import dataclasses
+    import typing
+    from console.profile import Profile
+    out = []
+    for section in dataclasses.fields(Profile):
+        cls = typing.get_type_hints(Profile)[section.name]
+        if not dataclasses.is_dataclass(cls):
+            continue
+        for f in dataclasses.fields(cls):
+            if float in (typing.get_type_hints(cls)[f.name], *typing.get_args(typing.get_type_hints(cls)[f.name])):
+                out.append((section.name, f.name))
+    return out
+
+
+def test_every_float_key_refuses_nan_and_infinities():
+    keys = float_keys()
+    assert len(keys) >= 13 and ("train", "learning_rate") in keys and ("extract", "reserve_gib") in keys
+    for section, key in keys:
+        for value in (float("nan"), float("inf"), float("-inf")):
+            found = problems(with_value(section, key, value))
+            assert any(k == f"{section}.{key}" and "expected a finite number" in msg for k, msg in found), \
+                (section, key, value, found)
+
+
+def test_nan_in_a_profile_file_names_the_key(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('[host]\nname = "gpu-host.example"\n[server]\nmodel_path = "/m"\nstop_timeout_s = nan\n'
+                    '[paths]\nwork_dir = "/w"\n[train]\nlearning_rate = inf\n')
+    with pytest.raises(ProfileError) as exc:
+        load_profile(path)
+    assert "server.stop_timeout_s: expected a finite number, got nan" in str(exc.value)
+    assert "train.learning_rate: expected a finite number, got inf" in str(exc.value)

@@ -13,6 +13,7 @@ import pytest
 from backend.events import EventLog
 from backend.runs import Manifest, open_run_dir
 from console.control.drafter_server import drafter_command, drafter_unit
+from console.control.operator_unit import read_server_program
 from console.profile import load_profile
 from console.session import Session
 from tests.test_generate_rig import sh, wait_health
@@ -59,8 +60,8 @@ async def until_drafter_ready(session: Session, timeout: float = 60.0):
 
 async def test_serve_drafter_and_back_on_systemd(systemd_rig, rig_ssh, tmp_path):
     unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=0.5)
-    # the drafter server is the profile's command line plus its speculative config; the operator's unit file
-    # holds the stand-in's, so the profile names the same program as [server].command
+    # the drafter server is the operator's unit's command line plus its speculative config, whatever the
+    # profile's [server].command says (it is the tmux manager's; here it differs from the unit on purpose)
     command = ["env", f"PYTHONPATH={REPO}", sys.executable, "-m", "sim.vllm_server", "--model", MODEL_PATH,
                "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(unit.port), "--load-seconds",
                "0.5", "--shards", "2", "--gpus", "2"]
@@ -80,7 +81,9 @@ async def test_serve_drafter_and_back_on_systemd(systemd_rig, rig_ssh, tmp_path)
             assert result.ok, result
             assert any(c.startswith(f"systemd-run --unit={drafter} ") for c in result.commands), result.commands
             assert (await sh(rig_ssh, 'systemctl is-active "$1" || true', unit.name)).strip() == "inactive"
-            assert await main_argv(rig_ssh, drafter) == drafter_command(profile, checkpoint)[2:]  # env execs
+            program = await read_server_program(rig_ssh, profile)
+            assert program.argv[1:3] == ("-m", "sim.vllm_server") and "--gpu-state" in program.argv
+            assert await main_argv(rig_ssh, drafter) == drafter_command(profile, checkpoint, program)
             snap = await until_drafter_ready(session)
             assert snap.service.unit == drafter and snap.server.phase == "ready", snap.server
             assert snap.server.drafter.loaded and snap.server.drafter.aux_layers

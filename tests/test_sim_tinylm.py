@@ -8,7 +8,9 @@ the fallback to canned text runs everywhere.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,30 @@ def tiny_text(tiny_dir):
 
 
 # ---- the checkpoint -------------------------------------------------------------------------------
+def test_first_build_reports_progress_to_the_end(tmp_path):
+    _needs_train_extra()
+    recipe = dataclasses.replace(tinylm.DEFAULT_RECIPE, steps=100, canned=10, batch=2, block=32)  # seconds
+    reports: list[tuple[int, int, float]] = []
+    tinylm.ensure_model(recipe, root=tmp_path, progress=lambda *report: reports.append(report))
+    done = [step for step, _, _ in reports]
+    assert done == [0, 25, 50, 75, 100]
+    assert all(total == 100 for _, total, _ in reports) and not math.isnan(reports[-1][2])  # the last loss
+    tinylm.ensure_model(recipe, root=tmp_path, progress=lambda *report: reports.append(report))
+    assert len(reports) == 5  # cached: no build, no progress
+
+
+def test_terminal_progress_line():
+    import io
+    out = io.StringIO()
+    show = tinylm.TerminalProgress(out)
+    show.started -= 10.0  # 10 s for the first quarter: 30 s left
+    show(300, 1200, 2.5)
+    show(1200, 1200, 1.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("demo: building the tiny verifier: step 300/1200 (25 %, about 30 s left")
+    assert lines[1] == "demo: building the tiny verifier: step 1200/1200 (100 %)"
+
+
 def test_build_is_a_complete_hf_directory_and_cached(tiny_dir, cache_home, monkeypatch):
     names = {p.name for p in tiny_dir.iterdir()}
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",

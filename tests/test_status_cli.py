@@ -109,6 +109,18 @@ def test_human_summary_while_loading():
     assert lines[-1] == "run      generate r1: running 5/10, 1 failed"
 
 
+def test_ready_eta_beside_the_weights_eta_in_json_and_text():
+    snap = snapshot(phase="loading_weights", fraction=0.5, eta_s=600.0, eta_source="gpu_memory",
+                    eta_ready_s=805.0, eta_ready_confidence="previous_loads", eta_ready_basis=3)
+    server = snap.to_json()["server"]
+    assert (server["eta_s"], server["eta_ready_s"], server["eta_ready_confidence"], server["eta_ready_basis"]) \
+        == (600.0, 805.0, "previous_loads", 3)
+    assert "ETA 600 s (gpu_memory), ready in 805 s (previous_loads)" in human(snap)
+    later = snapshot(phase="loading_weights", fraction=0.5, eta_s=590.0, eta_source="gpu_memory",
+                     eta_ready_s=795.0, eta_ready_confidence="previous_loads", eta_ready_basis=3)
+    assert watch_key(snap.to_json()) == watch_key(later.to_json())  # an ETA ticking down is not a change
+
+
 def test_human_summary_on_failure():
     text = human(snapshot(phase="failed", error="wrong model served: 'a', the profile expects 'b'"))
     assert "server   failed" in text and "ERROR: wrong model served" in text

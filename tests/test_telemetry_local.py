@@ -234,3 +234,45 @@ async def test_gpus_command_missing(tmp_path):
     snap = await probe_gpus(tmp_path, ["nvidia-smi-e3-not-installed", "--query-gpu=index"])
     assert snap.gpus == () and "not found on the host" in snap.gpu_error
     assert snap.host.reachable and snap.service.active_state == "inactive"
+
+
+async def test_ready_line_is_checked_at_once_not_at_the_next_tick(demo_host):
+    """With a 5 s interval, polling alone would say ready 2.5 s (on average) after the server listens;
+    the ready line in the server's log makes the session ask /health and /v1/models at once."""
+    import socket
+    from console.session import Session
+    profile = demo.prepare(demo_host, speed=5)  # a 4 s load
+    listened: list[float] = []
+    stop = threading.Event()
+
+    def first_listen() -> None:
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", profile.server.port), timeout=0.05):
+                    listened.append(time.monotonic())
+                    return
+            except OSError:
+                time.sleep(0.002)
+
+    async with Session(profile, interval=5.0) as session:
+        snaps = session.snapshots(connecting=False)
+        first = await snaps.__anext__()
+        assert first.server.phase == "stopped"
+        rc, _, out = await server_action(profile, "start-server")
+        assert rc == 0, out
+        threading.Thread(target=first_listen, daemon=True).start()
+        try:
+            ready_at = None
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                snap = await asyncio.wait_for(snaps.__anext__(), 20)
+                if snap.server.phase == "ready":
+                    ready_at = time.monotonic()
+                    break
+        finally:
+            stop.set()
+            await snaps.aclose()
+    assert ready_at is not None and listened
+    delay = ready_at - listened[0]
+    assert delay < 1.0, f"ready {delay:.2f} s after the server listened (interval 5 s)"
+    assert snap.server.model_id == profile.server.model_id

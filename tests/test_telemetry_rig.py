@@ -426,3 +426,36 @@ async def test_journal_stream_resumes_after_dropped_connection(systemd_rig, rig_
         await session.close()
     assert dropped
     assert got == [f"line {i}" for i in range(1, 61)]  # nothing lost, nothing twice
+
+
+# -- ready the moment it is ready ---------------------------------------------------------------------
+
+async def test_ready_line_in_the_journal_makes_the_session_check_at_once(systemd_rig, rig_ssh, tmp_path):
+    """Over SSH under systemd, with a 5 s interval: the journal stream's `Application startup complete.`
+    makes the session ask /health and /v1/models at once, so ready comes well within one interval of
+    that line (polling alone: 2.5 s on average, up to 5 s)."""
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=3.0)
+    profile = load_profile(unit.profile_path)
+    try:
+        async with Session(profile, interval=5.0) as session:
+            snaps = session.snapshots(connecting=False)
+            first = await asyncio.wait_for(snaps.__anext__(), 60)
+            assert first.server.phase in ("stopped", "unknown"), first.server
+            rc, _, out = await server_action(profile, "start-server")
+            assert rc == 0, out
+            ready_at = None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                snap = await asyncio.wait_for(snaps.__anext__(), 30)
+                if snap.server.phase == "ready":
+                    ready_at = time.time()
+                    break
+            await snaps.aclose()
+            line_ts = next((e.ts for e in session.collector.log.recent
+                            if e.message.endswith("Application startup complete.")), None)
+        assert ready_at is not None and line_ts is not None
+        delay = ready_at - line_ts
+        assert delay < 1.5, f"ready {delay:.2f} s after the ready line (interval 5 s)"
+        assert snap.server.model_id == SERVED
+    finally:
+        await stop_unit(rig_ssh, unit)

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from backend.chain.requirements import check_plan
 from backend.chain.plan import PLAN_FILE, PlanError, PlannedStage, dumps_plan, load_plan
 from backend.events import EventLog
 from backend.pipeline import InputError, completed_run, last_finish
@@ -58,7 +59,14 @@ class Chain:
         results: list[dict[str, Any]] = []
         status, error = "completed", None
         started = time.monotonic()
-        for i, planned in enumerate(self.stages):
+        problems = check_plan(self.work_dir, self._not_completed())
+        if problems:  # before the first stage: a missing piece costs seconds, not a generation run
+            status = "failed"
+            error = "host requirements: " + "; ".join(p.line() for p in problems)
+            results.append({"stage": problems[0].stage, "run_id": next(
+                s.run_id for s in self.stages if s.stage == problems[0].stage), "status": "failed",
+                "error": error, "requirements": [p.__dict__ for p in problems]})
+        for i, planned in enumerate(self.stages if not problems else []):
             if self.stopping:
                 status = "stopped"
                 break
@@ -84,6 +92,15 @@ class Chain:
         print(f"pipeline: {status}: {done}/{len(self.stages)} stages" + (f" ({error})" if error else ""),
               file=sys.stderr)
         return 0 if status in ("completed", "stopped") else 1
+
+    def _not_completed(self) -> list[PlannedStage]:
+        out = []
+        for planned in self.stages:
+            try:
+                completed_run(self.work_dir, planned.run_id, planned.stage)
+            except InputError:
+                out.append(planned)
+        return out
 
     def _run_stage(self, planned: PlannedStage, index: int) -> dict[str, Any]:
         assert self.log is not None

@@ -19,9 +19,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from backend.numbers import finite
 from backend.runs import read_json_object
 
 PLAN_VERSION = 1
+TIMEOUT_MAX_S = 86400.0  # the profile's timeouts go to a day at most (console/profile.py)
 STEPS = ("stop_baseline", "start_extractor", "stop_extractor", "start_baseline")
 
 
@@ -88,8 +90,9 @@ def plan_from_dict(data: Any, path: str = "<plan>") -> SwapPlan:
     timeouts = {}
     for key, default in (("ready_timeout_s", None), ("command_timeout_s", 300.0)):
         value = data.get(key, default)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise PlanError(f"{path}: {key} must be a positive number of seconds, got {value!r}")
+        if finite(value) is None or not 0 < value <= TIMEOUT_MAX_S:
+            raise PlanError(f"{path}: {key} must be a positive number of seconds (finite, at most "
+                            f"{TIMEOUT_MAX_S:g}), got {value!r}")
         timeouts[key] = float(value)
     storage = data.get("storage_path")
     if not isinstance(storage, str) or not storage.startswith("/"):

@@ -30,7 +30,7 @@ from backend.events import EventLog
 from backend.extract import disk
 from backend.extract.config import ExtractConfig
 from backend.extract.plan import PlanError, SwapPlan, check_server_layers, load_plan
-from backend.generate.preflight import PreflightReport, check_modules, free_bytes
+from backend.generate.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
 from backend.pipeline import CompletedRun, InputError, completed_run
 from backend.runs import Manifest, RunDir, open_run_dir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
@@ -157,7 +157,8 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
                     aux_layer_ids=aux, sides=sides, plan=plan)
     inputs.estimate = _estimate(c, inputs)
     e = inputs.estimate
-    report.add("disk_space", e.fits, e.detail(), e.refusal())
+    short = e.need_bytes + e.reserve_bytes - e.free_bytes
+    report.add("disk_space", e.fits, e.detail(), e.refusal() + ("" if e.fits else room_hint_for(c.work_dir, short)))
     return report, inputs
 
 

@@ -92,6 +92,22 @@ def _tail(path: str, lines: int = 6, limit: int = 1500) -> str:
     return " | ".join(kept)[-limit:] or "(no output)"
 
 
+SOURCE_FILE = "fetched_from.json"
+
+
 def record_source(out: str, source: dict[str, Any]) -> None:
     """Where the converted checkpoint came from, beside it (the repo and commit it was converted from)."""
-    write_json_atomic(os.path.join(out, "fetched_from.json"), source)
+    write_json_atomic(os.path.join(out, SOURCE_FILE), source)
+
+
+def converted_from(out: str) -> str | None:
+    """The commit a converted checkpoint in `out` was made from; None when there is none, or it does not
+    say (a resumed run whose branch moved converts again rather than serve the old commit's weights)."""
+    if not os.path.isfile(os.path.join(out, "config.json")):
+        return None
+    try:
+        source = read_json_object(os.path.join(out, SOURCE_FILE), ConvertError, "")
+    except ConvertError:
+        return None
+    commit = source.get("commit")
+    return commit if isinstance(commit, str) else None

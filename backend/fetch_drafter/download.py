@@ -12,6 +12,7 @@ commit; a lock file keeps two runs from writing the same partial file.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import fnmatch
 import hashlib
@@ -74,10 +75,10 @@ def _describe_hub_error(exc: Exception, repo_id: str, revision: str, endpoint: s
 
     if isinstance(exc, GatedRepoError):
         return (f"{repo_id} on {endpoint} is gated: accept its terms on the Hub with your account and give "
-                f"the stage a token (HF_TOKEN, or the console's token file)")
+                f"the stage a token (set [bench].hub_token_upload = true in the profile)")
     if isinstance(exc, RepositoryNotFoundError):
         return (f"no model repo {repo_id!r} on {endpoint} (a typo in [bench].third_drafter, or a private repo "
-                f"that needs a token: HF_TOKEN)")
+                f"that needs a token: [bench].hub_token_upload = true)")
     if isinstance(exc, RevisionNotFoundError):
         return f"{repo_id} has no revision {revision!r} on {endpoint} ([bench].third_revision)"
     if isinstance(exc, HfHubHTTPError):
@@ -161,13 +162,24 @@ class Progress:
         return self.fetched / max(1e-9, time.monotonic() - self.started)
 
 
-class _Counting:
-    """The partial file as http_get writes it: every write counted into the progress."""
+class _TooLong(Exception):
+    """The server sent more bytes than the listing gives the file."""
 
-    def __init__(self, f, progress: Progress):
-        self._f, self._progress = f, progress
+
+class _Counting:
+    """The partial file as http_get writes it: every write counted into the progress, and nothing written
+    past the listed size (a server sending more would fill the disk past the free-space check)."""
+
+    def __init__(self, f, progress: Progress, size: int):
+        self._f, self._progress, self._size = f, progress, size
 
     def write(self, data: bytes) -> int:
+        room = self._size - self._f.tell()
+        if len(data) > room:
+            if room > 0:
+                self._f.write(data[:room])
+                self._progress.add(room)
+            raise _TooLong()
         n = self._f.write(data)
         self._progress.add(len(data))
         return n
@@ -191,47 +203,111 @@ def file_digest(path: str, f: RemoteFile) -> tuple[str, str] | None:
     return None if h.hexdigest() == want else (kind, want)
 
 
+def _status(exc: BaseException) -> int | None:
+    return getattr(getattr(exc, "response", None), "status_code", None)
+
+
+def _no_links(target_dir: str, rel: str) -> None:
+    """Refuse a symbolic link anywhere from the download folder down to the file: the folder is shared by
+    every run of the commit, and a link planted there would have a download written, or a file taken,
+    somewhere else."""
+    path = target_dir
+    for part in ["", *rel.split("/")]:
+        path = os.path.join(path, part) if part else path
+        if os.path.islink(path):
+            raise HubError(f"{path} is a symbolic link: a download folder holds plain files only; remove it "
+                           f"and run again")
+
+
+def _open_part(part: str) -> int:
+    """The partial file, opened without following a link (O_NOFOLLOW: a link planted between the check and
+    the open fails the open instead of being written through)."""
+    try:
+        return os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise HubError(f"{part} is a symbolic link: a download folder holds plain files only; remove it "
+                           f"and run again") from None
+        raise
+
+
 def fetch_file(listing: Listing, f: RemoteFile, target_dir: str, *, endpoint: str, token: str | None,
                progress: Progress) -> str:
-    """Download one file (continuing its partial file); returns 'present', 'resumed' or 'fetched'."""
+    """Download one file (continuing its partial file); returns 'present', 'resumed' or 'fetched'.
+
+    What is kept is verified: a file already at its final name is hashed too (the folder is shared and a
+    run can be killed mid-rename), and is downloaded again when it does not match."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
+    _no_links(target_dir, f.path)
     dest = os.path.join(target_dir, *f.path.split("/"))
     progress.current = f.path
     if os.path.isfile(dest) and os.path.getsize(dest) == f.size:
-        progress.add(f.size, fetched=False)
-        return "present"
+        if file_digest(dest, f) is None:
+            progress.add(f.size, fetched=False)
+            return "present"
+        os.unlink(dest)  # not the listed content (a foreign writer, a torn copy): fetch it again
     os.makedirs(os.path.dirname(dest), exist_ok=True)
+    _no_links(target_dir, f.path)
     part = dest + PART
-    have = os.path.getsize(part) if os.path.isfile(part) else 0
-    if have > f.size:  # not a prefix of this file (another commit's?): start it over
-        os.truncate(part, 0)
-        have = 0
-    progress.add(have, fetched=False)
     url = hf_hub_url(listing.repo_id, f.path, revision=listing.commit, endpoint=endpoint)
     headers = build_hf_headers(token=token or False, library_name="eagle3-console")
-    with open(part, "ab"):
-        pass
-    try:
-        with open(part, "r+b") as fh:
-            fh.seek(have)
-            http_get(url, _Counting(fh, progress), resume_size=have, headers=headers, expected_size=f.size)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except Exception as exc:
-        kept = os.path.getsize(part) if os.path.isfile(part) else 0
-        raise HubError(f"downloading {listing.repo_id}/{f.path} failed after {kept} of {f.size} bytes "
-                       f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); the "
-                       f"partial file is kept: run again to resume") from None
+    fd = _open_part(part)
+    with os.fdopen(fd, "r+b") as fh:
+        have = os.fstat(fd).st_size
+        if have > f.size:  # not a prefix of this file (another commit's?): start it over
+            fh.truncate(0)
+            have = 0
+        resumed = have
+        progress.add(have, fetched=False)
+        for attempt in (1, 2):
+            try:
+                fh.seek(have)
+                http_get(url, _Counting(fh, progress, f.size), resume_size=have, headers=headers,
+                         expected_size=f.size)
+            except _TooLong:
+                break  # the listed size is on disk; the hash below says whether it is the file
+            except Exception as exc:
+                if _status(exc) == 416 and have and attempt == 1:
+                    # the server has no bytes past what is here: the listing overstated the size, or the
+                    # partial file is not this file's. Start over once rather than ask the same for ever.
+                    progress.add(-have, fetched=False)
+                    fh.truncate(0)
+                    have = resumed = 0
+                    continue
+                fh.flush()
+                kept = os.fstat(fd).st_size
+                short = "Consistency check failed" in str(exc)
+                if short or _status(exc) == 416:
+                    fh.truncate(0)  # the file the server has is not the listed one: nothing to resume
+                raise HubError(
+                    f"downloading {listing.repo_id}/{f.path} failed after {kept} of {f.size} bytes "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                    + ("the Hub's file is not the size its listing gives: run again later" if short or
+                       _status(exc) == 416 else "the partial file is kept: run again to resume")) from None
+            break
+        fh.flush()
+        os.fsync(fh.fileno())
     bad = file_digest(part, f)
     if bad is not None:
         os.unlink(part)
         raise HubError(f"{listing.repo_id}/{f.path}: the downloaded bytes do not match the Hub's {bad[0]} "
                        f"{bad[1][:16]}...; the file was removed: run again to download it afresh")
     os.replace(part, dest)
-    return "resumed" if have else "fetched"
+    return "resumed" if resumed else "fetched"
+
+
+def drop_partial_files(target_dir: str) -> int:
+    """`--fresh`: the partial files of this commit's folder go too (a bad one would be resumed again)."""
+    dropped = 0
+    for root, _dirs, names in os.walk(target_dir):
+        for name in names:
+            if name.endswith(PART):
+                os.unlink(os.path.join(root, name))
+                dropped += 1
+    return dropped
 
 
 def check_space(listing: Listing, target_dir: str) -> None:
@@ -255,7 +331,7 @@ class RepoLock:
     def __init__(self, target_dir: str):
         os.makedirs(target_dir, exist_ok=True)
         self.path = os.path.join(target_dir, LOCK)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -268,11 +344,19 @@ class RepoLock:
 
 
 def download(listing: Listing, target_dir: str, *, endpoint: str, token: str | None,
-             progress: Progress) -> dict[str, str]:
-    """Every file of the listing under `target_dir`; returns how each one came to be there."""
+             progress: Progress, fresh: bool = False) -> dict[str, str]:
+    """Every file of the listing under `target_dir`; returns how each one came to be there. `fresh`: the
+    partial files there are dropped first."""
     how: dict[str, str] = {}
+    drafters = os.path.dirname(os.path.dirname(target_dir))
+    for path in (drafters, os.path.dirname(target_dir), target_dir):
+        if os.path.islink(path):
+            raise HubError(f"{path} is a symbolic link: the download folder must be a plain folder of the work "
+                           f"dir; remove the link and run again")
     lock = RepoLock(target_dir)
     try:
+        if fresh:
+            drop_partial_files(target_dir)
         check_space(listing, target_dir)
         for f in listing.files:
             how[f.path] = fetch_file(listing, f, target_dir, endpoint=endpoint, token=token, progress=progress)

@@ -5,7 +5,9 @@ that passes is safe in a path component (`owner--name`), a URL and a command lin
 """
 from __future__ import annotations
 
+import ipaddress
 import re
+from urllib.parse import urlsplit
 
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
 REPO_ID_PATTERN = re.compile(rf"{_PART}/{_PART}")
@@ -34,3 +36,24 @@ def revision_problem(value: str) -> str | None:
 def folder_name(repo_id: str) -> str:
     """The repo's directory name on the host (the Hub cache's own convention: owner--name)."""
     return repo_id.replace("/", "--")
+
+
+def endpoint_problem(url: str) -> str | None:
+    """None when the Hub endpoint `url` may be used: https, or plain http to this machine only (a test
+    stand-in); plain http anywhere else would carry the token and the weights in clear."""
+    expected = "an https URL such as https://huggingface.co (plain http only to a loopback address)"
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return expected
+    if parts.scheme == "https" and host:
+        return None
+    if parts.scheme != "http":
+        return expected
+    if host == "localhost":
+        return None
+    try:
+        return None if ipaddress.ip_address(host).is_loopback else expected
+    except ValueError:
+        return expected

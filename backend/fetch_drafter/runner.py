@@ -1,7 +1,7 @@
 """The fetch-drafter stage: a published EAGLE-3 drafter from the Hub, on the host, ready to verify and bench.
 
 `python -m backend.fetch_drafter --work-dir W --repo OWNER/NAME [--revision REV] [--verifier V]
-[--endpoint URL] [--token-file PATH] [--aux-layer-ids 1,2,3] [--run-id ID] [--fresh]`
+[--endpoint URL] [--token-file PATH [--remove-token-file]] [--aux-layer-ids 1,2,3] [--run-id ID] [--fresh]`
 
 Lists the repo at the revision (pinned to its commit), downloads the files a drafter needs into
 `<work dir>/drafters/<owner>--<name>/<commit>/` (backend/fetch_drafter/download.py: a cut download
@@ -12,7 +12,8 @@ and the drafter server take.
 
 Events (backend/events.py): start; progress with `phase` download (done/total in bytes, rate in bytes/s,
 files_done, files_total, file) or convert; finish with the summary. The token comes from --token-file or
-the HF_TOKEN environment variable, never from the command line, and is never written anywhere.
+the HF_TOKEN environment variable, never from the command line, and is never written anywhere; the
+console's copy is removed as soon as it is read (--remove-token-file). Plain http reaches only loopback.
 
 Exit codes: 0 ready, 1 the download or conversion failed (a partial download is kept for the next run),
 2 unusable arguments or run directory (nothing was written).
@@ -33,7 +34,7 @@ from backend.events import EventLog
 from backend.fetch_drafter import STAGE
 from backend.fetch_drafter import convert as cv
 from backend.fetch_drafter import download as dl
-from backend.fetch_drafter.names import repo_id_problem, revision_problem
+from backend.fetch_drafter.names import endpoint_problem, repo_id_problem, revision_problem
 from backend.runs import Manifest, RunDir, RunDirError, open_run_dir
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -81,6 +82,7 @@ class FetchConfig:
     endpoint: str
     verifier: str | None
     token_file: str | None
+    remove_token_file: bool
     aux_layer_ids: list[int] | None
     python: str
     fresh: bool
@@ -95,6 +97,8 @@ def parse_args(argv: list[str] | None) -> FetchConfig:
     p.add_argument("--verifier", help="the verifier's directory on this host (needed to convert)")
     p.add_argument("--endpoint", help=f"the Hub's address (default $HF_ENDPOINT, else {DEFAULT_ENDPOINT})")
     p.add_argument("--token-file", help=f"a file holding the Hub token (default: ${TOKEN_ENV} if set)")
+    p.add_argument("--remove-token-file", action="store_true",
+                   help="delete the token file once read (the console's hand-over copy: it never outlives the run)")
     p.add_argument("--aux-layer-ids", help="comma-separated aux layer ids for the converter, when the "
                                            "drafter's own config does not name them")
     p.add_argument("--fresh", action="store_true", help="archive an existing run directory and start over")
@@ -106,6 +110,8 @@ def parse_args(argv: list[str] | None) -> FetchConfig:
     endpoint = (a.endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
     if not _ENDPOINT.fullmatch(endpoint):
         p.error(f"endpoint {endpoint!r}: expected an http(s) URL such as {DEFAULT_ENDPOINT}")
+    if problem := endpoint_problem(endpoint):
+        p.error(f"endpoint {endpoint!r}: expected {problem}")
     ids = None
     if a.aux_layer_ids:
         try:
@@ -117,14 +123,22 @@ def parse_args(argv: list[str] | None) -> FetchConfig:
     if a.token_file and not os.path.isfile(a.token_file):
         p.error(f"--token-file {a.token_file}: no such file on this host")
     return FetchConfig(work_dir=a.work_dir, run_id=a.run_id, repo=a.repo, revision=a.revision, endpoint=endpoint,
-                       verifier=a.verifier, token_file=a.token_file, aux_layer_ids=ids, python=sys.executable,
+                       verifier=a.verifier, token_file=a.token_file,
+                       remove_token_file=a.remove_token_file, aux_layer_ids=ids, python=sys.executable,
                        fresh=a.fresh)
 
 
 def read_token(c: FetchConfig) -> str | None:
+    """The token, from --token-file (removed at once with --remove-token-file: the console's copy lives on
+    the host only until the stage has it, so not even a kill -9 leaves it there) or $HF_TOKEN."""
     if c.token_file:
-        with open(c.token_file, encoding="utf-8") as f:
-            return f.read().strip() or None
+        try:
+            with open(c.token_file, encoding="utf-8") as f:
+                return f.read().strip() or None
+        finally:
+            if c.remove_token_file:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(c.token_file)
     return os.environ.get(TOKEN_ENV) or None
 
 
@@ -185,7 +199,7 @@ class FetchRun:
         progress = dl.Progress(listing.total_bytes, self._report)
         progress.flush()
         started = time.monotonic()
-        how = dl.download(listing, target, endpoint=c.endpoint, token=self.token, progress=progress)
+        how = dl.download(listing, target, endpoint=c.endpoint, token=self.token, progress=progress, fresh=c.fresh)
         self.summary.update(transfer=how, fetched_bytes=progress.fetched,
                             download_s=round(time.monotonic() - started, 2))
         config = cv.read_config(target)
@@ -195,7 +209,7 @@ class FetchRun:
             return
         self.summary["format"] = "eagle3-original"
         out = self.run_dir.file("checkpoint")
-        if os.path.isfile(os.path.join(out, "config.json")):  # converted by an earlier try of this run
+        if cv.converted_from(out) == listing.commit:  # converted by an earlier try of this run, same commit
             self.summary.update(converted=True)
             self.summary["outputs"]["checkpoint"] = out
             return

@@ -114,11 +114,22 @@ def human_bytes(n: float) -> str:
 
 def check_disk(report: PreflightReport, run_dir: str, need: int) -> None:
     free = free_bytes(run_dir)
+    hint = "" if free >= need else room_hint_for(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))),
+                                                 need - free)
     report.add("disk_space", free >= need,
                f"{human_bytes(free)} free on the volume of {run_dir}; the output may need up to "
                f"{human_bytes(need)} (answers averaging half of max_tokens)",
                f"free {human_bytes(max(0, need - free))} there, point --work-dir at a larger volume, "
-               f"or lower --limit/--max-tokens")
+               f"or lower --limit/--max-tokens{hint}")
+
+
+def room_hint_for(work_dir: str, short: int) -> str:
+    """The old runs whose removal would make room (backend/disk.py), or ''."""
+    from backend.disk import room_hint  # imported late: it reads run directories, this module is imported early
+    try:
+        return room_hint(work_dir, short)
+    except Exception:  # noqa: BLE001 - a hint must never break the preflight it decorates
+        return ""
 
 
 def check_context(report: PreflightReport, limits: ContextLimits, config: GenerateConfig) -> None:

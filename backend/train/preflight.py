@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from backend.generate.preflight import PreflightReport, free_bytes
+from backend.generate.preflight import PreflightReport, free_bytes, room_hint_for
 
 __all__ = ["PreflightReport", "GpuProcess", "check_modules", "check_gpus", "check_disk",
            "parse_compute_apps", "checkpoint_bytes"]
@@ -140,9 +140,10 @@ def checkpoint_bytes(params: int, trainable: int, saves: int) -> int:
     return saves * (2 * params + 4 * trainable)
 
 
-def check_disk(report: PreflightReport, path: str, need: int) -> None:
+def check_disk(report: PreflightReport, path: str, need: int, work_dir: str | None = None) -> None:
     free = free_bytes(path)
+    hint = room_hint_for(work_dir, need - free) if work_dir and free < need else ""
     report.add("disk_space", free >= need,
                f"{free / 1e9:.2f} GB free on the volume of {path}; the checkpoints may need {need / 1e9:.2f} GB",
                f"free {max(0, need - free) / 1e9:.2f} GB there, raise [train] checkpoint_freq (fewer saves), "
-               f"or point the work dir at a larger volume")
+               f"or point the work dir at a larger volume{hint}")

@@ -214,7 +214,7 @@ class Stage:
         pf.check_modules(report)
         pf.check_gpus(report, processes, available)
         pf.check_disk(report, where, estimate_checkpoint_bytes(self.c, inputs.info, len(inputs.layer_ids))
-                      + self.c.min_free_bytes)
+                      + self.c.min_free_bytes, self.c.work_dir)
         return report
 
     def run(self) -> int:

@@ -1,27 +1,49 @@
 """verify's report as a table (pure): printed by the stage on the host, and by `run verify --wait` and
-`run pipeline --wait` on the operator's side from the finish event."""
+`run pipeline --wait` on the operator's side from the finish event.
+
+The operator's side reads the report back from the host's events, so the table takes any JSON object:
+a field of the wrong type reads as missing, and the draft positions shown are at most K_MAX (a finish
+with `"k": 1000000000` would otherwise build a gigabyte line and hang whoever prints it)."""
 from __future__ import annotations
 
 from typing import Any
 
+from backend.numbers import count, finite
+
+# The most draft positions a report shows: the profile's num_speculative_tokens is at most this.
+K_MAX = 32
+
+
+def draft_positions(acc: dict[str, Any]) -> int:
+    """How many draft positions of an acceptance report to show: its `k`, at most K_MAX."""
+    return min(count(acc.get("k")), K_MAX)
+
+
+def _cell(value: Any, fmt: str, width: int = 0) -> str:
+    number = finite(value)
+    return f"{number:{fmt}}" if number is not None else f"{'N/A':<{width}}"
+
 
 def table(report: dict[str, Any]) -> str:
-    lines = [f"verify: {report['checkpoint']}", ""]
-    width = max(len(c["name"]) for c in report["checks"]) if report["checks"] else 5
-    for c in report["checks"]:
-        lines.append(f"  {c['name']:<{width}}  {'ok  ' if c['ok'] else 'FAIL'}  {c['detail']}"
-                     + (f"\n  {'':<{width}}        -> {c['fix']}" if c.get("fix") else ""))
+    checks = [c for c in report.get("checks") or [] if isinstance(c, dict)]
+    lines = [f"verify: {report.get('checkpoint')}", ""]
+    width = max(len(str(c.get("name"))) for c in checks) if checks else 5
+    for c in checks:
+        lines.append(f"  {str(c.get('name')):<{width}}  {'ok  ' if c.get('ok') is True else 'FAIL'}  "
+                     f"{c.get('detail')}" + (f"\n  {'':<{width}}        -> {c['fix']}" if c.get("fix") else ""))
     acc = report.get("acceptance")
-    if acc:
-        k = acc["k"]
-        trained, base = acc["trained"], acc["untrained"]
-        lines += ["", f"offline acceptance, k={k}: {trained['samples']} held-out samples, {trained['anchors']} "
-                      f"anchor positions (greedy chain)", ""]
+    if isinstance(acc, dict) and acc:
+        k = draft_positions(acc)
+        trained, base = (acc.get(n) if isinstance(acc.get(n), dict) else {} for n in ("trained", "untrained"))
+        lines += ["", f"offline acceptance, k={k}: {trained.get('samples')} held-out samples, "
+                      f"{trained.get('anchors')} anchor positions (greedy chain)", ""]
         head = "".join(f"  pos{j + 1:<4}" for j in range(k))
         lines.append(f"  {'draft':<16}{head}  mean accepted  acceptance length")
         for name, a in (("trained", trained), ("untrained", base)):
-            cells = "".join(f"  {p:<7.3f}" for p in a["per_position"])
-            lines.append(f"  {name:<16}{cells}  {a['mean_accepted']:<13.3f}  {a['mean_acceptance_length']:.3f}")
+            positions = a.get("per_position") if isinstance(a.get("per_position"), list) else []
+            cells = "".join(f"  {_cell(p, '<7.3f', 7)}" for p in positions[:k])
+            lines.append(f"  {name:<16}{cells}  {_cell(a.get('mean_accepted'), '<13.3f', 13)}  "
+                         f"{_cell(a.get('mean_acceptance_length'), '.3f')}")
     if report.get("error"):
         lines += ["", f"error: {report['error']}"]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ import sys
 
 from console import demo
 from console.commands.server_cmd import load_or_exit
+from console.profile import ProfileError, notify_settings
 
 
 def run_app(a: argparse.Namespace) -> int:
@@ -28,10 +29,17 @@ def run_app(a: argparse.Namespace) -> int:
     else:
         print("error: give --profile FILE (see `eagle3-console profile init --help`) or --demo", file=sys.stderr)
         return 2
+    try:
+        notify = notify_settings(profile)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if work_dir is not None:
+            asyncio.run(demo.stop(work_dir))
+        return 2
     controller = Session(profile, readonly=a.readonly)
     try:
         try:
-            app = ConsoleApp(controller, readonly=a.readonly, keymap_path=a.keymap)
+            app = ConsoleApp(controller, readonly=a.readonly, keymap_path=a.keymap, notify=notify)
         except KeymapError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

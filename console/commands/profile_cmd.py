@@ -2,9 +2,21 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+from pathlib import Path
 
+from console.control.operator_unit import (OperatorUnitError, profile_server_values, read_server_program,
+                                           unit_drift, unit_settings)
+from console.host.base import HostError
+from console.host.factory import host_for_profile
+from console.parsers.text import clean_block
+from console.parsers.vllm_cmdline import CmdlineError
 from console.profile import Profile, ProfileError, load_profile, profile_from_dict, write_profile
+
+UNIT_READ_TIMEOUT_S = 60.0
+# names that never resolve (example profiles use them): no connection is tried
+PLACEHOLDER_DOMAINS = (".example", ".invalid", ".test")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--transport", choices=("ssh", "local"), default="ssh")
     init.add_argument("--manager", choices=("systemd", "tmux"), default="systemd")
     init.add_argument("--unit", default="vllm", help="systemd unit or tmux session of the vLLM server")
-    init.add_argument("--model-path", required=True)
+    init.add_argument("--from-unit", metavar="UNIT",
+                      help="read the server's settings (model, served id, port, tensor parallel size, reasoning "
+                           "parser) from this systemd unit on the host, over SSH; implies --manager systemd")
+    init.add_argument("--model-path", help="required unless --from-unit")
     init.add_argument("--served-model-name")
     init.add_argument("--server-port", type=int, default=8000)
     init.add_argument("--reasoning-parser")
@@ -40,16 +55,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     check = psub.add_parser("check", help="validate a profile; exit 0 when valid")
     check.add_argument("path")
+    check.add_argument("--offline", action="store_true",
+                       help="only validate the file; do not compare it with its unit on the host")
     check.set_defaults(func=cmd_check)
 
 
-def build_from_args(a: argparse.Namespace) -> Profile:
+def build_from_args(a: argparse.Namespace, extra_server: dict | None = None) -> Profile:
     data = {
         "host": {"name": a.host, "transport": a.transport, "port": a.port, "user": a.user,
                  "identity_file": a.identity_file, "jump_host": a.jump_host, "known_hosts": a.known_hosts},
         "server": {"manager": a.manager, "unit": a.unit, "model_path": a.model_path,
                    "served_model_name": a.served_model_name, "port": a.server_port,
-                   "reasoning_parser": a.reasoning_parser},
+                   "reasoning_parser": a.reasoning_parser, **(extra_server or {})},
         "paths": {"work_dir": a.work_dir, "data_dir": a.data_dir, "python": a.python},
         "gpus": {"count": a.gpus},
         "generate": {"samples": a.samples, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
@@ -60,15 +77,61 @@ def build_from_args(a: argparse.Namespace) -> Profile:
     return profile_from_dict(data, file="(command line)")
 
 
-def cmd_init(a: argparse.Namespace) -> int:
+async def _unit_program(profile: Profile):
+    host = host_for_profile(profile)
     try:
-        profile = build_from_args(a)
+        await host.connect()
+        return await read_server_program(host, profile)
+    finally:
+        await host.close()
+
+
+def read_unit_settings(profile: Profile):
+    """The program and settings of the profile's unit, read over the profile's connection."""
+    program = asyncio.run(asyncio.wait_for(_unit_program(profile), UNIT_READ_TIMEOUT_S))
+    return program, unit_settings(program)
+
+
+def from_unit(a: argparse.Namespace) -> Profile:
+    a.manager = "systemd"
+    a.unit = a.from_unit
+    a.model_path = a.model_path or "/unknown"  # a placeholder to connect with; the unit's replaces it
+    probe = build_from_args(a)
+    program, settings = read_unit_settings(probe)
+    values = profile_server_values(settings)
+    a.model_path, a.server_port = settings.model, settings.port
+    a.served_model_name = values.get("served_model_name")
+    a.reasoning_parser = settings.reasoning_parser
+    profile = build_from_args(a, extra_server={"vllm_args": values["vllm_args"]})
+    print(f"read unit {a.from_unit} ({program.source}): model {settings.model}, served as {settings.served_id}, "
+          f"port {settings.port}, tensor parallel size {settings.tensor_parallel_size}"
+          + (f", reasoning parser {settings.reasoning_parser}" if settings.reasoning_parser else ""))
+    if program.note:
+        print(f"note: {program.note}")
+    return profile
+
+
+def cmd_init(a: argparse.Namespace) -> int:
+    if Path(a.path).exists() and not a.force:  # before any connection: never replace an operator's file
+        print(f"error: {a.path} already exists; pass --force to replace it", file=sys.stderr)
+        return 2
+    try:
+        if a.from_unit:
+            profile = from_unit(a)
+        elif not a.model_path:
+            print("error: --model-path is required (or --from-unit UNIT to read it from the host)", file=sys.stderr)
+            return 2
+        else:
+            profile = build_from_args(a)
         write_profile(profile, a.path, overwrite=a.force)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except FileExistsError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (HostError, OSError, OperatorUnitError, CmdlineError, asyncio.TimeoutError) as e:
+        print(clean_block(f"error: unit {a.from_unit}: {e or 'timed out'}"), file=sys.stderr)
         return 2
     print(f"wrote {a.path}")
     return 0
@@ -83,5 +146,28 @@ def cmd_check(a: argparse.Namespace) -> int:
     sim = " (simulated demo host)" if p.host.simulated else ""
     print(f"{a.path}: ok: host {p.host.name}{sim}, {p.server.manager} {p.server.unit!r}, "
           f"model {p.server.model_id}, work dir {p.paths.work_dir}")
-    return 0
+    if a.offline or p.server.manager != "systemd" or p.host.simulated:
+        return 0  # tmux: the profile's command is the server, nothing to compare
+    if p.host.transport == "ssh" and p.host.name.lower().rstrip(".").endswith(PLACEHOLDER_DOMAINS):
+        print(f"unit {p.server.unit}: not compared, {p.host.name} is a placeholder name (RFC 2606/6761): "
+              f"set [host].name to the GPU host")
+        return 0
+    try:
+        program, settings = read_unit_settings(p)
+    except (HostError, OSError, asyncio.TimeoutError) as e:
+        print(clean_block(f"unit {p.server.unit}: not compared, the host did not answer: {e or 'timed out'}"))
+        return 0
+    except (OperatorUnitError, CmdlineError) as e:
+        print(clean_block(f"error: unit {p.server.unit}: {e}"), file=sys.stderr)
+        return 1
+    drift = unit_drift(p, settings)
+    if program.note:
+        print(f"note: {program.note}")
+    if not drift:
+        print(f"unit {p.server.unit}: matches the profile (served as {settings.served_id})")
+        return 0
+    print(f"unit {p.server.unit}: drift between the profile and its unit:")
+    for line in drift:
+        print(clean_block(f"  {line}"))
+    return 1
 

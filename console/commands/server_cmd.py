@@ -65,6 +65,7 @@ def watch_key(doc: dict[str, Any]) -> dict[str, Any]:
     d["host"].pop("rtt_ms", None)
     server = d["server"]
     server.pop("eta_s", None)
+    server.pop("eta_ready_s", None)
     server.pop("metrics", None)
     if server.get("fraction") is not None:
         server["fraction"] = round(server["fraction"], 2)
@@ -110,6 +111,8 @@ def human(snap: Snapshot) -> str:
         extra += f" {v.fraction:.0%}"
     if v.eta_s is not None:
         extra += f" ETA {int(v.eta_s)} s ({v.eta_source})"
+    if v.eta_ready_s is not None:
+        extra += f", ready in {int(v.eta_ready_s)} s ({v.eta_ready_confidence})"
     lines.append(f"server   {v.phase}{extra}" + (" (with drafter)" if v.drafter is not None else ""))
     if v.drafter is not None:
         d = v.drafter
@@ -140,7 +143,7 @@ def cmd_status(a: argparse.Namespace) -> int:
             asyncio.run(watch(profile, a.interval))
         return 0
     snap = asyncio.run(snapshot_once(profile, deep=a.deep, timeout=a.timeout))
-    print(json.dumps(snap.to_json()) if a.json else human(snap))
+    print(json.dumps(snap.to_json(), allow_nan=False) if a.json else human(snap))
     return 0 if snap.host.reachable else 3
 
 
@@ -152,7 +155,7 @@ async def watch(profile: Profile, interval: float) -> None:
             key = watch_key(doc)
             if key != last:
                 last = key
-                print(json.dumps(doc), flush=True)
+                print(json.dumps(doc, allow_nan=False), flush=True)
 
 
 async def wait_ready(profile: Profile, timeout: float, interval: float) -> tuple[int, Snapshot | None]:

@@ -8,7 +8,7 @@ from typing import Any
 from console.control import drafter_server as ds
 from console.control.bench_stage import bench_argv
 from console.control.extraction import _alive_argv as alive_argv
-from console.control.units import server_log_path, server_start_argv, server_stop_argv
+from console.control.units import ServerProgram, server_log_path, server_start_argv, server_stop_argv
 from console.profile import Profile
 
 
@@ -19,9 +19,10 @@ def pair_run_ids(run_id: str) -> tuple[str, str, str]:
 
 def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str | None = None,
               api_key_path: str | None = None, no_expand_option: bool = False,
-              third_checkpoint: str | None = None) -> dict[str, Any]:
+              third_checkpoint: str | None = None, program: ServerProgram | None = None) -> dict[str, Any]:
     """The plan backend/benchpair.py runs (raises DrafterServerError / ValueError with what to fix).
-    `third_checkpoint`: a published drafter ([bench].third_drafter, fetched and verified), benched too."""
+    `third_checkpoint`: a published drafter ([bench].third_drafter, fetched and verified), benched too.
+    `program`: the baseline's (operator_unit.read_server_program), which the drafter servers start from."""
     base_id, drafter_id, third_id = pair_run_ids(run_id)
     common = {"input_run": input_run, "api_key_path": api_key_path}
     third: dict[str, Any] = {}
@@ -29,8 +30,8 @@ def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str 
         third = {"third_checkpoint": third_checkpoint,
                  "third": {"run_id": third_id, "argv": bench_argv(profile, third_id, label="published",
                                                                   baseline_run=base_id, **common)},
-                 "start_third": ds.drafter_start_command(profile, third_checkpoint,
-                                                         no_expand_option=no_expand_option).argv}
+                 "start_third": ds.drafter_start_command(profile, third_checkpoint, no_expand_option=no_expand_option,
+                                                         program=program).argv}
     return {
         "checkpoint": checkpoint,
         "baseline": {"run_id": base_id, "argv": bench_argv(profile, base_id, label="baseline", **common)},
@@ -42,7 +43,8 @@ def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str 
         "start_baseline": server_start_argv(profile, server_log_path(profile)),
         "baseline_alive": alive_argv(profile, profile.server.unit),
         "stop_drafter": ds.drafter_stop_command(profile).argv,
-        "start_drafter": ds.drafter_start_command(profile, checkpoint, no_expand_option=no_expand_option).argv,
+        "start_drafter": ds.drafter_start_command(profile, checkpoint, no_expand_option=no_expand_option,
+                                                  program=program).argv,
         "drafter_alive": alive_argv(profile, ds.drafter_unit(profile)),
     }
 

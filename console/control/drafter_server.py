@@ -1,17 +1,21 @@
-"""The drafter server, built from the profile: the baseline's own vLLM command line plus
+"""The drafter server: the baseline's own program (units.ServerProgram: the operator's unit's command line,
+environment, user and working directory; tmux: the profile's command) plus
 `--speculative-config` (method eagle3, the verified checkpoint, [drafter].num_speculative_tokens draft
 tokens per step, [serve_drafter].draft_tensor_parallel_size), run as its own program beside the baseline's name
 (`<server unit>-drafter`): a transient systemd unit, or its own tmux session, started and stopped with
-the same builders as the stage programs (units.py). Pure functions, no I/O; the caller stops the baseline
+units.derived_server_start_argv and stopped like a stage. Pure functions, no I/O; the caller stops the baseline
 first (one server at a time on the GPUs) and starts it again when switching back.
 """
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any, Mapping
 
-from console.control.units import (HostCommand, checked_session, checked_unit, server_command, server_log_path,
-                                   stage_log_path, stage_start_command, stage_stop_command, tmux_stop_argv)
+from backend.redact import redacted
+from console.control.units import (HostCommand, ServerProgram, checked_session, checked_unit,
+                                   derived_server_start_argv, profile_program, server_log_path,
+                                   stage_log_path, stage_stop_command, tmux_stop_argv)
 from console.profile import Profile, check_path
 
 METHOD = "eagle3"
@@ -101,32 +105,47 @@ def target_tp(argv: list[str]) -> int:
     return 1
 
 
-def drafter_command(profile: Profile, checkpoint: str) -> list[str]:
-    """The drafter server's command line (see the module docstring)."""
+def _drafter_flags(profile: Profile, checkpoint: str, program: ServerProgram) -> list[str]:
     err = check_path(checkpoint)
     if err:
         raise DrafterServerError(f"drafter checkpoint {checkpoint!r}: expected {err}")
-    base = server_command(profile)
+    base = list(program.argv)
     clash = sorted({a.split("=", 1)[0] for a in base if a.split("=", 1)[0] in _OWN_FLAGS})
     if clash:
-        raise DrafterServerError(f"the server's command line already has {', '.join(clash)} (server.vllm_args or "
-                                 f"server.command): the drafter server adds its own; take it out of the "
-                                 f"baseline's arguments")
+        where = program.source if program.source != "the profile" else "server.vllm_args or server.command"
+        raise DrafterServerError(f"the server's command line already has {', '.join(clash)} ({where}): the "
+                                 f"drafter server adds its own; take it out of the baseline's arguments")
     draft_tp = profile.serve_drafter.draft_tensor_parallel_size
     tp = target_tp(base)
     if draft_tp not in (1, tp):
         raise DrafterServerError(f"serve_drafter.draft_tensor_parallel_size {draft_tp}: vLLM takes 1 or the "
                                  f"target's tensor-parallel size ({tp})")
     spec = speculative_config(checkpoint, profile.drafter.num_speculative_tokens, draft_tp)
-    return base + ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    return ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+
+
+def drafter_command(profile: Profile, checkpoint: str, program: ServerProgram | None = None) -> list[str]:
+    """The drafter server's command line (see the module docstring). `program`: the baseline's
+    (operator_unit.read_server_program); default the profile's command."""
+    program = program or profile_program(profile)
+    return [*program.argv, *_drafter_flags(profile, checkpoint, program)]
 
 
 def drafter_start_command(profile: Profile, checkpoint: str, env: Mapping[str, str] | None = None, *,
-                          no_expand_option: bool = False) -> HostCommand:
-    """`no_expand_option`: the host's systemd-run knows --expand-environment (launch.systemd_run_expands)."""
+                          no_expand_option: bool = False, program: ServerProgram | None = None) -> HostCommand:
+    """Start the drafter server with the baseline's environment and user (`env` on top). The unit's
+    command line keeps systemd's `$VAR` expansion, so `no_expand_option` is not used here: the drafter's
+    own flags are escaped instead (units.derived_server_start_argv)."""
+    del no_expand_option
     unit = drafter_unit(profile)
-    return stage_start_command(profile, unit, drafter_command(profile, checkpoint), log_path=drafter_log_path(profile),
-                               cwd=profile.paths.work_dir, env=dict(env or {}), no_expand_option=no_expand_option)
+    program = program or profile_program(profile)
+    flags = _drafter_flags(profile, checkpoint, program)
+    argv = derived_server_start_argv(profile, unit, program, flags, log_path=drafter_log_path(profile), env=env)
+    if profile.server.manager == "systemd":
+        shown = shlex.join(redacted(argv))
+    else:
+        shown = f"tmux start session {unit}: {shlex.join(redacted([*program.argv, *flags]))}"
+    return HostCommand(argv, shown)
 
 
 def drafter_stop_command(profile: Profile) -> HostCommand:

@@ -1,11 +1,13 @@
 """The extraction swap, built from the profile: the plan the extract stage runs on the host, and its argv.
 
-The extraction server is the baseline's own command line (units.server_command, from the same profile
-values) plus vLLM's two extraction flags: the `extract_hidden_states` speculative method with the aux layer
-ids AND the verifier's final layer (vLLM writes exactly one state per id; speculators reads the last one as
-the final state: backend/verifier.extraction_layer_ids), and the hidden-states KV connector writing into
-this run's staging directory. It runs as its own program beside the baseline's name (`<server unit>-extract`): a transient systemd unit, or its own tmux
-session, started and stopped with the same argv builders as stages (units.stage_start_argv / stop).
+The extraction server is the baseline's own program (units.ServerProgram: the operator's unit's command
+line, environment, user and working directory as systemd runs it; tmux: the profile's command) plus vLLM's
+two extraction flags: the `extract_hidden_states` speculative method with the aux layer ids AND the
+verifier's final layer (vLLM writes exactly one state per id; speculators reads the last one as the final
+state: backend/verifier.extraction_layer_ids), and the hidden-states KV connector writing into this run's
+staging directory. It runs as its own
+program beside the baseline's name (`<server unit>-extract`): a transient systemd unit, or its own tmux
+session (units.derived_server_start_argv, stopped like a stage).
 
 The plan (backend/extract/plan.py reads it) holds argv lists only; the extract stage runs them itself,
 detached on the host, in order: stop the baseline, start the extractor, extract, then stop the extractor
@@ -18,9 +20,10 @@ import shlex
 from typing import Any, Sequence
 
 from backend.extract.plan import PLAN_VERSION
+from backend.redact import redacted
 from backend.verifier import extraction_layer_ids
-from console.control.units import (_sudo, server_command, server_log_path, server_start_argv, server_stop_argv,
-                                   stage_log_path, stage_start_argv,
+from console.control.units import (ServerProgram, _sudo, derived_server_start_argv, profile_program,
+                                   server_log_path, server_start_argv, server_stop_argv, stage_log_path,
                                    stage_stop_argv, tmux_stop_argv, tmux_target)
 from console.profile import Profile
 
@@ -62,16 +65,24 @@ def extraction_flags(layer_ids: Sequence[int], storage: str) -> list[str]:
     return ["--speculative-config", _json(spec), "--kv-transfer-config", _json(kv)]
 
 
-def extractor_command(profile: Profile, layer_ids: Sequence[int], storage: str) -> list[str]:
-    if not layer_ids:
+def _checked_base(profile: Profile, aux_layer_ids: Sequence[int], program: ServerProgram | None) -> ServerProgram:
+    if not aux_layer_ids:
         raise ExtractionPlanError("no aux layer ids: resolve [drafter].aux_layer_ids against the verifier first")
-    base = server_command(profile)
-    clash = sorted({a.split("=", 1)[0] for a in base if a.split("=", 1)[0] in _OWN_FLAGS})
+    program = program or profile_program(profile)
+    clash = sorted({a.split("=", 1)[0] for a in program.argv if a.split("=", 1)[0] in _OWN_FLAGS})
     if clash:
-        raise ExtractionPlanError(f"the server's command line already has {', '.join(clash)} "
-                                  f"(server.vllm_args or server.command): the extraction server adds its own; "
-                                  f"take it out of the baseline's arguments")
-    return base + extraction_flags(layer_ids, storage)
+        where = program.source if program.source != "the profile" else "server.vllm_args or server.command"
+        raise ExtractionPlanError(f"the server's command line already has {', '.join(clash)} ({where}): the "
+                                  f"extraction server adds its own; take it out of the baseline's arguments")
+    return program
+
+
+def extractor_command(profile: Profile, layer_ids: Sequence[int], storage: str,
+                      program: ServerProgram | None = None) -> list[str]:
+    """`layer_ids`: what the server is asked for (the aux ids and the final layer); `program`: the baseline's
+    (operator_unit.read_server_program); default the profile's command."""
+    base = _checked_base(profile, layer_ids, program)
+    return [*base.argv, *extraction_flags(layer_ids, storage)]
 
 
 def _alive_argv(profile: Profile, unit: str) -> list[str]:
@@ -88,19 +99,21 @@ def _log_tail_argv(profile: Profile, unit: str, log_path: str) -> list[str]:
     return ["tail", "-n", str(LOG_LINES), log_path]
 
 
-def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_layers: int) -> dict[str, Any]:
-    """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it);
-    `num_layers`: the verifier's decoder layers, whose last output the server is asked for too."""
-    if not aux_layer_ids:
-        raise ExtractionPlanError("no aux layer ids: resolve [drafter].aux_layer_ids against the verifier first")
+def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_layers: int,
+               program: ServerProgram | None = None) -> dict[str, Any]:
+    """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it).
+    `num_layers`: the verifier's decoder layers, whose last output the server is asked for too;
+    `program`: the baseline's (operator_unit.read_server_program); default the profile's command."""
     s = profile.server
     unit = extractor_unit(profile)
     storage = staging_dir(profile, run_id)
+    base = _checked_base(profile, aux_layer_ids, program)
     asked = extraction_layer_ids(aux_layer_ids, num_layers)
-    command = extractor_command(profile, asked, storage)
+    flags = extraction_flags(asked, storage)
+    command = [*base.argv, *flags]
     log_path = stage_log_path(profile, unit)
-    start = stage_start_argv(profile, unit, command, log_path=log_path, cwd=profile.paths.work_dir,
-                             env=dict(profile.extract.server_env))
+    start = derived_server_start_argv(profile, unit, base, flags, log_path=log_path,
+                                      env=dict(profile.extract.server_env), stop_timeout_s=s.stop_timeout_s)
     stop = stage_stop_argv(profile, unit) if s.manager == "systemd" else tmux_stop_argv(unit, s.stop_timeout_s)
     endpoint = f"http://127.0.0.1:{s.port}"
     return {
@@ -127,5 +140,5 @@ def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_
 
 def describe_plan(plan: dict[str, Any]) -> list[str]:
     """The plan's commands as the operator confirms them, in the order they run."""
-    return [f"{step}: {shlex.join(plan[step])}" for step in
+    return [f"{step}: {shlex.join(redacted(plan[step]))}" for step in
             ("stop_baseline", "start_extractor", "stop_extractor", "start_baseline")]

@@ -35,6 +35,7 @@ from console.control import drafter_server as ds
 from console.control.bench_pair import pair_argv, pair_plan
 from console.control.stages import FETCH_DRAFTER
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
+from console.control.operator_unit import OperatorUnitError, read_server_program
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name, tmux_target)
 
@@ -100,8 +101,59 @@ def backend_bundle() -> tuple[str, bytes]:
     return digest.hexdigest()[:16], buf.getvalue()
 
 
+# The work dir and the folders whose files the stages execute or obey: anyone who can write in one of them
+# can replace the code a stage runs, the plan a swap follows, or a run's events.
+TRUSTED_DIRS = ("", "code", "plans", "runs")
+
+
+def work_dir_problem(text: str) -> str | None:
+    """What is wrong with the work dir's folders from `id -u; id -g; stat -L -c '%u %g %a %n' DIRS` (pure):
+    a folder that others can write (a group write bit only for a group other than the user's own), or
+    that belongs to another user than this one or root. None when all are sound."""
+    lines = text.splitlines()
+    if len(lines) < 3 or not lines[0].strip().isdigit() or not lines[1].strip().isdigit():
+        return f"cannot tell who owns the work dir (unexpected answer: {clean_block(text)[:200]!r})"
+    uid, gid = lines[0].strip(), lines[1].strip()
+    for line in lines[2:]:
+        bits = line.split(" ", 3)
+        if len(bits) != 4 or not all(b.isdigit() for b in bits[:2]):
+            return f"cannot tell who owns the work dir (unexpected answer: {clean_block(line)[:200]!r})"
+        owner, group, mode_text, path = bits
+        try:
+            mode = int(mode_text, 8)
+        except ValueError:
+            return f"cannot read the mode of {path!r}"
+        writers = []
+        if mode & 0o002:
+            writers.append("every user")
+        if mode & 0o020 and group != gid:
+            writers.append(f"group {group}")
+        if owner not in (uid, "0"):
+            writers.append(f"its owner, user {owner}")
+        if writers:
+            return (f"{path} can be written by {' and '.join(writers)} (mode {mode_text}): whoever writes there "
+                    f"can replace the code the stages run or the plans they follow; make it yours and "
+                    f"`chmod go-w` it (work dir, code/, plans/, runs/)")
+    return None
+
+
+async def check_work_dir(host: Host, profile: Profile) -> None:
+    """Create the work dir's trusted folders if needed, and refuse them when others can write there."""
+    dirs = [posixpath.join(profile.paths.work_dir, d) if d else profile.paths.work_dir for d in TRUSTED_DIRS]
+    script = 'mkdir -p -- "$@" && id -u && id -g && stat -L -c "%u %g %a %n" -- "$@"'
+    res = await host.run(["sh", "-c", script, "sh", *dirs], timeout=30)
+    if not res.ok:
+        raise StageError(f"the work dir {profile.paths.work_dir} is not usable: "
+                         f"{clean_block((res.stderr or res.stdout).strip())[:300]}")
+    problem = work_dir_problem(res.stdout)
+    if problem:
+        raise StageError(f"refusing the work dir: {problem}")
+
+
 async def ensure_backend(host: Host, profile: Profile, shown: list[str]) -> str:
-    """Make sure the host has this backend; return the directory to put on PYTHONPATH."""
+    """Make sure the host has this backend; return the directory to put on PYTHONPATH. The work dir is
+    checked first: the code is only as safe as the folder it is kept in."""
+    await check_work_dir(host, profile)
     version, bundle = backend_bundle()
     code_dir = f"{profile.paths.work_dir}/code/{version}"
     check = ["test", "-f", f"{code_dir}/.complete"]
@@ -185,9 +237,30 @@ async def upload_api_key(host: Host, profile: Profile) -> str | None:
     return await upload_secret(host, profile, api_key(profile), "vllm-api-key")
 
 
-async def upload_hub_token(host: Host, profile: Profile) -> str | None:
-    """The Hub token for a gated or private drafter, handed over like the API key."""
+async def upload_hub_token(host: Host, profile: Profile, shown: list[str] | None = None) -> str | None:
+    """The Hub token for a gated or private drafter, handed over like the API key, and only when the profile
+    says the repo needs it ([bench].hub_token_upload): the operator's personal token never goes to the
+    host for a public repo. The stage removes it once read (--remove-token-file)."""
+    if not profile.bench.hub_token_upload:
+        return None
+    warning = readable_secret_warning(profile.bench.hub_token_file)
+    if warning and shown is not None:
+        shown.append(f"(warning) {warning}")
     return await upload_secret(host, profile, hub_token(profile), "hf-token")
+
+
+def readable_secret_warning(path: str | None) -> str | None:
+    """A secret file on this machine that others can read: say so (it is used all the same)."""
+    if not path:
+        return None
+    try:
+        mode = os.stat(os.path.expanduser(path)).st_mode
+    except OSError:
+        return None
+    if mode & 0o077:
+        return (f"{path} can be read by others (mode {mode & 0o777:o}): `chmod 600 {path}`; it holds your "
+                f"Hub token")
+    return None
 
 
 def check_host_path(value: str, what: str) -> str:
@@ -385,7 +458,7 @@ class _Launcher:
                     check_host_path(req.checkpoint, "--checkpoint")
                 return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh, checkpoint=req.checkpoint), None
             if stage == FETCH_DRAFTER:
-                token = await upload_hub_token(self.host, p)
+                token = await upload_hub_token(self.host, p, self.shown)
                 return stage_argv.fetch_drafter_argv(p, run_id, token_path=token, fresh=fresh), None
         except (stage_argv.StageArgError, ExtractionPlanError) as exc:
             raise StageError(str(exc)) from None
@@ -407,19 +480,29 @@ class _Launcher:
         key = await upload_api_key(self.host, p)
         no_expand = p.server.manager == "systemd" and await systemd_run_expands(self.host)
         try:
+            program = await read_server_program(self.host, p)
             plan = pair_plan(p, run_id, str(found["checkpoint"]), input_run=prompts_run, api_key_path=key,
-                             no_expand_option=no_expand, third_checkpoint=third and str(third["checkpoint"]))
-        except (ds.DrafterServerError, ValueError) as exc:
+                             no_expand_option=no_expand, third_checkpoint=third and str(third["checkpoint"]),
+                             program=program)
+        except (ds.DrafterServerError, OperatorUnitError, ValueError) as exc:
             raise StageError(str(exc)) from None
         plan_file = f"{p.paths.work_dir}/plans/{run_id}.json"
         await self.host.run(["mkdir", "-p", f"{p.paths.work_dir}/plans"], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), plan_file)
         self.shown.append(f"(bench) drafter {found['checkpoint']} (verified by {found['run_id']})")
         self.shown.extend(f"(bench {k}) {shlex.join(plan[k]['argv'])}" for k in ("baseline", "drafter"))
+        if program.note:
+            self.shown.append(f"(bench) note: {program.note}")
         return pair_argv(p, run_id, plan_file, fresh=req.fresh)
 
     async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int], num_layers: int) -> str:
-        plan = build_plan(self.profile, run_id, aux_layer_ids, num_layers)
+        try:
+            program = await read_server_program(self.host, self.profile)
+        except OperatorUnitError as exc:
+            raise StageError(str(exc)) from None
+        plan = build_plan(self.profile, run_id, aux_layer_ids, num_layers, program)
+        if program.note:
+            self.shown.append(f"(server swap) note: {program.note}")
         path = plan_path(self.profile, run_id)
         await self.host.run(["mkdir", "-p", path.rsplit("/", 1)[0]], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), path)

@@ -138,8 +138,8 @@ def fetch_drafter_argv(profile: Profile, run_id: str, *, token_path: str | None 
             "--verifier", verifier_path(profile)]
     if b.hub_endpoint:
         argv += ["--endpoint", b.hub_endpoint]
-    if token_path:
-        argv += ["--token-file", token_path]
+    if token_path:  # the console's copy: the stage deletes it once read
+        argv += ["--token-file", token_path, "--remove-token-file"]
     if fresh:
         argv.append("--fresh")
     return argv

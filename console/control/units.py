@@ -11,6 +11,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from backend.runs import RUN_ID_PATTERN
+from console.control.stages import STAGES
 from console.parsers.tmux import EXIT_STATUS_PREFIX
 from console.profile import Profile, check_session, check_unit
 
@@ -51,9 +53,81 @@ def server_command(profile: Profile) -> list[str]:
     return argv + list(s.vllm_args)
 
 
+@dataclass(frozen=True)
+class ServerProgram:
+    """The baseline's program, which every server the console derives (extraction, drafter) starts from:
+    its command line, environment, user and working directory. systemd: the operator's unit as systemd
+    runs it (console/control/operator_unit.read_server_program); tmux: the profile's command."""
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()  # the unit's Environment=, in order (a later name wins)
+    env_files: tuple[tuple[str, bool], ...] = ()  # the unit's EnvironmentFile= (path, missing is ok)
+    user: str | None = None
+    group: str | None = None
+    working_dir: str | None = None  # systemd's spelling: `~`, a `!` prefix when a missing one is ok
+    source: str = "the profile"
+    note: str | None = None  # what the operator should know about how it was read
+    # argv as systemd stored it (a unit's ExecStart): its `$VAR`s are systemd's to expand; False: literal words
+    systemd_syntax: bool = False
+
+
+def profile_program(profile: Profile) -> ServerProgram:
+    """The profile's command (tmux; and what a caller gets that has not read the unit), in the work dir."""
+    return ServerProgram(tuple(server_command(profile)), working_dir=profile.paths.work_dir)
+
+
+def _systemd_working_dir(value: str) -> str:
+    """systemctl show's WorkingDirectory (`!/x`: missing is ok) in a unit file's spelling (`-/x`)."""
+    return f"-{value[1:]}" if value.startswith("!") else value
+
+
+def derived_server_start_argv(profile: Profile, unit: str, program: ServerProgram, extra: Sequence[str], *,
+                              log_path: str, env: Mapping[str, str] | None = None,
+                              stop_timeout_s: float = 120.0) -> list[str]:
+    """Start a server derived from the baseline (`program`) plus its own flags (`extra`), detached as its
+    own program `unit`: with the baseline's environment (its Environment= and EnvironmentFile=, as systemd
+    orders them: the files' values win), user, group and working directory, and `env` on top (the
+    files still win over it, as in systemd). The unit's command line is passed as systemd stored it, so
+    its `$VAR`s expand from that same environment exactly as in the operator's unit; `extra` (and a
+    profile's command) is escaped (`$$`) so a path or JSON holding `$` arrives as written."""
+    merged = {**dict(program.env), **dict(env or {})}
+    if profile.server.manager != "systemd":
+        return tmux_start_argv(unit, [*program.argv, *extra], log_path, cwd=profile.paths.work_dir, env=merged)
+    wd = program.working_dir
+    cmd = ["systemd-run", f"--unit={checked_unit(unit)}", "--collect", "--quiet"]
+    if wd is None:  # systemd's own default for a system service
+        cmd.append("--working-directory=/")
+    elif wd.startswith("/"):
+        cmd.append(f"--working-directory={wd}")
+    else:
+        cmd.append(f"--property=WorkingDirectory={_systemd_working_dir(wd)}")
+    cmd += ["--property=KillSignal=SIGTERM", f"--property=TimeoutStopSec={stop_timeout_s:g}"]
+    if program.user:
+        cmd.append(f"--uid={program.user}")
+    if program.group:
+        cmd.append(f"--gid={program.group}")
+    cmd += [f"--property=EnvironmentFile={'-' if ok else ''}{path}" for path, ok in program.env_files]
+    cmd += [f"--setenv={k}={v}" for k, v in merged.items()]
+    base = list(program.argv) if program.systemd_syntax else systemd_literal_argv(program.argv)
+    return _sudo(profile, [*cmd, *base, *systemd_literal_argv(extra)])
+
+
 def stage_unit_name(stage: str, run_id: str) -> str:
     """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
     return f"e3-{stage}-{run_id}"
+
+
+def is_stage_unit(name: object) -> bool:
+    """Whether `name` is a unit this project starts a stage in (`stage_unit_name` of a known stage and a
+    valid run id). A run's events name the unit it runs in; any other name (a hostile or foreign writer
+    naming the operator's vLLM unit, sshd, a unit with an odd character) is not believed: the console
+    would ask it whether the run is alive and, on `stop`, stop it."""
+    if not isinstance(name, str) or not name.startswith("e3-") or check_unit(name):
+        return False
+    for stage in STAGES:
+        prefix = stage_unit_name(stage, "")
+        if name.startswith(prefix) and RUN_ID_PATTERN.fullmatch(name[len(prefix):]):
+            return True
+    return False
 
 
 def server_log_path(profile: Profile) -> str:

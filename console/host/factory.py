@@ -46,4 +46,4 @@ def host_for_profile(profile: Profile) -> Host:
         return host
     from console.host.ssh import SshHost
     return SshHost(h.name, port=h.port, username=h.user, identity_file=h.identity_file,
-                   known_hosts=h.known_hosts, jump_host=h.jump_host, name=h.name)
+                   known_hosts=h.known_hosts, jump_host=h.jump_host, name=h.name, forward_agent=h.forward_agent)

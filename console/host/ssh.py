@@ -49,8 +49,9 @@ class SshHost:
                  known_hosts: str | os.PathLike[str] | None = None, jump_host: str | None = None,
                  keepalive_interval: float = 15, connect_timeout: float = 15, max_channels: int = 8,
                  name: str | None = None, connect_attempts: int = 6,
-                 backoff: tuple[float, float] = (0.2, 10.0)) -> None:
+                 backoff: tuple[float, float] = (0.2, 10.0), forward_agent: bool = False) -> None:
         self.hostname = hostname
+        self.forward_agent = forward_agent
         self.port = port
         self.username = username
         self.identity_file = os.path.expanduser(os.fspath(identity_file)) if identity_file else None
@@ -120,13 +121,21 @@ class SshHost:
 
     def _options(self) -> dict:
         # our matcher, not the path: asyncssh would accept a port-22 entry for any other port
+        # agent forwarding always explicit: left unset, asyncssh takes ForwardAgent from ~/.ssh/config and
+        # hands the operator's agent (every key in it) to whoever is root on the GPU host
         opts: dict = dict(known_hosts=trusted_keys_matcher(self.known_hosts),
                           keepalive_interval=self.keepalive_interval,
-                          keepalive_count_max=3, connect_timeout=self.connect_timeout)
+                          keepalive_count_max=3, connect_timeout=self.connect_timeout,
+                          agent_forwarding=self._agent_forwarding())
         if self.identity_file:
             # Like IdentitiesOnly: an agent's keys must not stand in for the configured one.
             opts.update(client_keys=[self.identity_file], agent_path=None)
         return opts
+
+    def _agent_forwarding(self) -> bool | str:
+        """False unless the profile asks; then the agent's socket itself (with an identity file the agent
+        is not used to log in, and asyncssh would forward nothing for a plain True)."""
+        return (os.environ.get("SSH_AUTH_SOCK") or False) if self.forward_agent else False
 
     async def _connect_once(self) -> asyncssh.SSHClientConnection:
         tunnel = None

@@ -6,6 +6,8 @@ stable across client versions that name counter families with or without `_total
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -101,7 +103,7 @@ def parse_vllm_metrics(text: str, model_name: str | None = None) -> VllmMetrics:
         if chosen is not None and s.labels.get("model_name", chosen) != chosen:
             continue
         value = float(s.value)
-        if value != value:  # NaN: no reading
+        if not math.isfinite(value):  # NaN, or +Inf from a broken exporter: no reading
             continue
         if "engine" in s.labels:
             engines.add(s.labels["engine"])

@@ -59,6 +59,9 @@ class LoadTracker:
         self.load_started_ts: float | None = None
         self.ready_ts: float | None = None
         self.stopped_ts: float | None = None
+        # when each load step began (its first line): the ETA to ready measures the step in progress
+        # from there, and a finished load's step durations are what the next load's ETA expects
+        self.phase_started: dict[str, float] = {}
         self._cause: tuple[int, str] | None = None
 
     @property
@@ -99,6 +102,8 @@ class LoadTracker:
             return
         if self.phase == "unknown" or _ORDER[target] > _ORDER.get(self.phase, -1):
             self.phase = target
+            if ts is not None:
+                self.phase_started.setdefault(target, ts)
         if self.load_started_ts is None and target != "ready" and ts is not None:
             self.load_started_ts = ts
         if target == "ready" and self.ready_ts is None:

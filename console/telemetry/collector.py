@@ -26,6 +26,8 @@ from console.parsers.systemd import parse_systemctl_show
 from console.parsers.tmux import tmux_status
 from console.profile import Profile
 from console.telemetry import phase as phases
+from console.telemetry.eta_ready import (STEPS, comparable, estimate_ready, settings_key, step_durations,
+                                         weights_elapsed)
 from console.telemetry.eta import LOADS_FILE, LoadRecord, estimate_load, last_load, parse_load_history
 from console.telemetry.http_checks import HttpState, check_http, deep_check, fetch_metrics, model_mismatch, \
     sim_text_backend
@@ -40,6 +42,9 @@ from console.telemetry.snapshot import (DrafterInfo, GpuInfo, HostInfo, RunInfo,
 
 PRIME_LOG_BYTES = 4 * SERVER_LOG_READ_MAX  # tmux: how much of the log's tail is read at connect
 PROBE_TIMEOUT_S = 30.0
+# What a conversion of the host's answer can raise; caught per probe section (Collector._unreadable_guard)
+UNREADABLE = (TypeError, ValueError, ArithmeticError, LookupError, AttributeError, RecursionError,
+              UnicodeError)
 
 
 class Collector:
@@ -76,6 +81,8 @@ class Collector:
         self._baseline_mib: float | None = None
         self._use_nvml = profile.host.transport == "local" and not profile.host.simulated
         self.nvml_note: str | None = None
+        self.unreadable: dict[str, int] = {}  # probe sections skipped because their answer was unreadable
+        self.unreadable_note: str | None = None  # the last such skip, for the operator
 
     @property
     def tracker(self):
@@ -236,6 +243,18 @@ class Collector:
         await self._remember_load()
         return self.snapshot()
 
+    async def check_ready_now(self, *, attempts: int = 50, gap_s: float = 0.02) -> Snapshot:
+        """The log just said `Application startup complete.`: ask /health and /v1/models now rather
+        than at the next probe. The socket opens a few ms after that line, so a refused connect is
+        asked again shortly (up to about a second)."""
+        for attempt in range(attempts):
+            self.port_listening = None  # the last probe's "not listening" is stale by definition
+            await self._check_http(extras=False)
+            if self.http.listening or self.service.active_state not in phases.ACTIVE_STATES:
+                break
+            await asyncio.sleep(gap_s)
+        return self.snapshot()  # the next tick records the load (a write on the host: not on this path)
+
     async def _probe(self) -> float | None:
         events = self.runbook.reads_wanted()
         pending_units = self.runbook.pending_units()
@@ -251,21 +270,25 @@ class Collector:
                                  other_server=(ds.server_unit(self.profile, other), ds.server_log(self.profile, other)))
         res = await self.host.run(argv, timeout=PROBE_TIMEOUT_S, errors="surrogateescape")
         sections = split_sections(res.stdout, plan)
-        if self._other_took_over(sections.get("service"), sections.get("other_service"), other):
-            sections.pop("server_log", None)  # the other server's log is read from its start instead
-        else:
-            self._apply_service(sections.get("service"))
+        guard = self._unreadable_guard
+        with guard("service"):
+            if self._other_took_over(sections.get("service"), sections.get("other_service"), other):
+                sections.pop("server_log", None)  # the other server's log is read from its start instead
+            else:
+                self._apply_service(sections.get("service"))
         # the server's last log lines before deciding it is down: once the tracker hears "down" it
         # ignores failure lines as teardown noise, so the root cause must be in first
         if "server_log" in sections:
-            head, _, data = sections["server_log"].data.partition(b"\n")
-            inode, size = _inode_size(head.decode(errors="replace"))
-            self.log.feed_log(inode, size, data, self.clock(), limit=SERVER_LOG_READ_MAX)
+            with guard("server_log"):
+                head, _, data = sections["server_log"].data.partition(b"\n")
+                inode, size = _inode_size(head.decode(errors="replace"))
+                self.log.feed_log(inode, size, data, self.clock(), limit=SERVER_LOG_READ_MAX)
         if self._down_without_cause():
             await self._catch_up_journal()
         if self._down_without_cause():
             self.tracker.stop(self.clock())
-        self._apply_gpus(sections.get("gpus"))
+        with guard("gpus"):
+            self._apply_gpus(sections.get("gpus"))
         self.port_listening = parse_listen(sections["listen"].text) if "listen" in sections else None
         if "disk" in sections:
             self.free_bytes = parse_df(sections["disk"].text)
@@ -273,14 +296,28 @@ class Collector:
         # meanwhile has read bytes beyond its listed size, which read the other way round looks like a
         # file replaced by a shorter one (the run vanished for a tick and was read again from 0)
         if "runs" in sections:
-            self.runbook.apply_listing(parse_runs_listing(sections["runs"].text))
+            with guard("runs"):
+                self.runbook.apply_listing(parse_runs_listing(sections["runs"].text))
         for i, ev in enumerate(events):
             sec = sections.get(f"events:{i}")
             if sec is not None:
-                self.runbook.apply_events(ev.run_dir, sec.data, ev.limit, offset=ev.offset)
+                with guard("events"):
+                    self.runbook.apply_events(ev.run_dir, sec.data, ev.limit, offset=ev.offset)
         if "stage_units" in sections:
-            self.runbook.apply_unit_states(sections["stage_units"].text, pending_units)
+            with guard("stage_units"):
+                self.runbook.apply_unit_states(sections["stage_units"].text, pending_units)
         return res.elapsed_s
+
+    @contextlib.contextmanager
+    def _unreadable_guard(self, section: str):
+        """The parsers are total and the conversions after them too; this is the net for a shape nobody
+        foresaw in what the host sent: that section of this probe is skipped and counted, the console
+        goes on (one bad value never blinds it)."""
+        try:
+            yield
+        except UNREADABLE as exc:
+            self.unreadable[section] = self.unreadable.get(section, 0) + 1
+            self.unreadable_note = f"{section}: {type(exc).__name__}: {exc}"[:200]
 
     def _service_info(self, sec, unit: str) -> ServiceInfo:
         if self.profile.server.manager == "systemd":
@@ -346,23 +383,29 @@ class Collector:
         else:
             self.gpus, self.gpu_error = tuple(parse_gpu_csv(sec.text)), None
 
-    async def _check_http(self) -> None:
+    async def _check_http(self, *, extras: bool = True) -> None:
         if self.service.active_state not in phases.ACTIVE_STATES:
             self.http = HttpState()
             return
         if self.port_listening is False:
             self.http = HttpState()  # still loading: nothing to ask, and no channel spent asking
+            if self._client is None:  # but the client ready (an SSL context costs ~0.2 s), for the ready check
+                with contextlib.suppress(HostError, OSError):
+                    await self._http()
             return
         try:
             client = await self._http()
             self.http = await check_http(client, self.profile)
+            if not extras:
+                return  # the ready check: /health and /v1/models only; the next tick brings the rest
             if self.profile.host.simulated and self.http.health == 200 and self.sim_text is None:
                 self.sim_text = await sim_text_backend(client)
             if self.http.health == 200 and self.metrics.due(self.clock()):
                 text = await fetch_metrics(client)
                 if text is not None:
                     # a huge exposition parses in a thread: the event loop keeps drawing meanwhile
-                    await asyncio.to_thread(self.metrics.feed, text, self.clock(), self.http.model_id)
+                    with self._unreadable_guard("metrics"):
+                        await asyncio.to_thread(self.metrics.feed, text, self.clock(), self.http.model_id)
         except (HostError, OSError) as e:
             self.http = HttpState(error=f"port forward failed: {e}")
             await self.close()
@@ -377,7 +420,8 @@ class Collector:
         self._recorded_start = t.load_started_ts
         ready = t.ready_ts if t.ready_ts is not None else self.clock()
         rec = LoadRecord(model=self.profile.server.model_id, started=t.load_started_ts, ready=ready,
-                         weights_gib=t.weights_gib, weights_s=t.weights_seconds, baseline_mib=self._baseline_mib)
+                         weights_gib=t.weights_gib, weights_s=t.weights_seconds, baseline_mib=self._baseline_mib,
+                         settings=self.load_settings(), phases=step_durations(t.phase_started, ready) or None)
         if any(abs(r.ready - rec.ready) < 1 and r.model == rec.model for r in self.history):
             return
         self.history.append(rec)
@@ -408,7 +452,18 @@ class Collector:
                           drafter=self.drafter_info())
         if decision.estimate_load:
             info = self._estimate(info)
+        if decision.phase in STEPS:
+            ready = estimate_ready(phase=decision.phase, phase_started=t.phase_started, now=self.clock(),
+                                   weights_eta_s=info.eta_s,
+                                   history=comparable(self.history, self.profile.server.model_id,
+                                                      self.load_settings()))
+            info = dataclasses.replace(info, eta_ready_s=ready.eta_s, eta_ready_confidence=ready.confidence,
+                                       eta_ready_basis=ready.basis)
         return info
+
+    def load_settings(self) -> str:
+        srv = self.profile.server
+        return settings_key(self.active, srv.model_path, srv.vllm_args, srv.command)
 
     def drafter_info(self) -> DrafterInfo | None:
         if self.active != "drafter":
@@ -424,10 +479,7 @@ class Collector:
 
     def _estimate(self, info: ServerInfo) -> ServerInfo:
         t = self.tracker
-        start = t.load_started_ts
-        if start is None and self.service.since_ts is not None:
-            start = self.service.since_ts
-        elapsed = self.clock() - start if start else None
+        elapsed = weights_elapsed(t.phase, t.phase_started, self.clock(), t.load_started_ts or self.service.since_ts)
         est = estimate_load(
             elapsed_s=elapsed,
             shards=(t.progress.done, t.progress.total) if t.progress else None,
@@ -435,7 +487,8 @@ class Collector:
             shards_live=self.profile.server.manager == "tmux",
             gpus=list(self.gpus), expected_weights_gib=self.expected_weights_gib(),
             baseline_mib=self._baseline_mib,
-            previous=last_load(self.history, self.profile.server.model_id))
+            previous=(comparable(self.history, self.profile.server.model_id, self.load_settings()) or
+                      [last_load(self.history, self.profile.server.model_id)])[0])
         return dataclasses.replace(info, eta_s=None if est.eta_s is None else round(est.eta_s, 1),
                                    eta_source=est.source,
                                    fraction=None if est.fraction is None else round(est.fraction, 4))
@@ -449,7 +502,8 @@ class Collector:
     def host_info(self, *, not_answering_since: float | None = None, error: str | None = None) -> HostInfo:
         return HostInfo(name=self.profile.host.name, reachable=self.reachable and not_answering_since is None,
                         error=error or self.error, rtt_ms=self.rtt_ms, simulated=self.profile.host.simulated,
-                        sim_text=self.sim_text, not_answering_since=not_answering_since)
+                        sim_text=self.sim_text, not_answering_since=not_answering_since,
+                        unreadable=sum(self.unreadable.values()), unreadable_note=self.unreadable_note)
 
     def snapshot(self, *, not_answering_since: float | None = None, error: str | None = None) -> Snapshot:
         """The current facts as one frozen value, every remote string cleaned (telemetry/sanitize.py).

@@ -27,6 +27,8 @@ class LoadRecord:
     weights_gib: float | None = None  # per GPU, as vLLM's "Model loading took X GiB" says
     weights_s: float | None = None
     baseline_mib: float | None = None  # GPU memory in use before the load began
+    settings: str | None = None  # eta_ready.settings_key: loads of other arguments are not compared
+    phases: dict[str, float] | None = None  # seconds in each load step (eta_ready.step_durations)
 
     @property
     def duration_s(self) -> float:
@@ -43,12 +45,26 @@ def parse_load_history(text: str) -> list[LoadRecord]:
             d = json.loads(line)
             rec = LoadRecord(model=str(d["model"]), started=float(d["started"]), ready=float(d["ready"]),
                              weights_gib=d.get("weights_gib"), weights_s=d.get("weights_s"),
-                             baseline_mib=d.get("baseline_mib"))
+                             baseline_mib=d.get("baseline_mib"), settings=_opt_str(d.get("settings")),
+                             phases=_phases(d.get("phases")))
         except (ValueError, KeyError, TypeError):
             continue  # a torn or foreign line must not hide the good ones
         if rec.ready > rec.started:
             records.append(rec)
     return records
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _phases(value: object) -> dict[str, float] | None:
+    """A record's step durations; anything but names with non-negative seconds is dropped."""
+    if not isinstance(value, dict):
+        return None
+    out = {k: float(v) for k, v in value.items()
+           if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+    return out or None
 
 
 def last_load(records: Iterable[LoadRecord], model: str) -> LoadRecord | None:
@@ -96,7 +112,8 @@ def estimate_load(*, elapsed_s: float | None, shards: tuple[int, int] | None, sh
         return LoadEstimate(frac, eta, "gpu_memory")
 
     if previous and elapsed_s is not None:
-        span = previous.weights_s or previous.duration_s
+        # the weights step as the previous load took it (elapsed counts from this load's weights start)
+        span = (previous.phases or {}).get("loading_weights") or previous.weights_s or previous.duration_s
         frac = max(0.0, min(0.99, elapsed_s / span)) if span > 0 else None
-        return LoadEstimate(frac, max(0.0, previous.duration_s - elapsed_s), "previous_load")
+        return LoadEstimate(frac, max(0.0, span - elapsed_s), "previous_load")
     return LoadEstimate(None, None, None)

@@ -93,11 +93,13 @@ async def _check_http(client: httpx.AsyncClient, profile: Profile) -> HttpState:
         state.error = f"GET /health returned {r.status_code}"
         return state
     try:
-        code, body = await _get(client, "/version", JSON_BODY_MAX)
-        version = _json(body) if code == 200 else None
+        # side by side: over SSH each request is a round trip, and the ready check waits on both
+        (vcode, vbody), (code, body) = await asyncio.gather(
+            _get(client, "/version", JSON_BODY_MAX),
+            _get(client, "/v1/models", JSON_BODY_MAX, headers=_headers(profile)))
+        version = _json(vbody) if vcode == 200 else None
         if isinstance(version, dict) and version.get("version") is not None:
             state.version = str(version["version"])
-        code, body = await _get(client, "/v1/models", JSON_BODY_MAX, headers=_headers(profile))
         if code == 200:
             models = _json(body)
             data = models.get("data") if isinstance(models, dict) else None

@@ -5,6 +5,7 @@ restarted and that window is skipped.
 """
 from __future__ import annotations
 
+from backend.numbers import finite, whole
 from console.telemetry.snapshot import ServerMetrics
 from console.parsers.metrics import VllmMetrics, parse_vllm_metrics, spec_decode_window
 
@@ -12,9 +13,15 @@ SCRAPE_EVERY_S = 5.0
 
 
 def _rate(prev: float | None, cur: float | None, dt: float) -> float | None:
+    prev, cur = finite(prev), finite(cur)
     if prev is None or cur is None or dt <= 0 or cur < prev:
         return None
-    return round((cur - prev) / dt, 1)
+    return finite(round((cur - prev) / dt, 1))
+
+
+def _pct(fraction: float | None) -> float | None:
+    value = finite(fraction)
+    return None if value is None else finite(round(value * 100, 1))
 
 
 class MetricsWindow:
@@ -41,9 +48,9 @@ class MetricsWindow:
                              spec_mean_acceptance_length=window.mean_acceptance_length,
                              spec_per_position=tuple(window.per_position), spec_window_s=round(dt, 1))
         out = ServerMetrics(
-            requests_running=int(cur.requests_running) if cur.requests_running is not None else None,
-            requests_waiting=int(cur.requests_waiting) if cur.requests_waiting is not None else None,
-            kv_cache_usage_pct=round(cur.kv_cache_usage * 100, 1) if cur.kv_cache_usage is not None else None,
+            requests_running=whole(cur.requests_running),
+            requests_waiting=whole(cur.requests_waiting),
+            kv_cache_usage_pct=_pct(cur.kv_cache_usage),
             **rates)
         self.prev = (now, cur)
         self.current = out

@@ -7,18 +7,20 @@ supersedes the progress of the steps a restart trains again (backend/events.py).
 A stale run shows what its last events said is on disk: the generate stage reports every durable batch
 and starts with what it found on disk, so that is the record count a resume would start from.
 
-Reads are bounded: one probe asks for at most PROBE_EVENTS_BUDGET bytes of events in all (unfinished and
+Reads are bounded: one probe asks for about PROBE_EVENTS_BUDGET bytes of events in all (unfinished and
 newest runs first, the rest on later probes), an old run found at start-up is read from its tail only
 (its last events say how it ended), and a line longer than one read makes the next read larger instead
-of stopping that run's reader for good.
+of stopping that run's reader for good: up to READ_LIMIT_MAX, the one bound on a line, which such a read
+may take beyond the probe's budget.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backend.events import Event, parse_events
+from backend.events import Event, read_events
+from backend.numbers import count, finite
 from console.telemetry.snapshot import RunInfo
-from console.control.units import stage_unit_name
+from console.control.units import is_stage_unit, stage_unit_name
 from console.telemetry.probe import EventsRead, RunFile
 from console.telemetry.train_view import TrainSeries
 
@@ -45,6 +47,7 @@ class RunTrack:
     progress: dict | None = None
     finish: dict | None = None
     errors: int = 0
+    skipped_lines: int = 0  # lines of its events.jsonl that were not events (counted, never raised)
     started: float | None = None
     history: list[dict] = field(default_factory=list)
     series: TrainSeries | None = None  # train runs only
@@ -64,16 +67,18 @@ class RunTrack:
         if ev.kind == "resume" and isinstance(ev.data.get("step"), int):
             self._supersede(ev.data["step"])
         if ev.kind == "start":
-            self.total = int(ev.data.get("total") or 0)
+            self.total = count(ev.data.get("total"))
             self.started = ev.ts
             self.finish = None  # a resumed run starts again
             unit = ev.data.get("unit")
-            self.started_in = unit if isinstance(unit, str) and unit else None
+            # only a unit this project names is believed: a foreign or hostile writer naming another unit
+            # would have the console ask it whether the run lives, and `stop` stop it
+            self.started_in = unit if is_stage_unit(unit) else None
             if "done" in ev.data:  # the counters as the run found them on disk (a resume starts from there)
                 self.progress = {k: v for k, v in d.items() if k != "manifest"}
         elif ev.kind == "progress":
             self.progress = d
-            self.total = int(ev.data.get("total") or self.total)
+            self.total = count(ev.data.get("total")) or self.total
             self.history.append(d)
             del self.history[:-HISTORY_MAX]
         elif ev.kind == "error":
@@ -86,10 +91,6 @@ class RunTrack:
         self.history = [h for h in self.history if not isinstance(h.get("step"), int) or h["step"] < step]
         if self.progress is not None and isinstance(self.progress.get("step"), int) and self.progress["step"] >= step:
             self.progress = self.history[-1] if self.history else None
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class RunBook:
@@ -107,7 +108,10 @@ class RunBook:
         for t in wanted:
             if budget <= 0:
                 break
-            limit = min(t.read_limit, budget)
+            # a run in the middle of one line longer than its first read gets the whole larger read it
+            # asked for, budget or not (up to READ_LIMIT_MAX): capped at the budget, a line longer than
+            # the budget (a generation start with a large manifest) could never be read whole
+            limit = t.read_limit if t.read_limit > READ_LIMIT else min(t.read_limit, budget)
             if not (t.stage and t.finish is None):
                 # done, or not read yet: what the listing saw is all there is to read (a line longer
                 # than one read still gets the larger read it asked for)
@@ -144,8 +148,10 @@ class RunBook:
                 return
             track.offset += cut + 1
             data, track.skip_partial = data[cut + 1:], False
-        events, consumed = parse_events(data)
+        parsed = read_events(data)
+        events, consumed = parsed.events, parsed.consumed
         track.offset += consumed
+        track.skipped_lines += parsed.skipped
         if consumed == 0 and full:
             if track.read_limit < READ_LIMIT_MAX:
                 track.read_limit = min(READ_LIMIT_MAX, track.read_limit * 4)  # one long line: read more
@@ -153,7 +159,11 @@ class RunBook:
                 track.offset += len(data)
                 track.skip_partial = True  # beyond any sane size: skip that line
         for ev in events:
-            track.apply(ev)
+            try:
+                track.apply(ev)
+            except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError, RecursionError):
+                # the conversions are total; this is the net for a shape nobody foresaw: one line lost
+                track.skipped_lines += 1
 
     def apply_unit_states(self, text: str, units: list[str]) -> None:
         if self.manager == "systemd":  # `systemctl show U1 U2 -p Id,ActiveState,...`: blocks per unit
@@ -191,13 +201,14 @@ class RunBook:
                 state = "running"
             else:
                 state = "stale"
-            done, total, rate = int(p.get("done") or 0), int(p.get("total") or t.total), p.get("rate")
+            done, total, rate = count(p.get("done")), count(p.get("total")) or t.total, finite(p.get("rate"))
             # rows skipped (bad rows, prompts too long) or failed will not be generated: not in the ETA
-            left = total - done - _count(p.get("skipped")) - _count(p.get("failed"))
-            eta = p.get("eta_s")
-            if eta is None and state == "running" and isinstance(rate, (int, float)) and rate > 0 and left > 0:
+            left = total - done - count(p.get("skipped")) - count(p.get("failed"))
+            eta = finite(p.get("eta_s"))
+            if eta is None and state == "running" and rate is not None and rate > 0 and left > 0:
                 eta = round(left / rate, 1)  # the stage reports its rate; the ETA follows
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
-                               failed=int(p.get("failed") or 0), rate=rate, eta_s=eta, last_event=p or None,
-                               series=t.series.to_dict() if t.series is not None else None))
+                               failed=count(p.get("failed")), rate=rate, eta_s=eta, last_event=p or None,
+                               series=t.series.to_dict() if t.series is not None else None,
+                               skipped_lines=t.skipped_lines))
         return out

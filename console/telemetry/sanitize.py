@@ -2,12 +2,14 @@
 
 Log lines, root causes, model ids, error messages, GPU names and run ids all come from the host or its
 server; whatever they contain (escape sequences, control characters, megabytes), what leaves the
-collector is plain, bounded text (console/parsers/text.py). The walk is generic so that a field added
-later is covered without anyone remembering to.
+collector is plain, bounded text (console/parsers/text.py), and every float is finite (NaN and
+infinities are not JSON: `status --json` stays JSON). The walk is generic so that a field added later is
+covered without anyone remembering to.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, TypeVar
 
 from console.parsers.text import clean
@@ -19,6 +21,8 @@ MAX_DEPTH = 8  # events are nested a few levels at most; deeper is not worth sho
 def sanitized(value: T, _depth: int = 0) -> T:
     if isinstance(value, str):
         return clean(value)  # type: ignore[return-value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # type: ignore[return-value]  # NaN and infinities are not JSON: no reading
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if _depth >= MAX_DEPTH:

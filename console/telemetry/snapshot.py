@@ -30,6 +30,10 @@ class HostInfo:
     sim_text: str | None = None  # demo host only: which text backend the vLLM stand-in runs
     # set while a refresh has not answered within its deadline: the values shown are the last known
     not_answering_since: float | None = None
+    # pieces of the host's answers skipped because they could not be read (a value of a type or size
+    # nobody foresaw), and the last one's reason: counted, never fatal
+    unreadable: int = 0
+    unreadable_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ class ServerInfo:
     eta_s: float | None = None
     eta_source: str | None = None  # "shards", "gpu_memory", "checkpoint_size", "previous_load"
     fraction: float | None = None  # 0..1 of the weight loading, from the best signal
+    eta_ready_s: float | None = None  # to ready: the weights and every step after (eta_ready.py)
+    eta_ready_confidence: str | None = None  # "previous_loads", or "low": no previous load, weights only
+    eta_ready_basis: int = 0  # how many previous loads of the same model and settings it comes from
     model_id: str | None = None
     max_model_len: int | None = None
     version: str | None = None
@@ -128,6 +135,7 @@ class RunInfo:
     eta_s: float | None = None
     last_event: dict[str, Any] | None = None
     series: dict[str, Any] | None = None  # train runs: curves and checkpoints (console/telemetry/train_view.py)
+    skipped_lines: int = 0  # lines of its events.jsonl that were not events (a foreign or broken writer)
 
 
 @dataclass(frozen=True)

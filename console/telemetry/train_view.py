@@ -13,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.numbers import finite
+
 MAX_POINTS = 4000  # train-loss points kept; beyond that every other one is dropped (the curve's shape stays)
 MAX_SENT = 400  # points handed to a snapshot
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return finite(value)
 
 
 def _floats(value: Any) -> list[float | None] | None:

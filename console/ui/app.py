@@ -21,11 +21,16 @@ from textual.worker import Worker, WorkerState
 
 from console.control.stages import STAGES
 from console.session import ActionResult, Controller, JournalLine
+from backend.generate.preflight import human_bytes
 from console.parsers.text import clean_block
+from console.profile import NotifySection
+from console.ui.calls import CallEvent, Caller
 from console.ui.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
+from console.telemetry.history import History
 from console.telemetry.snapshot import Snapshot
 from console.ui.panes.bench import BenchPane
 from console.ui.panes.command_log import CommandLogPane
+from console.ui.panes.disk import DiskPane
 from console.ui.panes.generation import GenerationPane
 from console.ui.panes.gpus import GpusPane
 from console.ui.panes.header import ConnectionBanner, HeaderPane
@@ -57,7 +62,7 @@ class ConsoleApp(App[None]):
 
     def __init__(self, controller: Controller, readonly: bool = False,
                  keymap_path: str | os.PathLike[str] | None = None, *,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, notify: NotifySection | None = None) -> None:
         # Load the keymap first: a bad file must fail before anything starts (KeymapError names it).
         self.keymap = load_keymap(keymap_path)
         super().__init__()
@@ -71,6 +76,11 @@ class ConsoleApp(App[None]):
         self.results: list[tuple[str, ActionResult]] = []
         self._prev: Snapshot | None = None
         self._closed = False
+        # bell, tmux message, notify command when a load or a stage ends (also read-only)
+        self.caller = Caller(notify, bell=self.bell) if notify is not None else None
+        session_history = getattr(controller, "history", None)
+        self.history: History = session_history if isinstance(session_history, History) else History()
+        self._feed_history = not isinstance(session_history, History)
 
     def compose(self) -> ComposeResult:
         c = self.controller
@@ -90,6 +100,7 @@ class ConsoleApp(App[None]):
                 yield GenerationPane(id="generation").data_bind(bound)
                 yield TrainingPane(id="training").data_bind(bound)
                 yield BenchPane(id="bench").data_bind(bound)
+                yield DiskPane(id="disk").data_bind(bound)
         with Horizontal(id="bottom"):
             yield JournalPane(id="journal")
             yield CommandLogPane(id="commands")
@@ -117,7 +128,18 @@ class ConsoleApp(App[None]):
                 self.query_one(ConnectionBanner).post_message(StreamProblem(f"{type(exc).__name__}: {exc}"))
             await asyncio.sleep(RETRY_S)
 
+    @work(group="calls", exit_on_error=False)
+    async def _call(self, event: CallEvent) -> None:
+        assert self.caller is not None
+        for problem in await self.caller.call(event):
+            self.notify(problem, severity="warning", markup=False)
+
     def dispatch_snapshot(self, snapshot: Snapshot) -> None:
+        if self._feed_history:
+            try:
+                self.history.add(snapshot)
+            except Exception:  # a malformed snapshot: the panes show the error
+                pass
         self.last_snapshot = snapshot
         self.snapshot = snapshot
         try:
@@ -128,6 +150,10 @@ class ConsoleApp(App[None]):
             notices, unit, reachable = [], None, False
         for notice in notices:
             self.notify(notice.text, severity=notice.severity, markup=False)  # type: ignore[arg-type]
+            if self.caller is not None and notice.event:
+                self._call(CallEvent(event=notice.event, text=notice.text, profile=self.controller.profile_name,
+                                     host=self.controller.host_name, ts=self.clock(), stage=notice.stage,
+                                     run_id=notice.run_id, model=notice.model, error=notice.error))
         if reachable:
             self._prev = snapshot
         if self.journal_unit is None and isinstance(unit, str) and unit:
@@ -293,6 +319,53 @@ class ConsoleApp(App[None]):
 
     def action_deep_check(self) -> None:
         self._run("deep check", self.controller.deep_check)
+
+    def action_disk(self) -> None:
+        self.run_worker(self._survey_disk(), group="disk", exclusive=True, exit_on_error=False)
+
+    async def _survey_disk(self) -> None:
+        pane = self.query_one(DiskPane)
+        survey = getattr(self.controller, "disk_report", None)
+        if survey is None:
+            pane.show_problem("this console cannot read the host's disk")
+            return
+        pane.set_subtitle("sizing runs…")
+        try:
+            pane.show_report(await survey())
+        except Exception as exc:  # DiskError, HostError: said in the pane
+            pane.show_problem(f"{type(exc).__name__}: {exc}")
+        finally:
+            pane.set_subtitle("")
+        pane.scroll_visible()
+
+    def action_prune(self) -> None:
+        if self._refused("prune"):
+            return
+        self.run_worker(self._ask_to_prune(), group="disk", exclusive=True, exit_on_error=False)
+
+    async def _ask_to_prune(self) -> None:
+        plan_of = getattr(self.controller, "prune_plan", None)
+        if plan_of is None:
+            return
+        try:
+            plan = await plan_of()
+        except Exception as exc:
+            self.notify(f"prune: {type(exc).__name__}: {exc}", severity="error", markup=False)
+            return
+        kept = "\n".join(f"kept: {r.name} ({r.reason})" for r in plan.keep[:6])
+        if not plan.delete:
+            self.notify(clean_block(f"nothing to prune\n{kept}".strip()), markup=False)
+            return
+        names = [r.name for r in plan.delete]
+        shown = "\n".join(f"{human_bytes(r.size):>10}  {r.stage or '?'} {r.state}  {r.name}" for r in plan.delete[:12])
+        more = f"\n… and {len(names) - 12} more" if len(names) > 12 else ""
+        self._confirm(f"Delete {len(names)} run(s), {human_bytes(plan.total_bytes)} on {self.controller.host_name}?",
+                      f"{shown}{more}\n{kept}".strip(), "prune", lambda: self._prune_then_refresh(names))
+
+    async def _prune_then_refresh(self, names: list[str]) -> ActionResult:
+        result = await self.controller.prune_runs(names)  # type: ignore[attr-defined]
+        self.action_disk()
+        return result
 
     def _confirm(self, question: str, detail: str, name: str,
                  call: Callable[[], Awaitable[ActionResult]]) -> None:

@@ -41,6 +41,9 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("serve_baseline", "b", "serve_baseline", "Baseline", mutating=True),
     KeySpec("bench", "m", "bench", "Bench", mutating=True),
     KeySpec("deep_check", "d", "deep_check", "Deep check"),
+    # not in the footer (a 150-column footer is full): `?` lists them, the Disk pane says them
+    KeySpec("disk", "u", "disk", "Disk", show=False),
+    KeySpec("prune", "p", "prune", "Prune runs", mutating=True, show=False),
     KeySpec("show_log", "l", "show_log", "Stage log"),
     KeySpec("filter", "slash", "filter", "Filter"),
     KeySpec("follow", "f", "toggle_follow", "Follow/pause"),

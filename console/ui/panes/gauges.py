@@ -75,4 +75,9 @@ def pct(part: float | None, whole: float | None) -> str:
 
 
 def num(value: object, fmt: str = "{}", missing: str = "N/A") -> str:
-    return missing if value is None else fmt.format(value)
+    if value is None:
+        return missing
+    try:
+        return fmt.format(value)
+    except (TypeError, ValueError):  # a string from the host where a number belongs: no reading
+        return missing

@@ -1,16 +1,21 @@
-"""One row per GPU: memory bar (1/8 blocks, coloured by threshold), numbers and a utilisation history."""
+"""One row per GPU: memory bar (1/8 blocks, coloured by threshold), numbers, and history strips of memory
+and utilisation over the last few minutes (the session's History: a stalled load is a flat memory strip,
+a throttled GPU a sagging utilisation one)."""
 from __future__ import annotations
-
-from collections import deque
 
 from textual.app import ComposeResult
 from textual.content import Content
 
 from console.telemetry.snapshot import GpuInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
+from console.telemetry.history import POINTS, WINDOW_S, Series
 from console.ui.panes.gauges import bar, level_colour, num, sparkline
 
-HISTORY = 30  # samples kept per GPU for the sparkline (about 30 s)
+
+
+def _values(series: dict[int, Series], index: int) -> list[float | None]:
+    found = series.get(index)
+    return found.values() if found is not None else []
 
 
 def _mem_fraction(gpu: GpuInfo) -> float | None:
@@ -23,8 +28,10 @@ def _gib(mib: int | None) -> str:
     return "N/A" if mib is None else f"{mib / 1024:.1f}"
 
 
-def gpu_row(gpu: GpuInfo, history: list[float | None], width: int) -> Content:
-    """One GPU as one line of markup fitted to `width` cells; narrow widths drop the extras first."""
+def gpu_row(gpu: GpuInfo, history: list[float | None], width: int,
+            memory: list[float | None] | None = None) -> Content:
+    """One GPU as one line of markup fitted to `width` cells; narrow widths drop the extras first.
+    `history`: utilisation per history bucket; `memory`: percent of memory in use per bucket."""
     frac = _mem_fraction(gpu)
     mem = f"{_gib(gpu.memory_used_mib)}/{_gib(gpu.memory_total_mib)}G"
     util = f"{num(gpu.utilization_pct, '{}%'):>4}"
@@ -32,16 +39,20 @@ def gpu_row(gpu: GpuInfo, history: list[float | None], width: int) -> Content:
     power = num(gpu.power_w, "{:.0f}W")
     head = f"{gpu.index:>2} "
     tail_full = f" {mem:>13} {util} {temp:>5} {power:>5} "
-    spark_w = 12 if width >= 70 else 0
+    # the whole window when there is room, the last two minutes otherwise
+    spark_w = POINTS if width >= 130 and memory is not None else 12 if width >= 70 else 0
+    mem_w = spark_w if width >= 110 and memory is not None else 0
     name_w = 12 if width >= 90 else 0
     tail = tail_full if width >= 50 else f" {mem:>13} {util}"
-    bar_w = width - len(head) - name_w - len(tail) - spark_w - 2
+    bar_w = width - len(head) - name_w - len(tail) - spark_w - (mem_w + 1 if mem_w else 0) - 2
     if bar_w < 4:  # very narrow: numbers only
         return markup("$head$mem $util", head=head, mem=mem, util=util)
     name = f"{gpu.name[:name_w - 1]:<{name_w - 1}} " if name_w else ""
     colour = level_colour(frac)
     mem_bar = f"[{colour}]{bar(frac, bar_w)}[/]" if frac is not None else f"[dim]{'N/A'.center(bar_w)}[/]"
     spark = f"[cyan]{sparkline(history, spark_w)}[/]" if spark_w else ""
+    if mem_w:
+        spark = f"[magenta]{sparkline(memory or [], mem_w)}[/] " + spark
     return markup(f"$head$name▕{mem_bar}▏$tail{spark}", head=head, name=name, tail=tail)
 
 
@@ -50,15 +61,12 @@ class GpusPane(Pane):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.history: dict[int, deque[float | None]] = {}
         self._last: Snapshot | None = None
 
     def compose_body(self) -> ComposeResult:
         yield Text("[dim]waiting for data…[/]", id="gpus-body")
 
     def render_snapshot(self, snapshot: Snapshot) -> None:
-        for gpu in snapshot.gpus:
-            self.history.setdefault(gpu.index, deque(maxlen=HISTORY)).append(gpu.utilization_pct)
         self._last = snapshot
         self._draw()
 
@@ -75,5 +83,12 @@ class GpusPane(Pane):
         elif not snapshot.gpus:
             body = markup("[dim]no GPUs reported[/]")
         else:
-            body = lines(*(gpu_row(g, list(self.history.get(g.index, ())), width) for g in snapshot.gpus))
+            history = self.app.history  # type: ignore[attr-defined]
+            body = lines(*(gpu_row(g, _values(history.gpu_util, g.index), width, _values(history.gpu_memory, g.index))
+                           for g in snapshot.gpus))
+            if width >= 110:  # under the two strips: what each is, and over how long
+                strip = POINTS if width >= 130 else 12
+                span = f"last {int(WINDOW_S // 60) if width >= 130 else 2} min: "
+                caption = span + "memory".ljust(strip + 1) + "utilisation".ljust(strip)
+                body = lines(body, markup("[dim]$caption[/]", caption=caption.rjust(width - 2)))
         self.query_one("#gpus-body", Text).show(body)

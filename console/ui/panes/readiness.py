@@ -7,7 +7,8 @@ from textual.widgets import ProgressBar
 
 from console.telemetry.snapshot import DrafterInfo, ServerInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
-from console.ui.panes.gauges import duration, num
+from console.telemetry.history import WINDOW_S
+from console.ui.panes.gauges import duration, num, sparkline
 
 _PHASE_COLOUR = {"ready": "green", "failed": "red", "stopped": "dim", "unknown": "dim"}
 _ETA_SOURCES = {"shards": "from shard progress", "gpu_memory": "from GPU memory growth",
@@ -28,14 +29,42 @@ def drafter_lines(d: DrafterInfo) -> list[Content]:
     return out
 
 
-def readiness_markup(srv: ServerInfo) -> Content:
+def ready_eta_line(srv: ServerInfo) -> Content:
+    """The one ETA to ready, and what it rests on (previous loads of the same model and settings)."""
+    if srv.eta_ready_confidence == "previous_loads":
+        loads = "load" if srv.eta_ready_basis == 1 else "loads"
+        return markup("ready in $eta [dim](each step from $n previous $loads)[/]",
+                      eta=duration(srv.eta_ready_s), n=str(srv.eta_ready_basis), loads=loads)
+    if srv.eta_ready_s is not None:
+        return markup("ready in >$eta [dim](low confidence: no previous load; weights only)[/]",
+                      eta=duration(srv.eta_ready_s))
+    return markup("ready in [dim]unknown (no previous load of this model and settings)[/]")
+
+
+RATE_STRIP = 30
+
+
+def rate_strip(rates: list[float | None]) -> Content | None:
+    """Generated tokens per second over the last minutes, scaled to the window's peak."""
+    known = [r for r in rates if r is not None]
+    if len(known) < 2:
+        return None
+    peak = max(known)
+    return markup(f"rate     [cyan]$strip[/] [dim]generated tok/s, last {int(WINDOW_S // 60)} min, peak $peak[/]",
+                  strip=sparkline(rates, RATE_STRIP, top=peak or 1.0), peak=f"{peak:,.0f}")
+
+
+def readiness_markup(srv: ServerInfo, rates: list[float | None] | None = None) -> Content:
     colour = _PHASE_COLOUR.get(srv.phase, "yellow")
     out = [markup(f"phase    [{colour}][b]$phase[/b][/]", phase=srv.phase)]
     if srv.drafter is not None:
         out.extend(drafter_lines(srv.drafter))
-    if srv.phase not in ("ready", "failed", "stopped") and (srv.eta_s is not None or srv.progress):
+    if srv.eta_ready_confidence is not None:
+        out.append(ready_eta_line(srv))
+    if srv.phase not in ("ready", "failed", "stopped") and (srv.eta_s is not None or srv.progress) \
+            and srv.phase in ("starting", "loading_weights"):
         source = _ETA_SOURCES.get(srv.eta_source or "", srv.eta_source or "source unknown")
-        out.append(markup("ETA      $eta [dim]($source)[/]", eta=duration(srv.eta_s), source=source))
+        out.append(markup("weights  $eta [dim]($source)[/]", eta=duration(srv.eta_s), source=source))
     if srv.phase == "ready" or srv.model_id:
         out.append(markup("model    [b]$model[/b]  max_model_len $mml", model=srv.model_id or "N/A",
                           mml=num(srv.max_model_len)))
@@ -48,6 +77,9 @@ def readiness_markup(srv: ServerInfo) -> Content:
         tps = f"{m.generation_tps:,.0f} tok/s" if m.generation_tps is not None else "N/A tok/s"
         out.append(markup("load     $running running, $waiting waiting, KV $kv, $tps",
                           running=num(m.requests_running), waiting=num(m.requests_waiting), kv=kv, tps=tps))
+        strip = rate_strip(rates or [])
+        if strip is not None:
+            out.append(strip)
         if m.spec_mean_acceptance_length is not None:
             rate = f"{m.spec_acceptance_rate:.0%}" if m.spec_acceptance_rate is not None else "N/A"
             pos = " ".join(f"{p:.2f}" for p in (m.spec_per_position or []))
@@ -78,7 +110,9 @@ class ReadinessPane(Pane):
 
     def render_snapshot(self, snapshot: Snapshot) -> None:
         srv = snapshot.server
-        self.query_one("#readiness-body", Text).show(readiness_markup(srv))
+        history = getattr(self.app, "history", None)
+        rates = history.generation_tps.values() if history is not None else None
+        self.query_one("#readiness-body", Text).show(readiness_markup(srv, rates))
         bar = self.query_one("#shards", ProgressBar)
         weights = srv.phase in ("starting", "loading_weights")
         shards = weights and srv.progress is not None and srv.progress.total > 0

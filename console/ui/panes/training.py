@@ -16,6 +16,7 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual_plotext import PlotextPlot
 
+from backend.verify.report import draft_positions
 from console.telemetry.snapshot import RunInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, num
@@ -181,7 +182,7 @@ def verify_markup(run: RunInfo) -> Content:
     if not isinstance(acc, dict):
         error = report.get("error")
         return lines(head, markup("         [red]$error[/]", error=str(error)[:200])) if error else head
-    k = int(acc["k"]) if _is_num(acc.get("k")) else 0
+    k = draft_positions(acc)  # capped: a finish saying k=10**9 must not build a gigabyte line
     rows: list[Content | str] = [head + Content(f"   k={k}"),
                                  "         draft      " + "".join(f"pos{j + 1:<4}" for j in range(k))
                                  + "accepted  length"]
