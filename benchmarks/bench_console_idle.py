@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the fake controller lives in tests/
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the fake controller lives in harness/
 
 from console.ui.app import ConsoleApp  # noqa: E402
-from tests.fake_controller import FakeController, demo_snapshot  # noqa: E402
+from harness.fake_controller import FakeController, demo_snapshot  # noqa: E402
 
 
 def rss_bytes() -> int:

@@ -5,7 +5,7 @@
 
 On this machine (CPU): the tiny verifier (sim/tinylm.py), an untrained EAGLE-3 draft (`speculators train
 --dry-run`) and a draft trained for a few seconds by the train stage (python -m backend.train on an
-extract run of the verifier's hidden states, tests/specdec_support.stage_drafter), each served by the
+extract run of the verifier's hidden states, harness/specdec_support.stage_drafter), each served by the
 stand-in with vLLM's --speculative-config and benched with `python -m backend.bench` on the same prompts (the demo's questions, greedy, fixed output length and seed): the
 three servers are up at once and benched in turn, level by level, several times (the baseline, then the
 untrained drafter, then the trained one compared with both), so the shared machine's other load falls on
@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 from backend.bench.compare import comparison_from_dict, format_table  # noqa: E402
 from sim import tinylm  # noqa: E402
 from sim.tinycorpus import demo_questions  # noqa: E402
-from tests.sim_support import SimServer  # noqa: E402
-from tests.specdec_support import dry_run, stage_drafter  # noqa: E402
+from harness.sim_support import SimServer  # noqa: E402
+from harness.specdec_support import dry_run, stage_drafter  # noqa: E402
 
 MODEL = "tiny"
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_probe.py [--refreshes 20] [--load-seconds 4]
 
-Against a real OpenSSH sshd on loopback (tests/rig/sshd.py; needs root and openssh-server). The host
+Against a real OpenSSH sshd on loopback (harness/rig/sshd.py; needs root and openssh-server). The host
 is this machine seen through that sshd: a tmux-manager profile whose vLLM stand-in is started over SSH,
 so the probe, the server-log read and the HTTP checks all travel over the one SSH connection.
 Counted from SshHost.channels_opened before/after each batch of refreshes, in two states: while the
@@ -27,8 +27,8 @@ from console.profile import DEFAULT_GPU_QUERY, profile_from_dict  # noqa: E402
 from console.telemetry.collector import Collector  # noqa: E402
 from console.commands.server_cmd import server_action  # noqa: E402
 from console.host.ssh import SshHost  # noqa: E402
-from tests.rig import keys  # noqa: E402
-from tests.rig.sshd import SshdServer  # noqa: E402
+from harness.rig import keys  # noqa: E402
+from harness.rig.sshd import SshdServer  # noqa: E402
 
 
 def bench_profile(sshd: SshdServer, work: Path, load_seconds: float):

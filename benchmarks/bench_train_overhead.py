@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from tests import train_support as ts  # noqa: E402
+from harness import train_support as ts  # noqa: E402
 
 
 def speculators_args(data: ts.Dataset, save: Path, steps: int) -> list[str]:

@@ -35,7 +35,7 @@ from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
 from console.telemetry.history import History
 from console.telemetry.server_log import LogFileCursor
-from console.telemetry.snapshot import RunInfo, Snapshot
+from console.snapshot import RunInfo, Snapshot
 
 LOG_POLL_S = 0.5
 LOG_READ_MAX = 1 << 20
@@ -416,15 +416,15 @@ class Session:
             return ActionResult(False, f"start {stage} failed: {e}"), None
         for name in busy:
             if running := self.running(name):
-                return ActionResult(False, f"{name} run {running[0].run_id} is already running "
-                                           f"(stop it first, or wait for it)"), None
+                return ActionResult(False, clean(f"{name} run {running[0].run_id} is already running "
+                                                 f"(stop it first, or wait for it)")), None
             try:
                 live = await self._live_units(name)
             except HostError as e:
                 return ActionResult(False, clean_block(f"start {stage} failed: {e}")), None
             if live:
-                return ActionResult(False, f"{name} is already running in {', '.join(live)} "
-                                           f"(stop it first, or wait for it)"), None
+                return ActionResult(False, clean(f"{name} is already running in {', '.join(live)} "
+                                                 f"(stop it first, or wait for it)")), None
         try:
             started = await launch.launch_stage(self.host, self.profile, req)
         except (StageError, HostError) as e:
@@ -443,14 +443,34 @@ class Session:
             if self.collector.active == "drafter":  # the server followed is the one the operator sees
                 return await self._run_all([ds.drafter_stop_command(self.profile)], "stop the drafter server")
             return await self._run_all([server_stop_command(self.profile)], "stop server")
-        running = self.running(stage)
-        if not running:
-            return ActionResult(False, f"no running {stage} run to stop")
+        result, _ = await self.stop_run(stage=stage)
+        return result
+
+    async def stop_run(self, *, stage: str | None = None, run_id: str | None = None,
+                       ) -> tuple[ActionResult, RunInfo | None]:
+        """Stop the running run of `stage` (its newest), or the run `run_id`: its unit gets SIGTERM and
+        the stage ends as its lifecycle says (a pipeline's stage run stops with its chain, whose unit it
+        runs in). The run stopped comes back for headless callers."""
+        if refused := self._refused():
+            return refused, None
+        runs = self.collector.run_infos()
+        if run_id is not None:
+            found = [r for r in runs if r.run_id == run_id]
+            if not found:
+                return ActionResult(False, f"no run {run_id} on {self.host_name}"), None
+            if found[-1].state != "running":
+                return ActionResult(False, f"{found[-1].stage} run {run_id} is not running ({found[-1].state})"), None
+            running = found
+        else:
+            running = [r for r in runs if r.stage == stage and r.state == "running"]
+            if not running:
+                return ActionResult(False, f"no running {stage} run to stop"), None
+        run = running[-1]
         try:
-            shown = await launch.stop_stage_unit(self.host, self.profile, running[-1].unit or "")
+            shown = await launch.stop_stage_unit(self.host, self.profile, run.unit or "")
         except (StageError, HostError) as e:
-            return ActionResult(False, clean_block(str(e)))
-        return ActionResult(True, f"stopped {running[-1].unit}", tuple(shown))
+            return ActionResult(False, clean_block(str(e))), None
+        return ActionResult(True, clean(f"stopped {run.unit}"), tuple(shown)), run
 
     # -- which server: the baseline or the drafter server (one at a time on the GPUs) ----------------
 
@@ -464,8 +484,8 @@ class Session:
         for name in launch.SWAP_EXCLUSIVE:
             live = [r.unit or r.run_id for r in self.running(name)] or await self._live_units(name)
             if live:
-                return ActionResult(False, f"{name} is running in {', '.join(live)} and needs the GPUs or swaps "
-                                           f"the servers itself: wait for it, or stop it first")
+                return ActionResult(False, clean(f"{name} is running in {', '.join(live)} and needs the GPUs or "
+                                                 f"swaps the servers itself: wait for it, or stop it first"))
         return None
 
     async def _stop_server(self, which: str, shown: list[str]) -> ActionResult | None:

@@ -1,5 +1,5 @@
 #!/bin/sh
-# System packages the console's test rigs need (tests/rig/): a real sshd, tmux, debootstrap for the
+# System packages the console's test rigs need (harness/rig/): a real sshd, tmux, debootstrap for the
 # systemd rig's root filesystem, procps and util-linux (unshare, mount), iproute2 (network namespaces
 # for the link-failure tests). Idempotent: installs only
 # what is missing, and refreshes the package index only when something is.

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-# The rig package lives under tests/; make `tests.rig` importable however pytest was started.
+# The rig package lives under tests/; make `harness.rig` importable however pytest was started.
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
-from tests.rig.availability import rig_unavailable  # noqa: E402
-from tests.rig.rootfs import RigUnavailable  # noqa: E402
-from tests.rig.sshd import SshdServer  # noqa: E402
+from harness.rig.availability import rig_unavailable  # noqa: E402
+from harness.rig.rootfs import RigUnavailable  # noqa: E402
+from harness.rig.sshd import SshdServer  # noqa: E402
 
 
 def _start_sshd(workdir: Path) -> SshdServer:
@@ -52,7 +52,7 @@ def fresh_sshd(tmp_path_factory):
 @pytest.fixture(scope="session")
 def systemd_rig(tmp_path_factory):
     """A booted systemd host (sshd, journald, dbus) in private namespaces, reachable over loopback SSH."""
-    from tests.rig.systemd_host import SystemdRig
+    from harness.rig.systemd_host import SystemdRig
 
     rig = SystemdRig(tmp_path_factory.mktemp("systemd-rig"))
     try:
@@ -77,8 +77,8 @@ async def rig_ssh(systemd_rig):
 
 @pytest.fixture(scope="session")
 def tiny_drafters(tmp_path_factory):
-    """The tiny verifier with an untrained and a trained EAGLE-3 drafter (tests/specdec_support.py)."""
-    from tests.specdec_support import make_drafters
+    """The tiny verifier with an untrained and a trained EAGLE-3 drafter (harness/specdec_support.py)."""
+    from harness.specdec_support import make_drafters
 
     return make_drafters(tmp_path_factory)
 

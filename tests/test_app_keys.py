@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from console.ui.app import ConsoleApp
-from tests.fake_controller import FakeController
+from harness.fake_controller import FakeController
 from console.ui.keys import (KEYS, KeymapError, default_keymap_path, effective_keys, load_keymap, parse_keymap,
                           spec_for, visible_keys)
 

@@ -11,7 +11,7 @@ from console.control.stages import STAGES
 from console.ui.app import ConsoleApp
 from tests.polling import until
 from console.session import ActionResult
-from tests.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
+from harness.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
                                      stage_unit, training_run)
 from console.ui.panes.command_log import CommandLogPane
 from console.ui.panes.journal import JournalPane
@@ -240,8 +240,10 @@ async def test_malformed_snapshots_are_contained():
         fake.push(bad)
         await pilot.pause(0.2)
         errors = {pid: app.query_one(f"#{pid}").error for pid in ("readiness", "gpus", "training", "generation")}
-        assert all(errors.values()), errors
-        assert "loss" in errors["training"]
+        assert errors["readiness"] and errors["gpus"], errors
+        # stage runs are read through their typed views (console/telemetry/progress.py): a bad value there
+        # reads as not given, so those panes keep showing the run instead of an error
+        assert errors["training"] is None and errors["generation"] is None, errors
         fake.push(base_snapshot())
         await pilot.pause(0.2)
         assert app.query_one("#readiness").error is None  # recovers on good data

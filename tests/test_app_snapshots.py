@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from console.ui.app import ConsoleApp
-from tests.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run, stage_unit,
+from harness.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run, stage_unit,
                                      training_run)
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("utc")]  # times shown in UTC

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from tests.sim_support import REPO, SimServer
-from tests.specdec_support import env
+from harness.sim_support import REPO, SimServer
+from harness.specdec_support import env
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "kimi"

@@ -12,10 +12,10 @@ from textual.app import App, ComposeResult
 
 from console.telemetry.bench_view import bench_view
 from console.telemetry.sanitize import sanitized
-from console.telemetry.snapshot import RunInfo, Snapshot
+from console.snapshot import RunInfo, Snapshot
 from console.ui.app import ConsoleApp
 from console.ui.panes.bench import BenchPane, bench_markup
-from tests.fake_controller import FakeController, base_snapshot, generation_run, stage_unit
+from harness.fake_controller import FakeController, base_snapshot, generation_run, stage_unit
 from tests.polling import until
 
 pytestmark = pytest.mark.timeout(60)
@@ -126,7 +126,7 @@ async def test_a_bench_that_starts_while_watched_scrolls_into_view():
     """Below the training pane the bench is off screen on a short terminal: a new one comes into view."""
     from textual.containers import ScrollableContainer
 
-    from tests.fake_controller import training_run
+    from harness.fake_controller import training_run
 
     plain = with_runs(generation_run(), training_run())
     benched = with_runs(generation_run(), training_run(), finished("demo_bench_summary.json", "bench-drafter"))

@@ -14,7 +14,8 @@ from backend.bench.results import (VLLM_BENCH, BenchResult, BenchResultError, Le
                                    parse_vllm_bench_result, percentile)
 from backend.bench.scrape import acceptance_between, parse_spec_counters
 from backend.pipeline import InputError
-from console.parsers.metrics import parse_vllm_metrics, spec_decode_window
+from console.parsers.metrics import parse_vllm_metrics
+from console.telemetry.spec_window import spec_decode_window
 
 SAMPLES = Path(__file__).parent / "samples"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim_support import REPO, SimServer
+from harness.sim_support import REPO, SimServer
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from tests.sim_support import PYTHON
+from harness.sim_support import PYTHON
 
 pytestmark = pytest.mark.rig
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,4 +96,6 @@ def test_refused_key_is_reported_once_not_retried(tmp_path, sshd_server):
     assert len(lines) == 1 and "SHA256:" in lines[0]["host"]["error"]
     wait = cli("wait-ready", "--profile", str(profile), "--timeout", "600", timeout=30)
     assert wait.returncode == 2 and "SHA256:" in wait.stderr
+    # it says what happened: the host is refused for good, not "timed out"
+    assert "refused the connection for good" in wait.stderr and "timed out" not in wait.stderr
     assert time.monotonic() - started < 25  # neither waited out its own limit

@@ -6,7 +6,7 @@ import pytest
 
 from console.profile import profile_from_dict
 from console.telemetry.http_checks import deep_check
-from tests.sim_support import MODEL, SimServer
+from harness.sim_support import MODEL, SimServer
 
 
 def profile(**server):

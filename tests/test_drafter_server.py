@@ -128,7 +128,7 @@ def test_bench_argv():
 
 # ---- one real start: the demo's way, a private tmux server --------------------------------------------------
 def test_drafter_session_starts_the_stand_in_with_the_drafter(tiny_drafters, tmp_path):
-    from tests.sim_support import PYTHON, free_port
+    from harness.sim_support import PYTHON, free_port
 
     work = tmp_path / "w"
     (work / "tmux").mkdir(parents=True)

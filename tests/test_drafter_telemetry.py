@@ -11,7 +11,7 @@ import pytest
 
 from console.profile import profile_from_dict
 from console.telemetry.collector import Collector
-from console.telemetry.snapshot import Snapshot
+from console.snapshot import Snapshot
 from console.ui.panes.readiness import readiness_markup
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -97,9 +97,9 @@ NOW = 1_700_000_030.0
 
 @pytest.mark.timeout(60)
 def test_app_with_the_drafter_server(snap_compare, utc):
-    from console.telemetry.snapshot import DrafterInfo, ServerMetrics, SpecLogStats
+    from console.snapshot import DrafterInfo, ServerMetrics, SpecLogStats
     from console.ui.app import ConsoleApp
-    from tests.fake_controller import FakeController, base_snapshot
+    from harness.fake_controller import FakeController, base_snapshot
     from tests.test_app_snapshots import SIZE, settle
 
     snap = base_snapshot()

@@ -1,6 +1,6 @@
 """Load ETA from the best signal (pure)."""
 from console.telemetry.eta import LoadRecord, estimate_load, last_load, parse_load_history
-from console.telemetry.snapshot import GpuInfo
+from console.snapshot import GpuInfo
 
 
 def gpus(used):

@@ -14,7 +14,7 @@ from backend.events import EventLog, EventWriteFailed, parse_events
 from backend.runs import write_json_atomic
 from console.telemetry.runs import RunBook
 from console.telemetry.probe import RunFile
-from tests.rig.availability import rig_unavailable
+from harness.rig.availability import rig_unavailable
 
 
 @pytest.fixture

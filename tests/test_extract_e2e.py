@@ -22,10 +22,10 @@ from console.control.extraction import build_plan
 from console.control.units import server_start_argv
 from console.profile import profile_from_dict
 from console.control.units import server_log_path
-from tests.drafter_support import PREPARED_ROWS as ROWS
-from tests.drafter_support import REPO, copy_runs, prepared_work, stage_env, tiny_verifier
-from tests.rig.availability import rig_unavailable
-from tests.sim_support import free_port
+from harness.drafter_support import PREPARED_ROWS as ROWS
+from harness.drafter_support import REPO, copy_runs, prepared_work, stage_env, tiny_verifier
+from harness.rig.availability import rig_unavailable
+from harness.sim_support import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -315,7 +315,7 @@ def test_endpoint_mode_uses_a_running_extraction_server_and_checks_the_width_it_
     """Without a plan the stage drives an extraction server that is already up (the operator's own). One
     started with the aux ids alone writes one state too few (vLLM appends none): the stage says so, naming
     what it expected and what it got, as soon as the first file is there."""
-    from tests.sim_support import SimServer
+    from harness.sim_support import SimServer
     from tests.test_sim_extraction import extraction_flags
 
     env = stage_env(tmp_path_factory)

@@ -24,8 +24,8 @@ from console.control.extraction import build_plan, extractor_unit
 from console.control.units import stage_start_argv
 from console.host.ssh import SshHost
 from console.profile import profile_from_dict
-from tests.drafter_support import PREPARED_ROWS, REPO, prepared_work, tiny_verifier
-from tests.rig import keys
+from harness.drafter_support import PREPARED_ROWS, REPO, prepared_work, tiny_verifier
+from harness.rig import keys
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(300)]
 

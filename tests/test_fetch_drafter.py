@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from backend.events import parse_events
-from tests.drafter_support import run_stage, stage_env, tiny_verifier
+from harness.drafter_support import run_stage, stage_env, tiny_verifier
 from tests.fake_hub import FakeHub, HubServer, Repo
 from tests.hub_support import original_eagle3_files
-from tests.train_support import LAYERS, Dataset, completed_run
+from harness.train_support import LAYERS, Dataset, completed_run
 
 MIB = 2**20
 # huggingface_hub reads a response in 10 MiB chunks: a cut keeps whole chunks, so the big file spans three

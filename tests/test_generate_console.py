@@ -6,7 +6,8 @@ import pytest
 from backend.generate.config import parse_config
 from console.control.stage_argv import generate_argv
 from console.profile import ProfileError, profile_from_dict
-from console.telemetry.snapshot import RunInfo
+from console.snapshot import RunInfo
+from console.telemetry.progress import generation_view, reason_counts
 from console.ui.panes.generation import by_reason, generation_markup, outcome_lines
 
 BASE = {"host": {"name": "localhost", "transport": "local"},
@@ -47,11 +48,13 @@ def test_generation_pane_shows_counts_by_reason():
     assert "failed   2: rejected 1 · server_error 1" in text
     assert "a rerun retries them" in text and "1 rejected: a rerun cannot help" in text
     # nothing skipped or failed: no extra lines
-    assert outcome_lines({"skipped": 0, "failed": 0}) == []
+    assert outcome_lines(generation_view(_run({"skipped": 0, "failed": 0}))) == []
 
 
 def test_reasons_from_the_host_are_plain_text():
-    assert by_reason({"b": 2, "c": 3, "d": 4, "e": 5, "ok": "many", "a": 1}, limit=4) == "e 5 · d 4 · c 3 · b 2 · +1 more"
-    (line,) = outcome_lines({"skipped": 1, "skipped_by_reason": {"[@click=app.quit]x[/]\x1b]52;": 1}})
-    assert line.plain == "skipped  1: [@click=app.quit]x[/]]52; 1"  # as text: no action, no escape sequence
+    counts = reason_counts({"b": 2, "c": 3, "d": 4, "e": 5, "ok": "many", "a": 1, "nan": float("nan")})
+    assert by_reason(counts, limit=4) == "e 5 · d 4 · c 3 · b 2 · +1 more"
+    (line,) = outcome_lines(generation_view(_run({"skipped": 1, "skipped_by_reason": {"[@click=app.quit]x[/]\x1b]52;": 1}})))
+    # as text: no action; the escape sequence is cut out whole (console/parsers/text.clean)
+    assert line.plain == "skipped  1: [@click=app.quit]x[/] 1"
     assert not [span for span in line.spans if "click" in str(span.style)]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from backend.generate.records import model_turn
-from tests.rig.availability import rig_unavailable
-from tests.sim_support import free_port
+from harness.rig.availability import rig_unavailable
+from harness.sim_support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "kimi-sim"

@@ -11,7 +11,7 @@ from contextlib import aclosing
 import pytest
 
 from console.host.ssh import SshHost
-from tests.sim_support import PYTHON
+from harness.sim_support import PYTHON
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(120)]
 

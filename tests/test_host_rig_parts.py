@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.rig import procs
-from tests.rig.availability import rig_unavailable
-from tests.rig.rootfs import cache_key, parse_mirror
-from tests.rig.systemd_host import boot_script, interpreter_prefixes
+from harness.rig import procs
+from harness.rig.availability import rig_unavailable
+from harness.rig.rootfs import cache_key, parse_mirror
+from harness.rig.systemd_host import boot_script, interpreter_prefixes
 
 DEB822 = """\
 Types: deb

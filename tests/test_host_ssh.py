@@ -1,4 +1,4 @@
-"""SshHost against a real OpenSSH sshd on loopback (tests/rig/sshd.py), plus its pure helpers."""
+"""SshHost against a real OpenSSH sshd on loopback (harness/rig/sshd.py), plus its pure helpers."""
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +19,7 @@ from console.host.base import (AuthenticationFailed, CommandTimeout, HostDisconn
                                HostUnreachable)
 from console.host.ssh import (JumpHost, SshHost, _strip_pty_newline, fetch_host_key, parse_jump_host,
                               parse_read_output, trust_host_key)
-from tests.rig import keys
+from harness.rig import keys
 
 pytestmark = pytest.mark.timeout(60)
 

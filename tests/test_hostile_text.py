@@ -17,7 +17,7 @@ from console.profile import write_profile
 from console.session import ActionResult
 from console.telemetry.sanitize import sanitized
 from console.ui.app import ConsoleApp
-from tests.fake_controller import FakeController, base_snapshot, generation_run, training_run
+from harness.fake_controller import FakeController, base_snapshot, generation_run, training_run
 from tests.polling import until
 
 REPO = Path(__file__).resolve().parent.parent

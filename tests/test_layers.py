@@ -87,3 +87,62 @@ def test_uploaded_bundle_is_host_code_only():
     assert any(n == "backend/generate/__main__.py" for n in names)
     assert not [n for n in names if "/sim/" in n or n.startswith(("sim/", "console/"))]
     assert not [n for n in names if n.endswith("profile.py")]
+
+
+def _deps(graph: dict[str, set[str]], prefix: str) -> dict[str, set[str]]:
+    return {m: d for m, d in graph.items() if m == prefix or m.startswith(prefix + ".")}
+
+
+def test_the_snapshot_model_is_the_bottom_layer_below_the_parsers():
+    graph = module_imports()
+    assert graph["console.snapshot"] == set()  # records only: it imports nothing of the project
+    for mod, deps in _deps(graph, "console.parsers").items():
+        # parsers build snapshot records from text; they never reach up into what uses them
+        assert all(d.startswith("console.parsers") or d == "console.snapshot" for d in deps), (mod, deps)
+
+
+def test_telemetry_does_not_import_control():
+    graph = module_imports()
+    for mod, deps in _deps(graph, "console.telemetry").items():
+        assert not {d for d in deps if d.startswith(("console.control", "console.session", "console.commands"))}, \
+            (mod, deps)
+    # unit and log names: one module below both, which imports only the profile and the run id rule
+    assert graph["console.naming"] <= {"console.profile", "backend.runs"}
+
+
+def test_the_ui_and_the_parsers_import_no_host_code():
+    graph = module_imports()
+    for top in ("console.ui", "console.parsers"):
+        for mod, deps in _deps(graph, top).items():
+            assert not {d for d in deps if d.startswith("backend")}, (mod, deps)
+
+
+def _imported_tops(path: Path) -> set[str]:
+    tops = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            tops.add(node.module.split(".")[0])
+    return tops
+
+
+def test_benchmarks_import_nothing_from_tests_and_run_without_pytest():
+    """What tests and benchmarks share lives in harness/, which imports neither tests/ nor pytest."""
+    for path in sorted((REPO / "benchmarks").glob("*.py")):
+        assert not _imported_tops(path) & {"tests", "pytest"}, path.name
+    modules = sorted(".".join(p.relative_to(REPO).with_suffix("").parts) for p in (REPO / "harness").rglob("*.py"))
+    for path in (REPO / "harness").rglob("*.py"):
+        assert "tests" not in _imported_tops(path), path
+    # and importing all of it works where pytest is not installed
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('pytest', '_pytest', 'tests'):\n"
+            "            raise ImportError(f'{name} is blocked')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            f"for m in {[m.removesuffix('.__init__') for m in modules]!r}:\n"
+            "    __import__(m)\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

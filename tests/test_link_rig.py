@@ -15,11 +15,11 @@ import pytest
 from console.profile import load_profile
 from console.session import Session
 from tests.polling import until
-from tests.rig import keys
-from tests.rig.availability import rig_unavailable
-from tests.rig.blackhole import Blackhole
-from tests.rig.rootfs import RigUnavailable
-from tests.sim_support import PYTHON
+from harness.rig import keys
+from harness.rig.availability import rig_unavailable
+from harness.rig.blackhole import Blackhole
+from harness.rig.rootfs import RigUnavailable
+from harness.sim_support import PYTHON
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(240)]
 REPO = Path(__file__).resolve().parents[1]

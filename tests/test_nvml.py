@@ -8,7 +8,7 @@ from console.profile import profile_from_dict
 from console.telemetry.collector import Collector
 from console.host.local import LocalHost
 from console.telemetry.nvml import read_gpus
-from tests.sim_support import PYTHON
+from harness.sim_support import PYTHON
 
 
 def test_read_gpus_never_raises():

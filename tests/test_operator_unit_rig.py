@@ -14,7 +14,7 @@ from console.control.drafter_server import drafter_unit
 from console.control.operator_unit import read_server_program
 from console.profile import load_profile
 from console.session import Session
-from tests.rig import keys
+from harness.rig import keys
 from tests.test_generate_rig import sh, wait_health
 from tests.test_serve_drafter_rig import put_verify_run
 from tests.test_telemetry_rig import MODEL_PATH, REPO, SERVED, cli, write_profile

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from console.parsers.metrics import VllmMetrics, parse_vllm_metrics, spec_decode_window
+from console.parsers.metrics import VllmMetrics, parse_vllm_metrics
+from console.telemetry.spec_window import spec_decode_window
 
 SAMPLES = Path(__file__).parent / "samples" / "metrics"
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from console.telemetry.snapshot import GpuInfo
+from console.snapshot import GpuInfo
 from console.parsers.nvidia_smi import (DEFAULT_GPU_QUERY, classify_gpu_error, parse_gpu_csv,
                                         parse_gpu_row)
 

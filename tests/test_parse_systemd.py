@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from console.telemetry.snapshot import ServiceInfo
+from console.snapshot import ServiceInfo
 from console.parsers.systemd import (SYSTEMCTL_SHOW_PROPS, parse_props, parse_systemctl_show,
                                      read_unit_status, systemctl_show_argv)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from console.parsers.journal import parse_journal_json
-from console.parsers.metrics import parse_vllm_metrics, spec_decode_window
+from console.parsers.metrics import parse_vllm_metrics
+from console.telemetry.spec_window import spec_decode_window
 from console.parsers.nvidia_smi import classify_gpu_error, parse_gpu_csv
 from console.parsers.systemd import parse_systemctl_show
 from console.parsers.tmux import parse_list_panes, tmux_status

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from console.telemetry.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
-from console.telemetry.snapshot import Progress
+from console.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
+from console.snapshot import Progress
 from console.parsers.vllm_load import LOAD_PHASES, LoadTracker
 
 SAMPLES = Path(__file__).parent / "samples" / "vllm"
@@ -277,7 +277,7 @@ def test_teardown_noise_after_stop_is_not_a_failure():
 
 
 def test_phase_names_match_the_model():
-    from console.telemetry.snapshot import PHASES
+    from console.snapshot import PHASES
     assert set(LOAD_PHASES) <= set(PHASES)
     assert LOAD_PHASES == ("stopped", *SNAPSHOT_LOAD_ORDER, "failed")
     for name in TRANSITIONS:

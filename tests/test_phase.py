@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from console.telemetry.phase import ACTIVE_STATES, PhaseDecision, PhaseInputs, decide
-from console.telemetry.snapshot import LOAD_ORDER, PHASES
+from console.snapshot import LOAD_ORDER, PHASES
 
 LOG_PHASES = ("unknown", "stopped", *LOAD_ORDER, "failed")
 UNIT_STATES = ("active", "activating", "reloading", "deactivating", "inactive", "failed", "unknown")

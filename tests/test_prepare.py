@@ -10,8 +10,8 @@ import pytest
 
 from backend.generate.records import token_row
 from backend.prepare import rows as R
-from tests.drafter_support import Tokenizer, run_stage, sample_record, stage_env, tiny_verifier, write_generate_run
-from tests.sim_support import SimServer
+from harness.drafter_support import Tokenizer, run_stage, sample_record, stage_env, tiny_verifier, write_generate_run
+from harness.sim_support import SimServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -137,7 +137,7 @@ def test_turns_rendered_by_the_servers_template_give_the_exact_token_rows(tiny, 
 
 
 def test_a_render_endpoint_that_is_down_fails_the_run_at_once(tiny, tok, env, tmp_path):
-    from tests.sim_support import free_port
+    from harness.sim_support import free_port
 
     write_generate_run(tmp_path, "gen", [sample_record(tok, i) for i in range(3)], token_rows=False)
     res = run_stage("backend.prepare", "--work-dir", str(tmp_path), "--run-id", "p", "--input-run", "gen",

@@ -251,7 +251,7 @@ def test_bench_pair_on_the_demo_host(demo):
     assert session_argv(work, profile.server.unit) == server_command(profile)[2:]
     # the console shows the pair run as a bench: the comparison side by side (the bench pane's view)
     from console.telemetry.bench_view import bench_view
-    from console.telemetry.snapshot import RunInfo
+    from console.snapshot import RunInfo
 
     status = json.loads(cli("status", "--profile", path, "--json").stdout)
     run = next(RunInfo(**r) for r in status["runs"] if r["run_id"] == "pair")

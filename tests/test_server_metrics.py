@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from console.ui.panes.readiness import readiness_markup
-from console.telemetry.snapshot import ServerInfo
+from console.snapshot import ServerInfo
 from console.telemetry.metrics_window import MetricsWindow
 
 SAMPLES = Path(__file__).parent / "samples" / "metrics"

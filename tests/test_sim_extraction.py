@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.drafter_support import Tokenizer, stage_env, tiny_verifier
-from tests.sim_support import SimServer
+from harness.drafter_support import Tokenizer, stage_env, tiny_verifier
+from harness.sim_support import SimServer
 
 pytestmark = pytest.mark.timeout(180)
 

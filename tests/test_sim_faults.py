@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from tests.sim_support import SimServer
+from harness.sim_support import SimServer
 
 pytestmark = pytest.mark.timeout(60)
 ASK = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 20}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from sim.gpu_state import read_state
-from tests.sim_support import SimServer, free_port
+from harness.sim_support import SimServer, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

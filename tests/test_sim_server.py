@@ -6,7 +6,7 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.sim_support import MODEL, SimServer
+from harness.sim_support import MODEL, SimServer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.sim_support import SimServer
+from harness.sim_support import SimServer
 
 torch = pytest.importorskip("torch")
 

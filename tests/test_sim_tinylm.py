@@ -17,7 +17,7 @@ import pytest
 
 from sim import textbackend, tinycorpus, tinylm
 from sim.chat import CONTENT, REASONING
-from tests.sim_support import SimServer
+from harness.sim_support import SimServer
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,8 +12,8 @@ import pytest
 from console.profile import write_profile
 from console import demo
 from console.commands.server_cmd import watch_key, human, wait_ready
-from console.telemetry.snapshot import GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot
-from tests.rig import keys
+from console.snapshot import GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot
+from harness.rig import keys
 
 pytestmark = pytest.mark.timeout(90)
 

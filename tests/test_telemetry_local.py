@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from backend.events import EventLog
-from console.telemetry.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
+from console.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
 from console.profile import profile_from_dict
 from console import demo
 from console.telemetry.collector import Collector
@@ -25,7 +25,7 @@ from console.commands.server_cmd import watch_key, server_action
 from console.host.factory import host_for_profile
 from console.host.local import LocalHost
 from console.control.units import tmux_start_argv
-from tests.sim_support import PYTHON
+from harness.sim_support import PYTHON
 
 pytestmark = pytest.mark.timeout(90)
 

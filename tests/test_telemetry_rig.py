@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from console.telemetry.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
+from console.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
 from console.profile import load_profile
 from console.parsers.vllm_load import LoadTracker
 from console.session import Session
 from console.telemetry.collector import Collector
 from console.commands.server_cmd import server_action
 from console.host.ssh import SshHost
-from console.telemetry.snapshot import PHASES
-from tests.rig import keys, procs
-from tests.sim_support import PYTHON
+from console.snapshot import PHASES
+from harness.rig import keys, procs
+from harness.sim_support import PYTHON
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(120)]
 

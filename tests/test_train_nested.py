@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import train_support as ts
+from harness import train_support as ts
 
 pytestmark = pytest.mark.timeout(600)
 

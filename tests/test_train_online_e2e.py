@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.drafter_support import tiny_verifier
-from tests.rig.availability import rig_unavailable
+from harness.drafter_support import tiny_verifier
+from harness.rig.availability import rig_unavailable
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parent.parent
@@ -118,7 +118,7 @@ def test_an_extraction_server_that_dies_during_online_training_fails_it_with_why
     import os
     import shutil
 
-    from tests.drafter_support import prepared_work, run_stage, stage_env
+    from harness.drafter_support import prepared_work, run_stage, stage_env
     from tests.test_extract_e2e import AUX, Host
 
     if shutil.which("tmux") is None:

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from console.telemetry.probe import RunFile
+from console.telemetry.progress import train_view
 from console.telemetry.runs import RunBook
 from console.ui.app import ConsoleApp
 from console.ui.panes.training import TrainHistory, training_markup, verify_markup
-from tests.fake_controller import SERVER_UNIT, FakeController, base_snapshot
+from harness.fake_controller import SERVER_UNIT, FakeController, base_snapshot
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("utc")]  # times shown in UTC
 SAMPLES = Path(__file__).parent / "samples" / "train"
@@ -36,7 +37,7 @@ def test_the_real_run_reads_into_a_full_view():
     assert len(s["val"]) == 4 and s["best"]["path"].startswith("/data/eagle3/runs/train-1/checkpoints/")
     assert s["loss"][0][1] > s["loss"][-1][1] and s["last_checkpoint"]["kind"] in ("epoch", "mid_epoch")
     h = TrainHistory()
-    h.load_series(train.run_id, s)
+    h.load_series(train.run_id, train_view(train))
     text = training_markup(train.run_id, train.state, train.eta_s, h, train.rate).plain
     assert "epoch 4/4" in text and f"step {s['step'] + 1}/{s['total']}" in text and "best /data/eagle3" in text
     table = verify_markup(verify).plain

@@ -17,8 +17,8 @@ import tomli_w
 from console.host.base import HostKeyError, HostUnreachable
 from console.host.known_hosts import KnownHostsError, known_keys, trust_host_key
 from console.host.ssh import SshHost
-from tests.rig import keys
-from tests.sim_support import PYTHON
+from harness.rig import keys
+from harness.sim_support import PYTHON
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import pytest
 from console.ui.app import ConsoleApp
 from console.ui.panes.stages import StageList
 from console.ui.screens.confirm import ConfirmScreen
-from tests.fake_controller import FakeController, base_snapshot, generation_run
+from harness.fake_controller import FakeController, base_snapshot, generation_run
 
 pytestmark = pytest.mark.timeout(30)
 SIZE = (160, 50)

@@ -44,6 +44,9 @@ def run_app(a: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         app.run()
+        # Textual catches a crash inside the app, prints its traceback and sets the return code (1):
+        # a script that started the console must see it failed
+        code = app.return_code or 0
     finally:
         if work_dir is not None:
             # the demo host is ours: quitting the demo ends it, after the app has let go of the terminal
@@ -51,4 +54,4 @@ def run_app(a: argparse.Namespace) -> int:
             print("stopping the SIMULATED demo host ...", file=sys.stderr)
             stopped = asyncio.run(demo.stop(work_dir))
             print(f"stopped: {', '.join(stopped) or 'nothing was running'}", file=sys.stderr)
-    return 0
+    return code

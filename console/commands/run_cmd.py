@@ -1,7 +1,9 @@
 """`eagle3-console run STAGE`: start a stage on the host, detached; `--wait` follows it to the end.
+`eagle3-console run stop (STAGE | --run-id ID)`: stop one, as the app's `x` key does.
 
-It starts the stage through the same Session action as the app's `s` key, so it refuses exactly what
-the app refuses (a second run of a stage that is already running).
+It starts and stops through the same Session actions as the app's `s` and `x` keys, so it refuses
+exactly what the app refuses (a second run of a stage that is already running). The stages it knows, their
+CLI names and how each reports progress come from the stage table (console/control/stages.py).
 """
 from __future__ import annotations
 
@@ -10,46 +12,48 @@ import asyncio
 import sys
 
 from console.commands.server_cmd import load_or_exit
-from backend.events import EVENTS_FILE
-from console.control.launch import run_dir_path, stage_ended
+from console.control import stages
+from console.control.launch import StageRequest, stage_ended, stops_baseline
 from console.control.units import stage_unit_name
-from backend.pipeline import STAGES as PIPELINE_STAGES
-from console.control.launch import StageRequest, stops_baseline
-from console.control.stages import FETCH_DRAFTER
-from backend.verify.report import table
-from backend.bench.compare import CompareError, comparison_from_dict, format_table
-from console.parsers.text import clean, clean_block
+from console.parsers.text import clean_block
 from console.session import Session
-from console.telemetry.snapshot import RunInfo
+from console.telemetry.progress import StageProgress
+from console.snapshot import RunInfo
 
-FETCH_DRAFTER_CLI = "fetch-drafter"
 NO_EVENTS_S = 120.0  # a started run silent this long gets a note (it is followed while its unit runs)
 SERVE = ("serve-drafter", "serve-baseline")  # switch the server: not a run, an action on the host
+STOP = "stop"  # `run stop STAGE` / `run stop --run-id ID`: what the `x` key does
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="start a pipeline stage on the host (detached: it survives the console)")
-    p.add_argument("stage", choices=(*PIPELINE_STAGES, "pipeline", *SERVE, "bench", FETCH_DRAFTER_CLI),
+    p = sub.add_parser("run", help="start a pipeline stage on the host (detached: it survives the console), "
+                                   "or stop one (run stop STAGE | run stop --run-id ID)")
+    fetch = stages.get(stages.FETCH_DRAFTER).cli
+    chain = stages.pipeline_stages()
+    p.add_argument("stage", choices=(*stages.cli_names(), *SERVE, STOP),
                    help="a stage, a pipeline run, or a server switch: serve-drafter stops the baseline and serves "
                         "the verified drafter (--input: a verify run, or a train run a verify run verified; default "
                         "the latest completed verify run); serve-baseline stops the drafter server and starts the "
                         "baseline again; bench benches the baseline, swaps to the drafter server, benches it, "
                         "compares (exit 3 with --wait when the drafter is slower) and swaps back, as one detached "
-                        f"program on the host (--input: the verify run whose drafter to bench); {FETCH_DRAFTER_CLI}: "
-                        "[bench].third_drafter downloaded on the host, converted when needed")
+                        f"program on the host (--input: the verify run whose drafter to bench); {fetch}: "
+                        "[bench].third_drafter downloaded on the host, converted when needed; stop: stop the running "
+                        "run of STAGE, or the run --run-id names (--wait: until it has stopped)")
+    p.add_argument("target", nargs="?", metavar="STAGE", help="run stop: the stage whose running run to stop")
     p.add_argument("--profile", required=True)
     p.add_argument("--input", dest="input_run", metavar="RUN",
                    help="the run whose output the stage consumes (default: the latest completed run of the "
                         "stage before it; pipeline: of the stage before --from)")
-    p.add_argument("--from", dest="from_stage", choices=PIPELINE_STAGES, help="pipeline: the first stage")
-    p.add_argument("--to", dest="to_stage", choices=PIPELINE_STAGES, help="pipeline: the last stage")
+    p.add_argument("--from", dest="from_stage", choices=chain, help="pipeline: the first stage")
+    p.add_argument("--to", dest="to_stage", choices=chain, help="pipeline: the last stage")
     p.add_argument("--dataset", help="override [generate].dataset: a path on the host; a relative one is taken from "
                                      "this directory on a local host, from [paths].data_dir on an SSH host")
     p.add_argument("--limit", type=int, help="override [generate].samples")
     p.add_argument("--checkpoint", metavar="PATH",
                    help="verify: this drafter checkpoint on the host instead of the train run's (e.g. the one "
                         "fetch-drafter printed), measured on the train run's held-out rows")
-    p.add_argument("--run-id", help="default: STAGE-YYYYmmdd-HHMMSS; reuse one to resume it")
+    p.add_argument("--run-id", help="default: STAGE-YYYYmmdd-HHMMSS; reuse one to resume it (run stop: the run "
+                                    "to stop)")
     p.add_argument("--fresh", action="store_true", help="archive an existing run dir of that id and start over")
     p.add_argument("--online", action=argparse.BooleanOptionalAction, default=None,
                    help="train (and pipeline, verify): train online on the prepare run, the extraction server "
@@ -147,9 +151,14 @@ async def wait_server(session: Session, which: str, timeout: float) -> int:
 
 async def run_stage(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
+    if a.stage == STOP:
+        return await stop_run(a, profile)
+    if a.target is not None:
+        print(f"error: unexpected argument {a.target!r} (only run stop takes a STAGE)", file=sys.stderr)
+        return 2
     if a.stage in SERVE:
         return await switch_server(a, profile) if confirmed_switch(a, profile) else 2
-    stage = FETCH_DRAFTER if a.stage == FETCH_DRAFTER_CLI else a.stage
+    stage = stages.by_cli(a.stage).name
     req = StageRequest(stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
                        limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage, online=a.online,
                        checkpoint=a.checkpoint)
@@ -163,25 +172,83 @@ async def run_stage(a: argparse.Namespace) -> int:
         if not snap.host.reachable:
             print(f"error: {snap.host.error}", file=sys.stderr)
             return 1
+        # a run id given again resumes that run: --wait follows the new start, never the old outcome
+        before = next((r for r in snap.runs if r.run_id == a.run_id), None) if a.run_id else None
         result, launch = await session.launch_stage(req)
         for cmd in result.commands:
-            print(f"$ {cmd}", file=sys.stderr)
+            print(f"$ {clean_block(cmd)}", file=sys.stderr)
         if not result.ok or launch is None:
-            print(f"error: {result.message}", file=sys.stderr)
+            print(f"error: {clean_block(result.message)}", file=sys.stderr)
             return 1
-        print(f"started {launch.unit}: run {launch.run_id} in {launch.run_dir}")
+        print(f"started {launch.unit}: run {launch.run_id} in {clean_block(launch.run_dir)}")
         if not a.wait:
             return 0
-        return await follow_run(session, stage, launch.run_id)
+        return await follow_run(session, stage, launch.run_id, before=before)
 
 
-async def follow_run(session: Session, stage: str, run_id: str) -> int:
-    """Print a line per progress change until the run finishes (or turns out dead: exit 1)."""
+async def stop_run(a: argparse.Namespace, profile) -> int:
+    """`run stop STAGE | --run-id ID [--wait]`: the `x` key, headless; 0 once stopped."""
+    if (a.target is None) == (a.run_id is None):
+        print("error: run stop takes a STAGE or --run-id ID (one of them)", file=sys.stderr)
+        return 2
+    if a.target is not None:
+        try:
+            spec = stages.by_cli(a.target) if a.target in stages.cli_names() else stages.get(a.target)
+        except stages.UnknownStage:
+            print(f"error: unknown stage {a.target!r}: expected one of {', '.join(stages.cli_names())}",
+                  file=sys.stderr)
+            return 2
+        if spec.kind == "server":
+            print(f"error: {spec.name} is a server, not a run: use stop-server or run serve-baseline",
+                  file=sys.stderr)
+            return 2
+    async with Session(profile, interval=a.interval) as session:
+        snap = await session.settle()
+        if not snap.host.reachable:
+            print(f"error: {snap.host.error}", file=sys.stderr)
+            return 1
+        result, run = await session.stop_run(stage=spec.name if a.target is not None else None, run_id=a.run_id)
+        for cmd in result.commands:
+            print(f"$ {clean_block(cmd)}", file=sys.stderr)
+        if not result.ok or run is None:
+            print(f"error: {clean_block(result.message)}", file=sys.stderr)
+            return 1
+        print(clean_block(result.message))
+        if not a.wait:
+            return 0
+        return await wait_stopped(session, run)
+
+
+async def wait_stopped(session: Session, run: RunInfo) -> int:
+    """Until the run stopped was seen to end: 0 when it stopped (or completed first), 1 when it failed or
+    died without a word."""
+    async for snap in session.snapshots(connecting=False):
+        now = next((r for r in snap.runs if r.run_id == run.run_id), None)
+        if now is None or now.state == "running":
+            continue
+        view = stages.view_of(now, snap.runs)
+        print(view.line(), flush=True)
+        if view.error and now.state != "done":
+            print(f"note: {view.error}", file=sys.stderr)
+        return 0 if now.state in ("stopped", "done") else 1
+    return 1
+
+
+async def follow_run(session: Session, stage: str, run_id: str, before: RunInfo | None = None) -> int:
+    """Print a line per progress change until the run finishes (or turns out dead: exit 1). `before`: the
+    run as it was before this start (a resume): its outcome is not this start's, so it is not followed."""
+
+    def ours(runs: tuple[RunInfo, ...]) -> RunInfo | None:
+        run = next((r for r in runs if r.run_id == run_id), None)
+        if run is None or (before is not None and run.started == before.started):
+            return None
+        return run
+
     last = None
     noted = False
     quiet_since = asyncio.get_running_loop().time()
     async for snap in session.snapshots(connecting=False):
-        run = next((r for r in snap.runs if r.run_id == run_id), None)
+        run = ours(snap.runs)
         if run is not None:
             quiet_since = asyncio.get_running_loop().time()
         elif snap.host.not_answering_since is not None:
@@ -190,26 +257,31 @@ async def follow_run(session: Session, stage: str, run_id: str) -> int:
             # a stage that dies before its first event (a missing module, a bad argument) leaves no run
             # to follow: ask its unit rather than wait out the silence
             ended = await stage_ended(session.host, session.profile, stage_unit_name(stage, run_id))
-            if ended is not None and not await _has_events(session, run_id):
-                print(f"error: the run wrote no events: {ended}", file=sys.stderr)
-                return 1
-            if ended is None and not noted and asyncio.get_running_loop().time() - quiet_since > NO_EVENTS_S:
-                # alive but silent (slow imports on a busy host): say so once, and keep following it
-                print(f"note: no events from run {run_id} for {NO_EVENTS_S:g} s; its unit "
-                      f"{stage_unit_name(stage, run_id)} still runs: still waiting", file=sys.stderr)
-                noted = True
-            continue
-        line = progress_line(run, snap.runs)
+            if ended is not None:
+                snap = await session.settle()  # read what it wrote before it ended
+                run = ours(snap.runs)
+                if run is None:
+                    print(f"error: the run wrote no events{' for this start' if before else ''}: {ended}",
+                          file=sys.stderr)
+                    return 1
+            else:
+                if not noted and asyncio.get_running_loop().time() - quiet_since > NO_EVENTS_S:
+                    # alive but silent (slow imports on a busy host): say so once, and keep following it
+                    print(f"note: no events from run {run_id} for {NO_EVENTS_S:g} s; its unit "
+                          f"{stage_unit_name(stage, run_id)} still runs: still waiting", file=sys.stderr)
+                    noted = True
+                continue
+        view = stages.view_of(run, snap.runs)
+        line = view.line()
         if line != last:
             print(line, flush=True)
             last = line
-        if run.state in ("done", "failed", "stopped", "stale"):
-            ev = run.last_event or {}
-            if run.state != "done" and ev.get("error"):
-                print(f"error: {clean_block(ev['error'])}", file=sys.stderr)
-            for text in results(run, snap.runs):
+        if view.finished:
+            if run.state != "done" and view.error:
+                print(f"error: {view.error}", file=sys.stderr)
+            for text in results(view, snap.runs):
                 print(text)
-            if run.state == "done" and stage == "bench" and ev.get("slower"):
+            if run.state == "done" and view.slower:
                 print("the drafter is SLOWER than the baseline at some concurrency level: do not serve it",
                       file=sys.stderr)
                 return 3
@@ -218,49 +290,17 @@ async def follow_run(session: Session, stage: str, run_id: str) -> int:
 
 
 def progress_line(run: RunInfo, runs: tuple[RunInfo, ...]) -> str:
-    ev = run.last_event or {}
-    if run.stage == "bench" and isinstance(ev.get("current"), str):  # the pair program: one line per step
-        return f"{run.state}: {run.done}/{run.total} steps, {ev['current']}"
-    if run.stage == FETCH_DRAFTER:  # counted in bytes
-        line = f"{run.state}: {run.done / 2**20:.1f}/{run.total / 2**20:.1f} MiB"
-        return line + (f", {run.rate / 2**20:.1f} MiB/s" if run.rate else "")
-    if run.stage != "pipeline":
-        line = f"{run.state}: {run.done}/{run.total} done, {run.failed} failed"
-        return line + (f", {run.rate:.1f}/s" if run.rate else "")
-    ev = run.last_event or {}
-    line = f"{run.state}: {run.done}/{run.total} stages"
-    current = next((r for r in runs if r.run_id == ev.get("current_run")), None)
-    if run.state == "running" and current is not None:
-        line += f", now {current.stage} {current.run_id}: {current.done}/{current.total}"
-    return line
+    return stages.view_of(run, runs).line()
 
 
-def results(run: RunInfo, runs: tuple[RunInfo, ...]) -> list[str]:
-    """What a finished run has to say: verify's table (also at the end of a pipeline run that verified),
-    else the outputs it leaves for the next stage."""
-    verify = run if run.stage == "verify" else None
-    if run.stage == "pipeline":
-        chain_runs = ((run.last_event or {}).get("runs") or {})
-        verify = next((r for r in runs if r.run_id == chain_runs.get("verify") and r.state == "done"), None)
-    if verify is not None and isinstance(verify.last_event, dict) and verify.last_event.get("checks") is not None:
-        try:
-            return [clean_block(table(verify.last_event))]
-        except (KeyError, TypeError, ValueError):
-            pass  # an unexpected report: its outputs below are still worth printing
-    summary = run.last_event or {}  # a finished run's summary, merged into its last event (telemetry/runs.py)
-    if run.stage == "bench" and isinstance(summary.get("comparison"), dict):
-        try:
-            return [clean_block(format_table(comparison_from_dict(summary["comparison"])))]
-        except (CompareError, TypeError, ValueError):
-            pass
-    outputs = (run.last_event or {}).get("outputs")
-    return [clean(f"{name}: {path}") for name, path in outputs.items()] if isinstance(outputs, dict) else []
-
-
-async def _has_events(session: Session, run_id: str) -> bool:
-    """The run wrote its events (the probe just has not listed them yet)."""
-    path = f"{run_dir_path(session.profile, run_id)}/{EVENTS_FILE}"
-    return (await session.host.run(["test", "-s", path], timeout=30)).ok
+def results(view: StageProgress, runs: tuple[RunInfo, ...]) -> list[str]:
+    """What a finished run has to say, by its stage's result reader (verify: its table; bench: the
+    comparison; else the outputs it leaves for the next stage)."""
+    try:
+        reader = stages.get(view.stage).results
+    except stages.UnknownStage:
+        reader = stages.outputs
+    return [clean_block(text) for text in reader(view, runs)]
 
 
 def cmd_run(a: argparse.Namespace) -> int:

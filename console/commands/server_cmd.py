@@ -13,11 +13,10 @@ import sys
 import time
 from typing import Any
 
-from console.control.units import server_restart_commands, server_start_command, server_stop_command
 from console.profile import Profile, ProfileError, load_profile
 from console.parsers.text import clean_block
 from console.session import Session
-from console.telemetry.snapshot import Snapshot
+from console.snapshot import Snapshot
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -159,6 +158,14 @@ async def watch(profile: Profile, interval: float) -> None:
 
 
 async def wait_ready(profile: Profile, timeout: float, interval: float) -> tuple[int, Snapshot | None]:
+    rc, snap, _ = await wait_ready_why(profile, timeout, interval)
+    return rc, snap
+
+
+async def wait_ready_why(profile: Profile, timeout: float, interval: float,
+                         ) -> tuple[int, Snapshot | None, str | None]:
+    """(0 ready, 1 load failed, 2 not ready in time or never reachable; the last snapshot; the reason the
+    host refused us for good, when it did: a refused client key or an unknown host key)."""
     deadline = time.monotonic() + timeout
     snap = None
     async with Session(profile, interval=interval) as session:
@@ -170,21 +177,26 @@ async def wait_ready(profile: Profile, timeout: float, interval: float) -> tuple
                 except (asyncio.TimeoutError, StopAsyncIteration):
                     break
                 if snap.server.phase == "ready" and not snap.server.error:
-                    return 0, snap
+                    return 0, snap, None
                 if snap.server.phase == "failed":
-                    return 1, snap
-            return 2, snap
+                    return 1, snap, None
+                if session.final_error:
+                    return 2, snap, session.final_error
+            return 2, snap, session.final_error
         finally:
             await gen.aclose()
 
 
 def cmd_wait_ready(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
-    rc, snap = asyncio.run(wait_ready(profile, a.timeout, a.interval))
+    rc, snap, refused = asyncio.run(wait_ready_why(profile, a.timeout, a.interval))
     if rc == 0:
         print(f"ready: {snap.server.model_id} (vLLM {snap.server.version})")
     elif rc == 1:
         print(f"load failed: {snap.server.error or 'see the journal'}", file=sys.stderr)
+    elif refused:
+        print(f"error: {profile.host.name} refused the connection for good: {clean_block(refused)}",
+              file=sys.stderr)
     else:
         phase = snap.server.phase if snap else "unknown"
         err = f"; {snap.host.error}" if snap and snap.host.error else ""
@@ -193,19 +205,18 @@ def cmd_wait_ready(a: argparse.Namespace) -> int:
 
 
 async def server_action(profile: Profile, action: str) -> tuple[int, list[str], str]:
-    commands = {"start-server": lambda: [server_start_command(profile)],
-                "stop-server": lambda: [server_stop_command(profile)],
-                "restart-server": lambda: server_restart_commands(profile)}[action]()
+    """start-server / stop-server / restart-server: the keys' own session actions, with their refusals
+    (the baseline never starts beside the drafter server; a stop stops the server the console follows).
+    (exit code, the commands run, what to tell the operator): 0 done, 1 refused or failed, 3 unreachable."""
     async with Session(profile) as session:
-        await session.host.connect()
-        shown, out = [], ""
-        for cmd in commands:
-            shown.append(cmd.shown)
-            res = await session.host.run(cmd.argv, timeout=profile.server.stop_timeout_s + 60)
-            out += res.stdout + res.stderr
-            if not res.ok:
-                return res.returncode, shown, out
-        return 0, shown, out
+        if not await session.collector.try_connect():
+            return 3, [], f"{profile.host.name}: {session.final_error or session.collector.error or 'unreachable'}"
+        await session.tick()  # which server runs now (the one a stop stops)
+        act = {"start-server": lambda: session.start_stage("serve"),
+               "stop-server": lambda: session.stop_stage("serve"),
+               "restart-server": session.restart_server}[action]
+        result = await act()
+        return (0 if result.ok else 1), list(result.commands), result.message
 
 
 def cmd_server_action(a: argparse.Namespace) -> int:
@@ -218,13 +229,11 @@ def cmd_server_action(a: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing done")
             return 1
-    try:
-        rc, shown, out = asyncio.run(server_action(profile, a.action))
-    except HostError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
+    rc, shown, message = asyncio.run(server_action(profile, a.action))
     for cmd in shown:
-        print(f"$ {cmd}")
-    if out.strip():
-        print(clean_block(out.strip()), file=sys.stderr if rc else sys.stdout)
+        print(f"$ {clean_block(cmd)}")
+    if rc:
+        print(f"error: {clean_block(message)}", file=sys.stderr)
+    else:
+        print(clean_block(message))
     return rc

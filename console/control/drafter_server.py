@@ -14,8 +14,8 @@ from typing import Any, Mapping
 
 from backend.redact import redacted
 from console.control.units import (HostCommand, ServerProgram, checked_session, checked_unit,
-                                   derived_server_start_argv, profile_program, server_log_path,
-                                   stage_log_path, stage_stop_command, tmux_stop_argv)
+                                   derived_server_start_argv, profile_program, stage_stop_command, tmux_stop_argv)
+from console.naming import SERVERS, drafter_log_path, drafter_unit, server_log, server_unit  # noqa: F401
 from console.profile import Profile, check_path
 
 METHOD = "eagle3"
@@ -26,27 +26,6 @@ _TP_FLAGS = ("-tp", "--tensor-parallel-size", "--tensor_parallel_size")
 
 class DrafterServerError(ValueError):
     """The profile cannot give a drafter server; the message says which value and why."""
-
-
-def drafter_unit(profile: Profile) -> str:
-    return f"{profile.server.unit}-drafter"
-
-
-def drafter_log_path(profile: Profile) -> str:
-    return stage_log_path(profile, drafter_unit(profile))
-
-
-# Which server: the baseline (the profile's own unit) or the drafter server (its `-drafter` unit).
-SERVERS = ("baseline", "drafter")
-
-
-def server_unit(profile: Profile, which: str) -> str:
-    return drafter_unit(profile) if which == "drafter" else profile.server.unit
-
-
-def server_log(profile: Profile, which: str) -> str:
-    """tmux manager: where that server writes its output."""
-    return drafter_log_path(profile) if which == "drafter" else server_log_path(profile)
 
 
 def live_servers_argv(profile: Profile) -> list[str]:

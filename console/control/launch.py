@@ -23,17 +23,14 @@ from importlib.resources.abc import Traversable
 
 from console.profile import Profile, api_key, hub_token
 from console.host.base import Host
-from console.parsers.text import clean_block
+from console.parsers.text import clean, clean_block
 from backend.runs import RunDirError
 from backend.runs import check_run_id as _check_run_id
 from backend.events import UNIT_ENV
 from backend.chain.plan import PlannedStage, chain_stage_run_id, dumps_plan
-from backend.pipeline import INPUT_STAGE
-from backend.pipeline import STAGES as PIPELINE_STAGES
-from console.control import stage_argv
+from console.control import stage_argv, stages
 from console.control import drafter_server as ds
 from console.control.bench_pair import pair_argv, pair_plan
-from console.control.stages import FETCH_DRAFTER
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.operator_unit import OperatorUnitError, read_server_program
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
@@ -264,12 +261,10 @@ def readable_secret_warning(path: str | None) -> str | None:
 
 
 def check_host_path(value: str, what: str) -> str:
-    """A path on the host given on the console's command line: absolute, no control characters."""
-    from console.profile import check_path
-
-    if problem := check_path(value):
-        raise StageError(f"{what} {value!r}: expected {problem}")
-    return value
+    try:
+        return stage_argv.check_host_path(value, what)
+    except stage_argv.StageArgError as exc:
+        raise StageError(str(exc)) from None
 
 
 def run_dir_path(profile: Profile, run_id: str) -> str:
@@ -350,55 +345,74 @@ class StageRequest:
 
 
 def pipeline_range(req: StageRequest, profile: Profile | None = None) -> list[str]:
-    """The host stages a pipeline request runs, in order; online training has no extract stage (train
-    consumes the prepare run and fetches hidden states itself)."""
-    first = req.from_stage or PIPELINE_STAGES[0]
-    last = req.to_stage or PIPELINE_STAGES[-1]
+    """The host stages a pipeline request runs, in order (the table's `in_pipeline` rows); online training
+    has no extract stage (train consumes the prepare run and fetches hidden states itself)."""
+    chain = stages.pipeline_stages()
+    first = req.from_stage or chain[0]
+    last = req.to_stage or chain[-1]
     for name in (first, last):
-        if name not in PIPELINE_STAGES:
-            raise StageError(f"unknown stage {name!r}: expected one of {', '.join(PIPELINE_STAGES)}")
-    i, j = PIPELINE_STAGES.index(first), PIPELINE_STAGES.index(last)
+        if name not in chain:
+            raise StageError(f"unknown stage {name!r}: expected one of {', '.join(chain)}")
+    i, j = chain.index(first), chain.index(last)
     if i > j:
         raise StageError(f"--from {first} comes after --to {last} in the pipeline")
-    stages = list(PIPELINE_STAGES[i:j + 1])
-    if req.is_online(profile) and "extract" in stages:
-        stages.remove("extract")
-        if not stages:
-            raise StageError("online training has no extract stage (train fetches the hidden states itself): "
-                             "run --from prepare or --from train, or train offline (--no-online)")
-    return stages
+    picked = list(chain[i:j + 1])
+    if req.is_online(profile):
+        skipped = [s for s in picked if stages.get(s).skip_online]
+        picked = [s for s in picked if s not in skipped]
+        if skipped and not picked:
+            raise StageError(f"online training has no {' or '.join(skipped)} stage (train fetches the hidden states "
+                             "itself): run --from prepare or --from train, or train offline (--no-online)")
+    return picked
+
+
+def _takes_gpus(stage: stages.Stage, online: bool) -> bool:
+    return stage.takes_gpus == "always" or (stage.takes_gpus == "online" and online)
 
 
 def stops_baseline(req: StageRequest, profile: Profile | None = None) -> bool:
-    """Starting this stops the baseline server for a while: ask first. Extraction does (the extraction
-    server needs the GPUs), online training and its verify too, and a bench (it serves the drafter for
-    its second half)."""
-    if req.stage == "bench":
-        return True
+    """Starting this stops the baseline server for a while: ask first. The table says which stages take
+    the GPUs from it (extraction, a bench, online training and its verify); a pipeline run does when one
+    of its stages does."""
+    spec = _spec(req.stage)
     online = req.is_online(profile)
-    stages = pipeline_range(req, profile) if req.stage == "pipeline" else [req.stage]
-    return "extract" in stages or (online and ("train" in stages or "verify" in stages))
+    if spec.kind == "chain":
+        return any(_takes_gpus(stages.get(s), online) for s in pipeline_range(req, profile))
+    return _takes_gpus(spec, online)
 
 
-# the runs a server swap never starts beside: the other swaps (extract, bench, online train and verify)
-# and training, whose GPUs the swapped-in server would take
-SWAP_EXCLUSIVE = ("extract", "bench", "train", "verify", "pipeline")
+def __getattr__(name: str):
+    # the runs a server swap never starts beside, as the stage table says (read at call time)
+    if name == "SWAP_EXCLUSIVE":
+        return stages.swap_exclusive()
+    raise AttributeError(name)
 
 
 def busy_stages(req: StageRequest, profile: Profile) -> list[str]:
     """The stages whose live runs refuse `req`: its own and a pipeline's (two runs would fight over the same
-    GPUs and files); a download needs no GPU, so it may run beside a pipeline run, never beside another
-    download; a request that swaps the servers never runs beside another swap nor beside training."""
-    if req.stage == FETCH_DRAFTER:
-        return [FETCH_DRAFTER]
-    busy = ["pipeline", *pipeline_range(req, profile)] if req.stage == "pipeline" else [req.stage, "pipeline"]
+    GPUs and files); a stage that shares nothing with a pipeline run (a download) may run beside one, never
+    beside another of its own; a request that swaps the servers never runs beside another swap nor beside a
+    stage computing on the GPUs."""
+    spec = _spec(req.stage)
+    if spec.beside_chain:
+        return [spec.name]
+    chain = stages.chain_stage()
+    busy = [chain, *pipeline_range(req, profile)] if spec.kind == "chain" else [spec.name, chain]
     if stops_baseline(req, profile):
-        busy += [s for s in SWAP_EXCLUSIVE if s not in busy]
+        busy += [s for s in stages.swap_exclusive() if s not in busy]
     return busy
 
 
-class _Launcher:
-    """Builds one stage's command line on the host's terms: inputs it defaults to, files it needs there."""
+def _spec(name: str) -> stages.Stage:
+    try:
+        return stages.get(name)
+    except stages.UnknownStage:
+        raise StageError(f"unknown stage {name!r}: expected one of {', '.join(stages.names())}") from None
+
+
+class Launcher:
+    """What a stage's argv builder (control/stages.py) may ask for: the host and the profile, the inputs
+    it defaults to, the files it needs there. It collects what it ran for the operator (`shown`)."""
 
     def __init__(self, host: Host, profile: Profile, env: dict[str, str], shown: list[str]):
         self.host, self.profile, self.env, self.shown = host, profile, env, shown
@@ -411,58 +425,60 @@ class _Launcher:
         return res.stdout.strip()
 
     async def input_run(self, stage: str, given: str | None, online: bool = False) -> str | None:
-        before = "prepare" if stage == "train" and online else INPUT_STAGE.get(stage)
+        spec = _spec(stage)
+        before = spec.online_input if online and spec.online_input else spec.input_stage
         if given or before is None:
             return given and check_run_id(given)
-        return await self.host_query(stage_argv.latest_argv(self.profile, before),
-                                     f"no input for {stage} (pass --input RUN)")
+        return await self.latest(before, f"no input for {stage} (pass --input RUN)")
+
+    async def latest(self, stage: str, what: str) -> str:
+        """The latest completed run of `stage`, as the host names it. The answer goes into command lines
+        the console runs and prints: a run id (whole-string check), or a refusal."""
+        found = await self.host_query(stage_argv.latest_argv(self.profile, stage), what)
+        try:
+            return check_run_id(found)
+        except StageError:
+            raise StageError(f"{what}: the host's answer is not a run id: {clean(found)[:200]!r}") from None
+
+    async def dataset(self, given: str | None) -> str:
+        return await resolve_dataset(self.host, self.profile, given)
+
+    async def api_key(self) -> str | None:
+        return await upload_api_key(self.host, self.profile)
+
+    async def hub_token(self) -> str | None:
+        return await upload_hub_token(self.host, self.profile, self.shown)
+
+    async def aux_layer_ids(self) -> tuple[list[int], int]:
+        """The aux layer ids the verifier takes and its layer count (the extraction server is asked for
+        both: backend/verifier.extraction_layer_ids)."""
+        answer = await self.host_query(stage_argv.aux_layers_argv(self.profile), "aux layer ids")
+        try:
+            found = json.loads(answer)
+            ids, layers = found["aux_layer_ids"], found["num_layers"]
+        except (ValueError, KeyError, TypeError):
+            ids = layers = None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or \
+                not isinstance(layers, int) or isinstance(layers, bool):
+            raise StageError(f"aux layer ids: the host's answer is not a list of layer ids and a layer count: "
+                             f"{clean(answer)[:200]!r}")
+        return ids, layers
+
+    async def swap_plan(self, run_id: str) -> tuple[str, list[int]]:
+        """The server swap plan of a stage that takes the GPUs (uploaded), and the aux layer ids in it."""
+        ids, layers = await self.aux_layer_ids()
+        return await self.upload_swap_plan(run_id, ids, layers), ids
 
     async def argv(self, stage: str, run_id: str, input_run: str | None, req: StageRequest,
                    ) -> tuple[list[str], list[str] | None]:
-        """(the stage's command, its preflight command or None)."""
-        p, fresh = self.profile, req.fresh
+        """(the stage's command, its preflight command or None), by its row's builder."""
+        spec = _spec(stage)
+        if spec.build is None:
+            raise StageError(f"stage {stage!r} is not started as a run (it is a server the console drives)")
         try:
-            if stage == "generate":
-                dataset = await resolve_dataset(self.host, p, req.dataset)
-                key = await upload_api_key(self.host, p)
-                return (stage_argv.generate_argv(p, run_id, dataset=dataset, limit=req.limit, fresh=fresh,
-                                                 api_key_path=key),
-                        stage_argv.generate_argv(p, run_id, dataset=dataset, limit=req.limit, fresh=fresh,
-                                                 api_key_path=key, preflight_only=True))
-            if stage == "prepare":
-                return stage_argv.prepare_argv(p, run_id, input_run or "", fresh=fresh), None
-            if stage == "extract":
-                ids = json.loads(await self.host_query(stage_argv.aux_layers_argv(p), "aux layer ids"))
-                plan_file = await self.upload_swap_plan(run_id, ids["aux_layer_ids"], ids["num_layers"])
-                return (stage_argv.extract_argv(p, run_id, input_run or "", plan_file=plan_file,
-                                                aux_layer_ids=ids["aux_layer_ids"], fresh=fresh),
-                        stage_argv.extract_argv(p, run_id, input_run or "", plan_file=plan_file,
-                                                aux_layer_ids=ids["aux_layer_ids"], fresh=fresh, preflight_only=True))
-            if stage in ("train", "verify") and req.is_online(p):
-                # the extraction server takes the baseline's place for the stage (backend/swap.py)
-                ids = json.loads(await self.host_query(stage_argv.aux_layers_argv(p), "aux layer ids"))
-                plan_file = await self.upload_swap_plan(run_id, ids["aux_layer_ids"], ids["num_layers"])
-                if stage == "verify":
-                    if req.checkpoint is not None:
-                        check_host_path(req.checkpoint, "--checkpoint")
-                    return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file,
-                                                  checkpoint=req.checkpoint), None
-                return (stage_argv.train_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file),
-                        stage_argv.train_argv(p, run_id, input_run, fresh=fresh, plan_file=plan_file,
-                                              preflight_only=True))
-            if stage == "train":
-                return (stage_argv.train_argv(p, run_id, input_run, fresh=fresh),
-                        stage_argv.train_argv(p, run_id, input_run, fresh=fresh, preflight_only=True))
-            if stage == "verify":
-                if req.checkpoint is not None:
-                    check_host_path(req.checkpoint, "--checkpoint")
-                return stage_argv.verify_argv(p, run_id, input_run, fresh=fresh, checkpoint=req.checkpoint), None
-            if stage == FETCH_DRAFTER:
-                token = await upload_hub_token(self.host, p, self.shown)
-                return stage_argv.fetch_drafter_argv(p, run_id, token_path=token, fresh=fresh), None
+            return await spec.build(self, run_id, input_run, req)
         except (stage_argv.StageArgError, ExtractionPlanError) as exc:
             raise StageError(str(exc)) from None
-        raise StageError(f"stage {stage!r} cannot be started from this version of the console")
 
     async def bench_pair(self, run_id: str, req: StageRequest) -> list[str]:
         """The bench of the baseline against the verified drafter (backend/benchpair.py): its plan uploaded,
@@ -475,8 +491,8 @@ class _Launcher:
                                                      f"no published drafter ({p.bench.third_drafter}) to bench"))
         prompts_run = None
         if not p.bench.dataset:
-            prompts_run = await self.host_query(stage_argv.latest_argv(p, "prepare"),
-                                                "no prompts for the bench (set [bench].dataset, or run prepare)")
+            prompts_run = await self.latest(
+                "prepare", "no prompts for the bench (set [bench].dataset, or run prepare)")
         key = await upload_api_key(self.host, p)
         no_expand = p.server.manager == "systemd" and await systemd_run_expands(self.host)
         try:
@@ -489,7 +505,7 @@ class _Launcher:
         plan_file = f"{p.paths.work_dir}/plans/{run_id}.json"
         await self.host.run(["mkdir", "-p", f"{p.paths.work_dir}/plans"], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), plan_file)
-        self.shown.append(f"(bench) drafter {found['checkpoint']} (verified by {found['run_id']})")
+        self.shown.append(clean(f"(bench) drafter {found['checkpoint']} (verified by {found['run_id']})"))
         self.shown.extend(f"(bench {k}) {shlex.join(plan[k]['argv'])}" for k in ("baseline", "drafter"))
         if program.note:
             self.shown.append(f"(bench) note: {program.note}")
@@ -516,53 +532,44 @@ class _Launcher:
         if not res.ok:
             raise StageError("preflight failed:\n" + clean_block(_preflight_text(res.stdout, res.stderr)))
 
-    async def pipeline_plan(self, chain_id: str, req: StageRequest) -> list[PlannedStage]:
-        stages = pipeline_range(req, self.profile)
+    async def pipeline_plan(self, chain_id: str, req: StageRequest) -> str:
+        """Each stage of a pipeline run planned (its argv by its row), the plan uploaded; its path."""
+        names = pipeline_range(req, self.profile)
         planned: list[PlannedStage] = []
-        previous = await self.input_run(stages[0], req.input_run, req.is_online(self.profile))
-        for stage in stages:
+        previous = await self.input_run(names[0], req.input_run, req.is_online(self.profile))
+        for stage in names:
             run_id = chain_stage_run_id(chain_id, stage)
             argv, preflight = await self.argv(stage, run_id, previous, req)
-            if stage == stages[0] and preflight is not None:
+            if stage == names[0] and preflight is not None:
                 await self.preflight(preflight)  # the first stage is checked now, the rest when they start
             planned.append(PlannedStage(stage, run_id, tuple(argv), {}))
             previous = run_id
-        return planned
+        plan_file = f"{self.profile.paths.work_dir}/plans/{chain_id}.json"
+        await self.host.run(["mkdir", "-p", f"{self.profile.paths.work_dir}/plans"], timeout=30, check=True)
+        await self.host.upload(dumps_plan(planned).encode(), plan_file)
+        self.shown.extend(f"(pipeline {p.stage}) {shlex.join(p.argv)}" for p in planned)
+        return plan_file
 
 
 async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launch:
-    """Start a stage program (or a pipeline run of several) detached on the host; return where it runs."""
-    stage = req.stage
-    run_id = check_run_id(req.run_id or new_run_id(stage))
-    unit = stage_unit_name(stage, run_id)
+    """Start a stage program (or a pipeline run of several) detached on the host, as its row in the stage
+    table says; return where it runs."""
+    spec = _spec(req.stage)
+    if spec.build is None:
+        raise StageError(f"stage {req.stage!r} is not started as a run (it is a server the console drives)")
+    run_id = check_run_id(req.run_id or new_run_id(spec.name))
+    unit = stage_unit_name(spec.name, run_id)
     shown: list[str] = []
     code_dir = await ensure_backend(host, profile, shown)
     env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1", UNIT_ENV: unit}
-    launcher = _Launcher(host, profile, env, shown)
-    stop_timeout = 120.0
-    if stage == "bench":
-        argv = await launcher.bench_pair(run_id, req)
-        # on SIGTERM the bench stops, then the drafter server stops and the baseline starts again
-        stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
-    elif stage == "pipeline":
-        plan = await launcher.pipeline_plan(run_id, req)
-        plan_file = f"{profile.paths.work_dir}/plans/{run_id}.json"
-        await host.run(["mkdir", "-p", f"{profile.paths.work_dir}/plans"], timeout=30, check=True)
-        await host.upload(dumps_plan(plan).encode(), plan_file)
-        shown.extend(f"(pipeline {p.stage}) {shlex.join(p.argv)}" for p in plan)
-        argv = stage_argv.chain_argv(profile, run_id, plan_file, fresh=req.fresh)
-        if stops_baseline(req, profile):
-            stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
-    else:
-        if stage not in (*PIPELINE_STAGES, FETCH_DRAFTER):
-            raise StageError(f"stage {stage!r} cannot be started from this version of the console yet")
-        input_run = await launcher.input_run(stage, req.input_run, req.is_online(profile))
-        argv, preflight = await launcher.argv(stage, run_id, input_run, req)
-        if preflight is not None:
-            await launcher.preflight(preflight)
-        if stops_baseline(req, profile):
-            # on SIGTERM it still stops the extraction server and starts the baseline again
-            stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
+    launcher = Launcher(host, profile, env, shown)
+    input_run = await launcher.input_run(spec.name, req.input_run, req.is_online(profile)) \
+        if spec.kind == "run" else req.input_run
+    argv, preflight = await launcher.argv(spec.name, run_id, input_run, req)
+    if preflight is not None:
+        await launcher.preflight(preflight)
+    # on SIGTERM a stage holding the GPUs still stops its server and starts the baseline again
+    stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s if stops_baseline(req, profile) else 120.0
     no_expand = profile.server.manager == "systemd" and await systemd_run_expands(host)
     try:
         start = stage_start_command(profile, unit, argv, log_path=stage_log_path(profile, unit),

@@ -8,11 +8,18 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-from console.profile import Profile
+from console.profile import Profile, check_path
 
 
 class StageArgError(ValueError):
     """A stage cannot be started as the profile and options say (the message says what to set)."""
+
+
+def check_host_path(value: str, what: str) -> str:
+    """A path on the host given on the console's command line: absolute, no control characters."""
+    if problem := check_path(value):
+        raise StageArgError(f"{what} {value!r}: expected {problem}")
+    return value
 
 
 def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, limit: int | None = None,

@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from backend.runs import RUN_ID_PATTERN
-from console.control.stages import STAGES
+from console.control import stages as stage_table
 from console.parsers.tmux import EXIT_STATUS_PREFIX
+# the names live one layer down (telemetry reads them too); imported here for the command builders below
+from console import naming
+from console.naming import exit_status_path, server_log_path, stage_log_path, stage_unit_name, tmux_target  # noqa: F401
 from console.profile import Profile, check_session, check_unit
 
 
@@ -111,38 +114,12 @@ def derived_server_start_argv(profile: Profile, unit: str, program: ServerProgra
     return _sudo(profile, [*cmd, *base, *systemd_literal_argv(extra)])
 
 
-def stage_unit_name(stage: str, run_id: str) -> str:
-    """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
-    return f"e3-{stage}-{run_id}"
-
-
 def is_stage_unit(name: object) -> bool:
-    """Whether `name` is a unit this project starts a stage in (`stage_unit_name` of a known stage and a
-    valid run id). A run's events name the unit it runs in; any other name (a hostile or foreign writer
-    naming the operator's vLLM unit, sshd, a unit with an odd character) is not believed: the console
-    would ask it whether the run is alive and, on `stop`, stop it."""
-    if not isinstance(name, str) or not name.startswith("e3-") or check_unit(name):
-        return False
-    for stage in STAGES:
-        prefix = stage_unit_name(stage, "")
-        if name.startswith(prefix) and RUN_ID_PATTERN.fullmatch(name[len(prefix):]):
-            return True
-    return False
-
-
-def server_log_path(profile: Profile) -> str:
-    """Where the tmux manager's server writes its output."""
-    return f"{profile.paths.work_dir}/logs/{profile.server.unit}.log"
-
-
-def stage_log_path(profile: Profile, unit: str) -> str:
-    """tmux manager: a stage's output (kept out of the run dir, which the stage alone owns)."""
-    return f"{profile.paths.work_dir}/logs/{unit}.log"
-
-
-def exit_status_path(log_path: str) -> str:
-    """Where the tmux wrapper records the program's exit status (tmux's own is not always there)."""
-    return f"{log_path}.exit"
+    """Whether `name` is a unit this project starts a stage in (`stage_unit_name` of a stage in the stage
+    table and a valid run id). A run's events name the unit it runs in; any other name (a hostile or
+    foreign writer naming the operator's vLLM unit, sshd, a unit with an odd character) is not believed:
+    the console would ask it whether the run is alive and, on `stop`, stop it."""
+    return naming.is_stage_unit(name, stage_table.names())
 
 
 # The pane's process. The program appends its output to the log file itself, so every line it wrote is
@@ -168,14 +145,6 @@ done
 kill $v 2>/dev/null
 echo $r > "$s.tmp" && mv -f -- "$s.tmp" "$s"
 exit $r"""
-
-
-def tmux_target(session: str) -> str:
-    """The exact target of a session's current window for list-panes and kill-session: `=NAME:`. A bare
-    `=NAME` that matches no session falls back to a prefix match as a window target (tmux 3.3a:
-    `list-panes -t =vllm` lists the panes of `vllm-drafter` when `vllm` is gone), so a stop would kill,
-    and a probe would report, another program's session."""
-    return f"={session}:"
 
 
 def tmux_start_argv(session: str, argv: Sequence[str], log_path: str, *, cwd: str | None = None,
@@ -350,6 +319,9 @@ def live_stage_units_argv(profile: Profile, stage: str) -> list[str]:
 
 
 def parse_live_stage_units(profile: Profile, stage: str, text: str) -> list[str]:
+    """The stage's live units in a listing. Only names this console gives (the stage's prefix and a
+    valid run id, whole): they end up in messages on the operator's terminal, so anything else the
+    listing holds is not one of ours and is left out."""
     prefix = stage_unit_name(stage, "")
     live = []
     for line in text.splitlines():
@@ -357,7 +329,11 @@ def parse_live_stage_units(profile: Profile, stage: str, text: str) -> list[str]
         if not bits or not bits[0].startswith(prefix):
             continue
         if profile.server.manager == "systemd":
-            live.append(bits[0].removesuffix(".service"))
+            name = bits[0].removesuffix(".service")
         elif len(bits) == 2 and bits[1] == "0":  # tmux: a pane still alive
-            live.append(bits[0])
+            name = bits[0]
+        else:
+            continue
+        if RUN_ID_PATTERN.fullmatch(name[len(prefix):]):
+            live.append(name)
     return sorted(set(live))

@@ -5,7 +5,7 @@ field, the five numbers are the last five, and whatever lies between is the name
 """
 from __future__ import annotations
 
-from console.telemetry.snapshot import GpuInfo
+from console.snapshot import GpuInfo
 
 GPU_QUERY_FIELDS: tuple[str, ...] = (
     "index", "name", "memory.used", "memory.total", "utilization.gpu", "temperature.gpu", "power.draw",

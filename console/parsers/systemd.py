@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from console.telemetry.snapshot import ServiceInfo
+from console.snapshot import ServiceInfo
 
 SYSTEMCTL_SHOW_PROPS: list[str] = [
     "ActiveState", "SubState", "Result", "NRestarts", "ExecMainPID", "ActiveEnterTimestamp",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from console.telemetry.snapshot import ServiceInfo
+from console.snapshot import ServiceInfo
 
 PANE_FORMAT = "#{pane_pid} #{pane_dead} #{pane_dead_status}"
 # The pane's wrapper (console/control/units.py) records the program's exit status in a file; the probe

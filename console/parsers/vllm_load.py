@@ -6,7 +6,7 @@ ready/failed/stopped begins a fresh load; failure and shutdown end one.
 """
 from __future__ import annotations
 
-from console.telemetry.snapshot import LOAD_ORDER, Progress
+from console.snapshot import LOAD_ORDER, Progress
 from console.parsers import vllm_log as v
 from console.parsers.vllm_log import LogEvent, parse_line
 

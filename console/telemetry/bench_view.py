@@ -12,7 +12,7 @@ from typing import Any
 
 from backend.bench.compare import MAX_ROWS, CompareError, Row, comparison_from_dict
 from backend.bench.results import BenchResultError, LevelResult
-from console.telemetry.snapshot import RunInfo
+from console.snapshot import RunInfo
 
 
 @dataclass(frozen=True)

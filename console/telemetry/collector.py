@@ -18,7 +18,7 @@ import time
 
 import httpx
 
-from console.control import drafter_server as ds
+from console import naming
 from console.host.base import AuthenticationFailed, Host, HostError, HostKeyError
 from console.parsers.journal import parse_journal_json
 from console.parsers.nvidia_smi import classify_gpu_error, parse_gpu_csv
@@ -37,7 +37,7 @@ from console.telemetry.probe import SERVER_LOG_READ_MAX, build_probe, parse_df, 
 from console.telemetry.runs import RunBook
 from console.telemetry.sanitize import sanitized
 from console.telemetry.server_log import JOURNAL_BACKLOG, ServerLog
-from console.telemetry.snapshot import (DrafterInfo, GpuInfo, HostInfo, RunInfo, ServerInfo, ServiceInfo, Snapshot,
+from console.snapshot import (DrafterInfo, GpuInfo, HostInfo, RunInfo, ServerInfo, ServiceInfo, Snapshot,
                                         SpecLogStats)
 
 PRIME_LOG_BYTES = 4 * SERVER_LOG_READ_MAX  # tmux: how much of the log's tail is read at connect
@@ -90,7 +90,7 @@ class Collector:
 
     @property
     def server_unit(self) -> str:
-        return ds.server_unit(self.profile, self.active)
+        return naming.server_unit(self.profile, self.active)
 
     def follow_server(self, which: str) -> None:
         """Follow `which` server from now on: its unit, its log from its current run, its metrics."""
@@ -192,7 +192,7 @@ class Collector:
             if self.log.cursor is None:
                 await self._journal_tail_cursor()
         else:
-            path = ds.server_log(self.profile, self.active)
+            path = naming.server_log(self.profile, self.active)
             head = await self.host.run(["stat", "-L", "-c", "%i %s", path], timeout=30)
             inode, size = _inode_size(head.stdout if head.ok else "")
             start = max(0, size - PRIME_LOG_BYTES)
@@ -260,14 +260,14 @@ class Collector:
         pending_units = self.runbook.pending_units()
         log = None
         if self.profile.server.manager == "tmux" and self.log.log_offset is not None:
-            log = (ds.server_log(self.profile, self.active), self.log.log_read_from())
+            log = (naming.server_log(self.profile, self.active), self.log.log_read_from())
         if self._use_nvml:
             self._read_nvml()
         other = "drafter" if self.active == "baseline" else "baseline"
         argv, plan = build_probe(self.profile, events=events, stage_units=pending_units,
                                  server_log=log, listen_port=self.profile.server.port, gpus=not self._use_nvml,
-                                 server=(self.server_unit, ds.server_log(self.profile, self.active)),
-                                 other_server=(ds.server_unit(self.profile, other), ds.server_log(self.profile, other)))
+                                 server=(self.server_unit, naming.server_log(self.profile, self.active)),
+                                 other_server=(naming.server_unit(self.profile, other), naming.server_log(self.profile, other)))
         res = await self.host.run(argv, timeout=PROBE_TIMEOUT_S, errors="surrogateescape")
         sections = split_sections(res.stdout, plan)
         guard = self._unreadable_guard
@@ -333,7 +333,7 @@ class Collector:
         if sec is None or other_sec is None:
             return False
         mine = self._service_info(sec, self.server_unit)
-        theirs = self._service_info(other_sec, ds.server_unit(self.profile, other))
+        theirs = self._service_info(other_sec, naming.server_unit(self.profile, other))
         if theirs.active_state not in phases.ACTIVE_STATES or mine.active_state in phases.ACTIVE_STATES:
             return False
         self.follow_server(other)

@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-from console.telemetry.snapshot import GpuInfo
+from console.snapshot import GpuInfo
 
 LOADS_FILE = "state/loads.jsonl"
 

@@ -6,8 +6,9 @@ restarted and that window is skipped.
 from __future__ import annotations
 
 from backend.numbers import finite, whole
-from console.telemetry.snapshot import ServerMetrics
-from console.parsers.metrics import VllmMetrics, parse_vllm_metrics, spec_decode_window
+from console.snapshot import ServerMetrics
+from console.parsers.metrics import VllmMetrics, parse_vllm_metrics
+from console.telemetry.spec_window import spec_decode_window
 
 SCRAPE_EVERY_S = 5.0
 

@@ -6,7 +6,7 @@ exception into the collector.
 """
 from __future__ import annotations
 
-from console.telemetry.snapshot import GpuInfo
+from console.snapshot import GpuInfo
 
 MIB = 1024 * 1024
 

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from console.control.units import exit_status_path, server_log_path, tmux_target
+from console.naming import exit_status_path, server_log_path, tmux_target
 from console.parsers.systemd import SYSTEMCTL_SHOW_PROPS
 from console.parsers.tmux import EXIT_STATUS_PREFIX, PANE_FORMAT
 from console.profile import Profile

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from backend.events import Event, read_events
 from backend.numbers import count, finite
-from console.telemetry.snapshot import RunInfo
-from console.control.units import is_stage_unit, stage_unit_name
+from console.naming import CHAIN_STAGE, is_stage_unit, stage_unit_name
+from console.snapshot import RunInfo
 from console.telemetry.probe import EventsRead, RunFile
 from console.telemetry.train_view import TrainSeries
 
@@ -73,7 +73,8 @@ class RunTrack:
             unit = ev.data.get("unit")
             # only a unit this project names is believed: a foreign or hostile writer naming another unit
             # would have the console ask it whether the run lives, and `stop` stop it
-            self.started_in = unit if is_stage_unit(unit) else None
+            # a unit of its own stage or of the chain it runs in; any other name is not believed
+            self.started_in = unit if is_stage_unit(unit, (self.stage, CHAIN_STAGE)) else None
             if "done" in ev.data:  # the counters as the run found them on disk (a resume starts from there)
                 self.progress = {k: v for k, v in d.items() if k != "manifest"}
         elif ev.kind == "progress":
@@ -210,5 +211,5 @@ class RunBook:
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
                                failed=count(p.get("failed")), rate=rate, eta_s=eta, last_event=p or None,
                                series=t.series.to_dict() if t.series is not None else None,
-                               skipped_lines=t.skipped_lines))
+                               skipped_lines=t.skipped_lines, started=t.started))
         return out

@@ -19,15 +19,15 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
-from console.control.stages import STAGES
+from console.control import stages
 from console.session import ActionResult, Controller, JournalLine
-from backend.generate.preflight import human_bytes
+from console.ui.panes.gauges import human_bytes
 from console.parsers.text import clean_block
 from console.profile import NotifySection
 from console.ui.calls import CallEvent, Caller
 from console.ui.keys import KEYS, MUTATING_ACTIONS, app_bindings, load_keymap, visible_keys
+from console.snapshot import Snapshot
 from console.telemetry.history import History
-from console.telemetry.snapshot import Snapshot
 from console.ui.panes.bench import BenchPane
 from console.ui.panes.command_log import CommandLogPane
 from console.ui.panes.disk import DiskPane
@@ -69,7 +69,7 @@ class ConsoleApp(App[None]):
         self.controller = controller
         self.readonly = readonly or bool(getattr(controller, "readonly", False))
         self.clock = clock or time.time
-        self.selected_stage: str = STAGES[0]
+        self.selected_stage: str = stages.names()[0]
         self.journal_unit: str | None = None
         self.journal_stage: str | None = None  # the stage whose newest run the log view follows
         self.last_snapshot: Snapshot | None = None

@@ -15,7 +15,7 @@ from textual.content import Content
 from textual.reactive import reactive, var
 from textual.widgets import Static
 
-from console.telemetry.snapshot import Snapshot
+from console.snapshot import Snapshot
 
 
 def markup(template: str, **values: object) -> Content:

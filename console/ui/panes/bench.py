@@ -5,9 +5,8 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.content import Content
 
-from backend.bench.compare import Row
-from console.telemetry.bench_view import BenchView, bench_view
-from console.telemetry.snapshot import Snapshot
+from console.telemetry.bench_view import BenchView, Row, bench_view
+from console.snapshot import Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.generation import pick_run
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.content import Content
 
-from backend.generate.preflight import human_bytes
+from console.ui.panes.gauges import human_bytes
 from console.control.disk import DiskReport
 from console.telemetry.snapshot import Snapshot
 from console.ui.panes.base import Pane, Text, age_text, app_clock, lines, markup

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.content import Content
 
-from console.telemetry.snapshot import GpuInfo, Snapshot
+from console.snapshot import GpuInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.telemetry.history import POINTS, WINDOW_S, Series
 from console.ui.panes.gauges import bar, level_colour, num, sparkline

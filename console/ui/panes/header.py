@@ -9,7 +9,7 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.reactive import reactive, var
 
-from console.telemetry.snapshot import Snapshot
+from console.snapshot import Snapshot
 from console.ui.panes.base import Text, age_text, app_clock, markup
 from console.ui.panes.messages import StreamProblem
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from console.telemetry.snapshot import Snapshot
+from console.snapshot import Snapshot
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import ProgressBar
 
-from console.telemetry.snapshot import DrafterInfo, ServerInfo, Snapshot
+from console.snapshot import DrafterInfo, ServerInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.telemetry.history import WINDOW_S
 from console.ui.panes.gauges import duration, num, sparkline

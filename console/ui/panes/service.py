@@ -4,7 +4,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.content import Content
 
-from console.telemetry.snapshot import ServiceInfo, Snapshot
+from console.snapshot import ServiceInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import human_bytes, num
 

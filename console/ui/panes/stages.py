@@ -1,4 +1,5 @@
-"""The pipeline as a selectable list: each stage's state and the unit/session it runs in."""
+"""The pipeline as a selectable list: each stage's state and the unit/session it runs in (the rows and
+their labels are the stage table's, console/control/stages.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,14 +10,12 @@ from textual.content import Content
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from console.control.stages import STAGES
-from console.telemetry.snapshot import Snapshot
+from console.control import stages
+from console.snapshot import Snapshot
 from console.ui.panes.base import Pane, markup
 from console.ui.panes.generation import pick_run
 from console.ui.panes.messages import StageSelected
 
-LABELS = {"serve": "serve", "generate": "generate", "prepare": "prepare", "extract": "extract", "train": "train",
-          "verify": "verify", "serve_drafter": "serve+drafter", "fetch_drafter": "fetch drafter", "bench": "bench", "pipeline": "pipeline"}
 # "?" is kept for what the console cannot tell (stale: no finish and no unit); a stop is a known end
 _STATE_STYLE = {"running": ("▶", "yellow"), "done": ("✔", "green"), "failed": ("✖", "red"),
                 "stopped": ("■", "blue"), "stale": ("?", "magenta"), "idle": ("·", "dim")}
@@ -33,8 +32,9 @@ class StageRow:
 def stage_rows(snapshot: Snapshot) -> list[StageRow]:
     svc, srv = snapshot.service, snapshot.server
     rows = []
-    for stage in STAGES:
-        if stage in ("serve", "serve_drafter"):
+    for spec in stages.table():
+        stage = spec.name
+        if spec.kind == "server":
             if (stage == "serve_drafter") != (srv.drafter is not None):  # the other server is the one followed
                 rows.append(StageRow(stage, "idle", None))
                 continue
@@ -66,8 +66,15 @@ def row_markup(row: StageRow, width: int = 80) -> Content:
     unit = row.unit or "—"
     unit = unit if len(unit) <= room else unit[: room - 1] + "…"
     return markup(f"[{colour}]$icon $label$state[/]$detail[dim]$unit[/]", icon=icon,
-                  label=f"{LABELS.get(row.stage, row.stage):<14}", state=f"{row.state:<8}",
+                  label=f"{_label(row.stage):<14}", state=f"{row.state:<8}",
                   detail=f"{row.detail[:11]:<12}", unit=unit)
+
+
+def _label(stage: str) -> str:
+    try:
+        return stages.get(stage).label
+    except stages.UnknownStage:
+        return stage
 
 
 class StageList(OptionList):
@@ -83,10 +90,11 @@ class StagesPane(Pane):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._prompts = {stage: row_markup(StageRow(stage, "idle", None)) for stage in STAGES}
+        self._names = stages.names()
+        self._prompts = {stage: row_markup(StageRow(stage, "idle", None)) for stage in self._names}
 
     def compose_body(self) -> ComposeResult:
-        yield StageList(*[Option(self._prompts[s], id=s) for s in STAGES], id="stage-list")
+        yield StageList(*[Option(self._prompts[s], id=s) for s in self._names], id="stage-list")
 
     def on_mount(self) -> None:
         self.query_one(StageList).highlighted = 0

@@ -7,7 +7,6 @@ Text from the host (run ids, paths, errors) goes into the markup as `$variables`
 """
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -16,52 +15,14 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual_plotext import PlotextPlot
 
-from backend.verify.report import draft_positions
-from console.telemetry.snapshot import RunInfo, Snapshot
+from console.telemetry.progress import TrainPoint, TrainProgress, train_view, verify_view
+from console.snapshot import RunInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, num
 from console.ui.panes.generation import pick_run
 
 PLOT_INTERVAL_S = 5.0  # redrawing the curve is the costliest repaint here; a loss curve needs no 1 Hz
 MAX_POINTS = 2000  # bounded history; at one step a second that is over half an hour of curve
-_ACC_KEY = re.compile(r"acc_(\d+)")
-
-
-@dataclass
-class TrainPoint:
-    step: int
-    epoch: float | None
-    loss: float | None
-    val_loss: float | None
-    lr: float | None
-    acc: list[float]
-    checkpoint: str | None
-
-
-def _opt_float(event: dict[str, Any], key: str) -> float | None:
-    value = event.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{key} is {value!r}, expected a number")
-    return float(value)
-
-
-def train_point(event: dict[str, Any]) -> TrainPoint | None:
-    """Read a train progress event; None if it has no step (e.g. a start event). Bad types raise."""
-    if event.get("step") is None:
-        return None
-    step = _opt_float(event, "step")
-    acc_list = event.get("acc_k", event.get("acc"))
-    if isinstance(acc_list, list):
-        acc = [float(a) for a in acc_list]
-    else:  # acc_0, acc_1, ... as separate keys
-        found = sorted((int(m.group(1)), k) for k in event if (m := _ACC_KEY.fullmatch(k)))
-        acc = [float(_opt_float(event, k) or 0.0) for _, k in found]
-    ckpt = event.get("checkpoint")
-    return TrainPoint(step=int(step or 0), epoch=_opt_float(event, "epoch"), loss=_opt_float(event, "loss"),
-                      val_loss=_opt_float(event, "val_loss"), lr=_opt_float(event, "lr"), acc=acc,
-                      checkpoint=str(ckpt) if ckpt else None)
 
 
 class TrainHistory:
@@ -74,7 +35,7 @@ class TrainHistory:
         self.last: TrainPoint | None = None
         self.last_checkpoint: str | None = None
         self.best: tuple[float, str] | None = None  # (val_loss, checkpoint)
-        self.series: dict[str, Any] | None = None  # the run's accumulated series, when the console sent one
+        self.series: TrainProgress | None = None  # the run's accumulated series, when the console sent one
 
     def feed(self, run_id: str, point: TrainPoint) -> bool:
         """Add a point; True if the curve changed."""
@@ -97,33 +58,19 @@ class TrainHistory:
         return changed
 
 
-    def load_series(self, run_id: str, series: dict[str, Any]) -> bool:
-        """Replace the curve with a run's accumulated series (RunInfo.series); True if it changed."""
+    def load_series(self, run_id: str, view: TrainProgress) -> bool:
+        """Replace the curve with a run's accumulated series (its typed view); True if it changed."""
         if run_id != self.run_id:
             self.__init__()
             self.run_id = run_id
-        steps = [(int(s), float(v)) for s, v in series.get("loss") or [] if _is_num(s) and _is_num(v)]
-        val = {}
-        for item in series.get("val") or []:
-            if len(item) == 3 and _is_num(item[0]) and _is_num(item[2]):
-                val[item[1] if item[1] is not None else float(item[0])] = (int(item[0]), float(item[2]))
-        changed = list(self.steps) != steps or self.val != val
-        self.steps = deque(steps, maxlen=MAX_POINTS)
+        val = {epoch: (step, v) for step, epoch, v in view.val}
+        changed = list(self.steps) != list(view.loss) or self.val != val
+        self.steps = deque(view.loss, maxlen=MAX_POINTS)
         self.val = val
-        last = series.get("last_checkpoint") or {}
-        self.last_checkpoint = str(last["path"]) if isinstance(last.get("path"), str) else None
-        best = series.get("best") or {}
-        self.best = ((float(best["val_loss"]), str(best["path"]))
-                     if isinstance(best.get("path"), str) and _is_num(best.get("val_loss")) else None)
-        acc = [float(a) if _is_num(a) else 0.0 for a in series.get("acc_k") or []]
-        step = series.get("step")
-        self.last = TrainPoint(step=int(step) if _is_num(step) else (steps[-1][0] if steps else 0),
-                               epoch=float(series["epoch"]) if _is_num(series.get("epoch")) else None,
-                               loss=steps[-1][1] if steps else None,
-                               val_loss=max(val.values())[1] if val else None,
-                               lr=float(series["lr"]) if _is_num(series.get("lr")) else None, acc=acc,
-                               checkpoint=self.last_checkpoint)
-        self.series = series
+        self.last_checkpoint = view.last_checkpoint
+        self.best = view.best
+        self.last = view.point
+        self.series = view
         return changed
 
 
@@ -145,20 +92,21 @@ def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistor
     p = h.last
     if p is None:
         return markup("run      [b]$run[/b]  [dim]$state (no progress yet)[/]", run=run_id, state=state)
-    series = h.series or {}
-    total, epochs = series.get("total"), series.get("epochs")
-    if h.series is not None:  # the stage counts epochs and steps from 0; people count from 1
-        epoch = num(p.epoch + 1 if p.epoch is not None else None, "{:g}") + (f"/{epochs}" if _is_num(epochs) else "")
-        step = f"{p.step + 1}" + (f"/{total}" if _is_num(total) else "")
+    series = h.series
+    total = series.steps_total if series else None
+    epochs = series.epochs if series else None
+    if series is not None:  # the stage counts epochs and steps from 0; people count from 1
+        epoch = num(p.epoch + 1 if p.epoch is not None else None, "{:g}") + (f"/{epochs}" if epochs else "")
+        step = f"{p.step + 1}" + (f"/{total}" if total else "")
     else:
-        epoch = num(p.epoch, "{:g}") + (f"/{epochs}" if _is_num(epochs) else "")
-        step = f"{p.step}" + (f"/{total}" if _is_num(total) else "")
-    rate = rate if rate is not None else (series.get("rate") if _is_num(series.get("rate")) else None)
-    eta = eta_s if eta_s is not None else (series.get("eta_s") if _is_num(series.get("eta_s")) else None)
+        epoch = num(p.epoch, "{:g}")
+        step = f"{p.step}"
+    rate = rate if rate is not None else (series.rate if series else None)
+    eta = eta_s if eta_s is not None else (series.eta_s if series else None)
     eta = eta if state == "running" else None
-    resumed = f"   [dim]resumed at step {series['resumed_from']}[/]" if _is_num(series.get("resumed_from")) else ""
+    resumed = f"   [dim]resumed at step {series.resumed_from}[/]" if series and series.resumed_from is not None else ""
     best = f"{h.best[1]} (val {h.best[0]:.4f})" if h.best else "N/A"
-    val_acc = series.get("val_acc_k")
+    val_acc = list(series.val_acc) if series else None
     return lines(
         markup(f"run      [b]$run[/b]  [dim]$state[/]   epoch {epoch}  step {step}   "
                f"rate {num(rate, '{:.2f} step/s')}   ETA {duration(eta)}{resumed}", run=run_id, state=state),
@@ -169,28 +117,25 @@ def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistor
 
 
 def verify_markup(run: RunInfo) -> Content:
-    """verify's table once it has finished (its finish summary carries the report)."""
-    if run.state not in ("done", "failed", "stopped"):
-        return markup("verify   [b]$run[/b]  [dim]$state[/]", run=run.run_id, state=run.state)
-    report = run.last_event or {}
-    checks = [c for c in report.get("checks") or [] if isinstance(c, dict)]
-    failed = [str(c.get("name")) for c in checks if not c.get("ok")]
+    """verify's table once it has finished (its typed view reads the report in its finish summary)."""
+    v = verify_view(run)
+    if not v.finished:
+        return markup("verify   [b]$run[/b]  [dim]$state[/]", run=v.run_id, state=v.state)
+    failed = v.failed_checks
     head = markup("verify   [b]$run[/b]  [dim]$state[/]   checks "
-                  + ("[red]failed: $failed[/]" if failed else f"[green]{len(checks)} ok[/]"),
-                  run=run.run_id, state=run.state, failed=", ".join(failed))
-    acc = report.get("acceptance")
-    if not isinstance(acc, dict):
-        error = report.get("error")
-        return lines(head, markup("         [red]$error[/]", error=str(error)[:200])) if error else head
-    k = draft_positions(acc)  # capped: a finish saying k=10**9 must not build a gigabyte line
+                  + ("[red]failed: $failed[/]" if failed else f"[green]{len(v.checks)} ok[/]"),
+                  run=v.run_id, state=v.state, failed=", ".join(failed))
+    if v.trained is None and v.untrained is None:
+        return lines(head, markup("         [red]$error[/]", error=v.error[:200])) if v.error else head
+    k = v.k
     rows: list[Content | str] = [head + Content(f"   k={k}"),
                                  "         draft      " + "".join(f"pos{j + 1:<4}" for j in range(k))
                                  + "accepted  length"]
-    for name in ("trained", "untrained"):
-        a = acc.get(name) if isinstance(acc.get(name), dict) else {}
-        cells = "".join(f"{v:<7.2f}" if _is_num(v) else "N/A    " for v in (a.get("per_position") or [])[:k])
-        rows.append(f"         {name:<10} {cells}{num(a.get('mean_accepted'), '{:<9.2f}')} "
-                    f"{num(a.get('mean_acceptance_length'), '{:.2f}')}")
+    for name, a in (("trained", v.trained), ("untrained", v.untrained)):
+        per = a.per_position if a is not None else ()
+        cells = "".join(f"{x:<7.2f}" if x is not None else "N/A    " for x in per[:k])
+        rows.append(f"         {name:<10} {cells}{num(a and a.mean_accepted, '{:<9.2f}')} "
+                    f"{num(a and a.mean_acceptance_length, '{:.2f}')}")
     return lines(*rows)
 
 
@@ -225,11 +170,11 @@ class TrainingPane(Pane):
             self.history = TrainHistory()
             self.history.run_id = run.run_id
             self._plotted_at = None
-        if run.series is not None:
-            changed = self.history.load_series(run.run_id, run.series)
+        view = train_view(run)
+        if view.from_series:
+            changed = self.history.load_series(run.run_id, view)
         else:
-            point = train_point(run.last_event or {})
-            changed = self.history.feed(run.run_id, point) if point else False
+            changed = self.history.feed(run.run_id, view.point) if view.point else False
         text = training_markup(run.run_id, run.state, run.eta_s, self.history, run.rate)
         body.show(lines(text, verify_text) if verify_text else text)
         plot.set_class(bool(self.history.steps), "-shown")

@@ -1,0 +1,143 @@
+"""Shared pieces of the drafter-stage tests: the tiny verifier built once per session, and generation runs
+written the way backend.generate writes them (manifest, events, records, token rows, summary).
+
+The tiny verifier lives under the session's base temp dir at a fixed path, `<basetemp>/xdg/...`, so every
+test module (and every stand-in subprocess, given XDG_CACHE_HOME=<basetemp>/xdg) finds the one build.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from backend.events import EventLog
+from backend.generate.records import Completion, build_record, token_row
+from backend.runs import Manifest, open_run_dir
+from sim import textgen, tinycorpus, tinylm
+from harness.rig.availability import rig_unavailable
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def xdg_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "xdg"
+
+
+def tiny_verifier(tmp_path_factory) -> Path:
+    """The demo's tiny verifier, built once per session. The training stack is part of the test command's
+    install: where it is missing the tests say so, and under CI they fail rather than skip."""
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers", "tokenizers", "speculators") if importlib.util.find_spec(m) is None]
+    if missing:
+        rig_unavailable(f"the training modules {', '.join(missing)} (pip install -e '.[train]')")
+    return tinylm.ensure_model(root=xdg_home(tmp_path_factory) / "eagle3-console" / "tiny-verifier")
+
+
+def stage_env(tmp_path_factory, **extra: str) -> dict[str, str]:
+    """The environment a stage or stand-in subprocess runs with: this checkout importable, the session's
+    tiny verifier in its cache, nothing fetched from a hub, one thread each (the machine is shared)."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(xdg_home(tmp_path_factory)),
+            "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def stage_cmd(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def run_stage(module: str, *args: str, env: dict[str, str], timeout: float = 300,
+              **kw: Any) -> subprocess.CompletedProcess:
+    return subprocess.run(stage_cmd(module, *args), capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=timeout, **kw)
+
+
+class Tokenizer:
+    """The tiny verifier's tokenizer and template, as the stand-in renders prompts (template, then encode
+    without special tokens)."""
+
+    def __init__(self, model_dir: Path):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def chat(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
+        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+
+def sample_record(tok: Tokenizer, index: int, *, answer_words: int | None = None) -> dict[str, Any]:
+    """One generation record as backend.generate writes it, with the ids the verifier would have returned:
+    the prompt rendered with the generation prompt, then `<think>reasoning</think>answer<|im_end|>`."""
+    qs = tinycorpus.canned_questions()
+    prompt = [{"role": "user", "content": qs[index % len(qs)]}]
+    reasoning, answer = textgen.generate(1000 + index, qs[index % len(qs)], thinking=True, quote_topic=False)
+    answer_text = answer.text if answer_words is None else " ".join(answer.text.split()[:answer_words])
+    prompt_ids = tok.chat(prompt, generation_prompt=True)
+    ids = tok.encode(f"{tinylm.THINK}{reasoning.text}{tinylm.END_THINK}{answer_text}{tinylm.EOS}")
+    completion = Completion(reasoning=reasoning.text, content=answer_text, finish_reason="stop",
+                            prompt_tokens=len(prompt_ids), completion_tokens=len(ids), reasoning_tokens=None,
+                            prompt_token_ids=prompt_ids, token_ids=ids)
+    return build_record(sample_id=f"s{index:05d}", index=index, model="tiny", prompt=prompt,
+                        completion=completion, source={"row": index})
+
+
+def write_generate_run(work_dir: Path, run_id: str, records: list[dict[str, Any]], *, token_rows: bool = True,
+                       status: str | None = "completed", extra_token_lines: list[bytes] = (),
+                       extra_record_lines: list[bytes] = ()) -> Path:
+    """A generation run directory as backend.generate leaves it. `status` None: started, never finished."""
+    manifest = Manifest(stage="generate", run_id=run_id, identity={"dataset": "synthetic", "rows": len(records)})
+    run_dir = open_run_dir(str(work_dir), run_id, manifest)
+    out = Path(run_dir.file("output.jsonl"))
+    out.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records) + b"".join(extra_record_lines))
+    summary: dict[str, Any] = {"stage": "generate", "run_id": run_id, "status": status or "running",
+                               "done": len(records), "failed": 0, "output": str(out)}
+    if token_rows:
+        prep = Path(run_dir.file("prepare"))
+        prep.mkdir(exist_ok=True)
+        rows = [json.dumps(token_row(r)).encode() + b"\n" for r in records]
+        (prep / "tokens.jsonl").write_bytes(b"".join(rows) + b"".join(extra_token_lines))
+        summary["token_rows"] = {"path": str(prep / "tokens.jsonl"), "rows": len(records)}
+    events = EventLog(run_dir.events_path, "generate", run_id)
+    events.emit("start", total=len(records), manifest=manifest.to_dict())
+    if status is not None:
+        if status != "completed":
+            summary["error"] = "3 samples failed after retries"
+        run_dir.write_summary(summary)
+        events.emit("finish", status=status, summary=summary)
+    events.close()
+    return Path(run_dir.path)
+
+
+PREPARED_ROWS = 24
+
+
+def prepared_work(tmp_path_factory, tiny: Path) -> Path:
+    """A work dir holding a completed generation run `gen` (24 samples with exact token ids) and its
+    prepare run `prep` (20 train, 4 held-out rows, seq length 512), made once per session; tests add their
+    own runs beside them, never change these two."""
+    work = tmp_path_factory.getbasetemp() / "prepared-work"
+    if (work / "runs" / "prep" / "summary.json").exists():
+        return work
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    tok = Tokenizer(tiny)
+    write_generate_run(work, "gen", [sample_record(tok, i) for i in range(PREPARED_ROWS)])
+    res = run_stage("backend.prepare", "--work-dir", str(work), "--run-id", "prep", "--input-run", "gen",
+                    "--verifier", str(tiny), "--seq-length", "512", env=stage_env(tmp_path_factory))
+    assert res.returncode == 0, res.stderr
+    return work
+
+
+def copy_runs(src: Path, dst: Path, runs: tuple[str, ...] = ("gen", "prep")) -> None:
+    """Runs of one work dir in another (their summaries name absolute paths, rewritten to the new place)."""
+    for run in runs:
+        shutil.copytree(src / "runs" / run, dst / "runs" / run)
+        path = dst / "runs" / run / "summary.json"
+        path.write_text(path.read_text().replace(str(src) + "/", str(dst) + "/"))
