@@ -2,17 +2,19 @@
 
 `python -m backend.benchpair --work-dir W --run-id R --plan PLAN.json`; the plan (written by the console,
 console/control/bench_pair.py) holds the two bench command lines (`python -m backend.bench`, run ids
-`R-baseline` and `R-drafter`, the second with `--baseline-run R-baseline`) and the service manager's
-commands to start, stop and check each server. Steps:
+`R-baseline` and `R-drafter`, the second with `--baseline-run R-baseline`) and the one server switch's
+plan (backend/switch.py: the baseline home, the drafter server away), which runs every change of server
+and holds the host's server lock for the whole pair. Steps:
 
-    1. the baseline serves: the drafter server stopped if it runs, the baseline started if it does not
+    1. the baseline serves: the drafter server stopped (seen down) if it runs, the baseline started if it
+       does not, and answering
     2. bench the baseline
-    3. swap: stop the baseline (checked down), start the drafter server
-    4. bench the drafter server (its bench waits for it to answer, and compares with step 2)
+    3. switch: stop the baseline (seen down), start the drafter server, wait until it answers
+    4. bench the drafter server (compared with step 2)
     5. always, also after a failure or SIGTERM: stop the drafter server, start the baseline again
 
-With a third contender in the plan (`third`: a published drafter's bench, `start_third`: the drafter
-server's unit loading that checkpoint), it is benched between 2 and 3 in the drafter server's unit, and
+With a third contender in the plan (`third`: a published drafter's bench, and a `third` server in the
+switch: the drafter server's unit loading that checkpoint), it is benched between 2 and 3, and
 the drafter's bench compares with both (`--third-run`): one table of the three.
 
 The run directory R holds its events (progress per step) and a summary with the drafter bench's
@@ -22,57 +24,83 @@ failed, 2 bad plan or run directory; a stop (SIGTERM) ends as stopped, exit 0, a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from backend.events import EventLog
 from backend.pipeline import InputError, completed_run, last_finish
 from backend.runs import Manifest, RunDirError, open_run_dir, read_json_object, run_path, write_json_atomic
+from backend.switch import Switch, SwitchFailed, SwitchPlan, SwitchPlanError, SwitchStopped, switch_from_dict
 
 STAGE = "bench"
 PLAN_FILE = "benchpair-plan.json"
 STEPS = ("baseline serving", "bench baseline", "swap to the drafter", "bench drafter", "back to the baseline")
 THIRD_STEPS = ("baseline serving", "bench baseline", "swap to the published drafter", "bench published drafter",
                "swap to the drafter", "bench drafter", "back to the baseline")
-_COMMANDS = ("stop_baseline", "start_baseline", "baseline_alive", "stop_drafter", "start_drafter", "drafter_alive")
-STOP_CHECK_S = 30.0  # after a stop command returned, how long the unit may take to be seen gone
 
 
 class PlanError(ValueError):
     pass
 
 
-def load_plan(path: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Bench:
+    run_id: str
+    argv: list[str]
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    """The benches (baseline, drafter, and an optional third: a published drafter) and the one server
+    switch that puts each server on the GPUs (backend/switch.py; the third runs in the drafter's unit)."""
+    switch: SwitchPlan
+    benches: dict[str, Bench]
+    checkpoint: str | None = None
+    third_checkpoint: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)  # as written, kept in the run dir
+
+    @property
+    def has_third(self) -> bool:
+        return "third" in self.benches
+
+
+def load_plan(path: str) -> PairPlan:
     data = read_json_object(path, PlanError, f"{path}: no such plan file")
-    for key in _COMMANDS:
-        v = data.get(key)
-        if not (isinstance(v, list) and v and all(isinstance(a, str) for a in v)):
-            raise PlanError(f"{path}: {key!r} must be a non-empty list of strings (a command line)")
-    if "third" in data:
-        v = data.get("start_third")
-        if not (isinstance(v, list) and v and all(isinstance(a, str) for a in v)):
-            raise PlanError(f"{path}: 'start_third' must be a non-empty list of strings (a command line)")
+    try:
+        switch = switch_from_dict(data.get("switch"), path)
+    except SwitchPlanError as exc:
+        raise PlanError(str(exc)) from None
+    benches: dict[str, Bench] = {}
     for key in ("baseline", "drafter", *(("third",) if "third" in data else ())):
         b = data.get(key)
         if not (isinstance(b, dict) and isinstance(b.get("run_id"), str) and isinstance(b.get("argv"), list)
                 and b["argv"] and all(isinstance(a, str) for a in b["argv"])):
             raise PlanError(f"{path}: {key!r} must be {{\"run_id\": str, \"argv\": [str, ...]}}")
-    return data
+        benches[key] = Bench(b["run_id"], list(b["argv"]))
+        try:
+            switch.server(key)
+        except KeyError:
+            raise PlanError(f"{path}: the switch has no {key!r} server to bench") from None
+    return PairPlan(switch=switch, benches=benches, checkpoint=data.get("checkpoint"),
+                    third_checkpoint=data.get("third_checkpoint"), raw=data)
 
 
 class BenchPair:
-    def __init__(self, work_dir: str, run_id: str, plan: dict[str, Any]):
+    def __init__(self, work_dir: str, run_id: str, plan: PairPlan):
         self.work_dir, self.run_id, self.plan = work_dir, run_id, plan
         self.child: subprocess.Popen | None = None
         self.stopping = False
         self.log: EventLog | None = None
         self.steps: list[dict[str, Any]] = []
-        self.step_names = THIRD_STEPS if "third" in plan else STEPS
-        self.loaded: str | None = None  # which checkpoint the drafter server's unit was started with here
+        self.step_names = THIRD_STEPS if plan.has_third else STEPS
+        self.switch = Switch(plan.switch, holder=f"bench run {run_id}", progress=self._switch_progress,
+                             emit=self._switch_emit, stopped=lambda: self.stopping)
 
     def _on_signal(self, sig: int, _frame) -> None:
         self.stopping = True
@@ -82,68 +110,53 @@ class BenchPair:
     def say(self, text: str) -> None:
         print(f"benchpair: {text}", file=sys.stderr, flush=True)
 
-    def command(self, key: str, timeout: float = 900.0) -> tuple[bool, str]:
-        argv = self.plan[key]
-        self.say(f"{key}: {' '.join(argv)}")
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return False, f"{key} failed: {exc}"
-        out = (res.stderr or res.stdout).strip().splitlines()
-        return res.returncode == 0, f"{key} exit {res.returncode}" + (f": {out[-1][:300]}" if out else "")
+    def _switch_progress(self, phase: str, force: bool = False, **extra: Any) -> None:
+        """The switch's steps in the run's events (a phase beside the bench steps' counters)."""
+        if "command" in extra:
+            self.say(f"{extra.get('step')}: {extra['command']}")
+        if self.log is not None and (force or "baseline" in extra):
+            at = min(len(self.steps), len(self.step_names) - 1)  # the step counters stay as they are
+            self.log.emit("progress", done=len(self.steps), total=len(self.step_names), current=self.step_names[at],
+                          phase=phase, **extra)
 
-    def alive(self, which: str) -> bool:
-        which = "drafter" if which == "third" else which  # the published drafter runs in the drafter's unit
-        try:
-            return subprocess.run(self.plan[f"{which}_alive"], capture_output=True, timeout=60).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            return True  # cannot tell: never start the other server beside it
-
-    def stop(self, which: str) -> str | None:
-        """Stop `which` server; an error when it still runs afterwards."""
-        if not self.alive(which):
-            return None
-        ok, text = self.command(f"stop_{which}")
-        deadline = time.monotonic() + STOP_CHECK_S
-        while self.alive(which):
-            if time.monotonic() > deadline:
-                return f"the {which} server still runs after its stop ({text})"
-            time.sleep(0.5)
-        return None if ok or not self.alive(which) else text
-
-    def start(self, which: str) -> str | None:
-        if self.alive(which):
-            return None
-        ok, text = self.command(f"start_{which}")
-        if ok:
-            self.loaded = which
-        return None if ok else text
+    def _switch_emit(self, kind: str, **data: Any) -> None:
+        if self.log is not None:
+            self.log.emit(kind, **data)
 
     def serve(self, which: str) -> str | None:
-        """One server at a time: the other is stopped (and checked down) before `which` starts; the drafter
-        server's unit is restarted when it holds the other drafter."""
-        if which == "baseline":
-            return self.stop("drafter") or self.start("baseline")
-        if self.loaded not in (None, which) and (error := self.stop("drafter")):
-            return error
-        return self.stop("baseline") or self.start(which)
+        """Put `which` on the GPUs (the one server switch: the other stopped and seen down first, then it
+        starts and answers); an error when it does not."""
+        try:
+            asyncio.run(self.switch.go(which))
+        except SwitchFailed as exc:
+            return str(exc)
+        except SwitchStopped:
+            return f"stopped while the {which} server started"
+        return None
+
+    def back(self) -> str | None:
+        """Always at the end: the drafter server goes, the baseline comes back."""
+        asyncio.run(self.switch.back())
+        if self.switch.record.baseline_restarted is False:
+            return "the baseline server could not be started again: start it by hand"
+        return None
 
     def bench(self, which: str) -> tuple[str | None, dict[str, Any] | None, int]:
-        spec = self.plan[which]
-        self.say(f"bench {which} ({spec['run_id']}): {' '.join(spec['argv'])}")
+        spec = self.plan.benches[which]
+        self.say(f"bench {which} ({spec.run_id}): {' '.join(spec.argv)}")
         try:
-            self.child = subprocess.Popen(spec["argv"])
+            self.child = subprocess.Popen(spec.argv)
         except OSError as exc:
             return f"bench {which} could not start: {exc.strerror}", None, 1
         code = self.child.wait()
         self.child = None
-        finish = last_finish(run_path(self.work_dir, spec["run_id"])) or {}
+        finish = last_finish(run_path(self.work_dir, spec.run_id)) or {}
         summary = finish.get("summary") if isinstance(finish.get("summary"), dict) else None
         try:
-            completed_run(self.work_dir, spec["run_id"], STAGE)
+            completed_run(self.work_dir, spec.run_id, STAGE)
         except InputError as exc:
             why = (summary or {}).get("error") or f"exit {code}; {exc}"
-            return f"bench {which} ({spec['run_id']}) {finish.get('status') or 'failed'}: {why}", summary, code
+            return f"bench {which} ({spec.run_id}) {finish.get('status') or 'failed'}: {why}", summary, code
         return None, summary, code
 
     def step(self, index: int, error: str | None = None, **extra: Any) -> None:
@@ -154,16 +167,16 @@ class BenchPair:
                       **({"error": error} if error else {}))
 
     def run(self, fresh: bool = False) -> int:
-        contenders = ["third", "drafter"] if "third" in self.plan else ["drafter"]
-        runs = {which: self.plan[which]["run_id"] for which in ("baseline", *contenders)}
-        identity = {**runs, "checkpoint": self.plan.get("checkpoint")}
+        contenders = ["third", "drafter"] if self.plan.has_third else ["drafter"]
+        runs = {which: self.plan.benches[which].run_id for which in ("baseline", *contenders)}
+        identity = {**runs, "checkpoint": self.plan.checkpoint}
         try:
             rd = open_run_dir(self.work_dir, self.run_id, Manifest(stage=STAGE, run_id=self.run_id, identity=identity),
                               fresh=fresh)
         except RunDirError as exc:
             print(f"benchpair: {exc}", file=sys.stderr)
             return 2
-        write_json_atomic(rd.file(PLAN_FILE), self.plan)
+        write_json_atomic(rd.file(PLAN_FILE), self.plan.raw)
         self.log = EventLog(rd.events_path, STAGE, self.run_id)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
@@ -189,13 +202,13 @@ class BenchPair:
                     else:
                         self.step(3 + 2 * i, error)
         finally:
-            back = self.serve("baseline")
+            back = self.back()
             self.step(len(self.step_names) - 1, back)
         status = "stopped" if self.stopping else "failed" if (error or back) else "completed"
         summary: dict[str, Any] = {
             "stage": STAGE, "run_id": self.run_id, "status": status, "pair": True, "label": "drafter",
-            "runs": runs, "checkpoint": self.plan.get("checkpoint"), "third_checkpoint": self.plan.get("third_checkpoint"),
-            "steps": self.steps, "slower": slower,
+            "runs": runs, "checkpoint": self.plan.checkpoint, "third_checkpoint": self.plan.third_checkpoint,
+            "steps": self.steps, "slower": slower, "switch": self.switch.record.to_dict(),
             "elapsed_s": round(time.monotonic() - started, 1)}
         if drafted and isinstance(drafted.get("comparison"), dict):
             summary["comparison"] = drafted["comparison"]

@@ -47,8 +47,9 @@ def _python() -> list[str]:
     return ["env", f"PYTHONPATH={ROOT}", sys.executable]
 
 
-def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> Profile:
-    """Write the effective demo profile and the demo dataset; return the profile."""
+def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed_shape: bool = False) -> Profile:
+    """Write the effective demo profile and the demo dataset; return the profile. `seed_shape`: training
+    asks for one of the GPUs the server holds, as on the seed host (it still computes on the CPU)."""
     work_dir = work_dir.resolve()
     (work_dir / "tmux").mkdir(parents=True, exist_ok=True)
     os.chmod(work_dir / "tmux", 0o700)  # tmux refuses a socket directory others can write
@@ -65,7 +66,7 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
     p.server.command = [
         *_python(), "-m", "sim.vllm_server", "--host", "127.0.0.1", "--port", str(p.server.port),
         "--model", p.server.model_path, "--served-model-name", p.server.model_id,
-        "--load-seconds", f"{BASE_LOAD_SECONDS / max(speed, 0.01):g}", "--gpus", str(count),
+        "--load-seconds", f"{BASE_LOAD_SECONDS / max(speed, 0.01):g}", "--tensor-parallel-size", str(count),
         "--gpu-state", state, "--weights-gib", f"{p.server.expected_weights_gib or 70:g}",
         "--stats-interval", "5",
         # a tiny real language model when the `train` extra is installed, canned text otherwise;
@@ -75,6 +76,8 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None) -> P
         "--latency", f"{0.5 / max(speed, 0.01):g}", "--latency-per-token", f"{0.01 / max(speed, 0.01):g}",
     ]
     p.gpus.command = [*_python(), "-m", "sim.nvidia_smi", "--state", state, *DEFAULT_GPU_QUERY[1:]]
+    if seed_shape:
+        p.train.gpus = 1
     dataset = data_dir / "demo-prompts.jsonl"
     write_demo_dataset(dataset)
     p.generate.dataset = str(dataset)
@@ -121,13 +124,13 @@ async def running(work_dir: Path) -> Profile | None:
     return profile if panes.ok and "0" in panes.stdout.split() else None
 
 
-async def start(work_dir: Path, *, speed: float = 1.0) -> Profile:
+async def start(work_dir: Path, *, speed: float = 1.0, seed_shape: bool = False) -> Profile:
     """Start the demo host, or return the running one's profile untouched: rewriting it (a new port)
     would cut every console and stage using the running server off from it."""
     existing = await running(work_dir)
     if existing is not None:
         return existing
-    profile = prepare(work_dir, speed=speed)
+    profile = prepare(work_dir, speed=speed, seed_shape=seed_shape)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)
     if not res.ok and "already running" not in res.stderr:

@@ -415,6 +415,10 @@ class TrainSection:
     optimizer: str = knob("muon", choices=("muon", "adamw"))
     gpus: int | None = knob(None, min=0, max=1024,
                             doc="training processes (torchrun when > 1); 0 trains on the CPU; unset: all GPUs")
+    gpu_ids: list[int] = knob([], check=lambda v: None if all(0 <= i < 1024 for i in v) and len(set(v)) == len(v)
+                              else "distinct GPU indices 0..1023",
+                              doc="the GPUs training uses, by index (the stage sets CUDA_VISIBLE_DEVICES); "
+                                  "default: the first [train] gpus")
     checkpoint_freq: float = knob(1.0, min=0.01, max=1000,
                                   doc="epochs between checkpoints; below 1 also saves within an epoch")
     seed: int = knob(0, min=0, max=2**31 - 1)
@@ -430,7 +434,9 @@ class TrainSection:
                 "--seed", str(self.seed)]
         if self.draft_vocab_size is not None:
             args += ["--draft-vocab-size", str(self.draft_vocab_size)]
-        if self.gpus is not None:
+        if self.gpu_ids:
+            args += ["--gpu-ids", ",".join(map(str, self.gpu_ids))]
+        elif self.gpus is not None:
             args += ["--gpus", str(self.gpus)]
         if self.extra_args:
             args += ["--extra-args", json.dumps(self.extra_args)]

@@ -14,17 +14,22 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import shlex
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
+from backend.serverlock import describe_holder, lock_path
+from console.control import launch
 from console.control import disk, launch
 from console.control.disk import DiskReport
 from console.control import drafter_server as ds
+from console.control import switch_plan as sp
+from console.control.gpu_plan import gpu_plan
 from console.control.launch import Launch, StageError, StageRequest
 from console.control.operator_unit import OperatorUnitError, read_server_program
-from console.control.units import (HostCommand, live_stage_units_argv, parse_live_stage_units,
-                                   server_restart_commands, server_start_command,
+from console.control.units import (HostCommand, ServerProgram, live_stage_units_argv,
+                                   parse_live_stage_units, server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
 from console.host.base import AuthenticationFailed, HostError, HostKeyError
 from console.host.factory import host_for_profile
@@ -33,6 +38,7 @@ from console.parsers.text import clean, clean_block
 from console.parsers.vllm_log import STARTUP_COMPLETE, parse_line
 from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
+from console.telemetry.eta import downtime_text
 from console.telemetry.history import History
 from console.telemetry.server_log import LogFileCursor
 from console.snapshot import RunInfo, Snapshot
@@ -71,6 +77,8 @@ class Controller(Protocol):
     async def start_stage(self, stage: str) -> ActionResult: ...
 
     def stops_baseline(self, stage: str) -> bool: ...
+
+    def downtime(self, stage: str) -> str: ...
 
     async def stop_stage(self, stage: str) -> ActionResult: ...
 
@@ -395,6 +403,22 @@ class Session:
         except StageError:
             return False
 
+    def downtime(self, stage: str, req: StageRequest | None = None) -> str:
+        """What starting `stage` (a stage, pipeline, bench, serve-drafter or serve-baseline) costs the
+        baseline, said before it is spent: how many server loads, how long each on this host
+        (state/loads.jsonl, as the load ETA reads it)."""
+        if stage in ("serve-drafter", "serve-baseline", "serve_drafter", "serve_baseline"):
+            loads = 1
+        else:
+            try:
+                loads = launch.request_gpu_plan(req or StageRequest(stage), self.profile).loads
+            except StageError as e:
+                return clean(str(e))
+            if stage == "bench" and self.profile.bench.third_drafter:
+                loads += 1  # the published drafter loads in the drafter server's unit too
+        s = self.profile.server
+        return downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
+
     async def start_stage(self, stage: str, **options) -> ActionResult:
         result, _ = await self.launch_stage(StageRequest(stage, **options))
         return result
@@ -407,7 +431,7 @@ class Session:
         if refused := self._refused():
             return refused, None
         if stage == "serve":
-            if refused := await self._drafter_running():
+            if refused := await self._lock_refused("start server") or await self._drafter_running():
                 return refused, None
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
@@ -440,6 +464,8 @@ class Session:
         if refused := self._refused():
             return refused
         if stage == "serve":
+            if refused := await self._lock_refused("stop server"):
+                return refused
             if self.collector.active == "drafter":  # the server followed is the one the operator sees
                 return await self._run_all([ds.drafter_stop_command(self.profile)], "stop the drafter server")
             return await self._run_all([server_stop_command(self.profile)], "stop server")
@@ -488,17 +514,35 @@ class Session:
                                                  f"swaps the servers itself: wait for it, or stop it first"))
         return None
 
-    async def _stop_server(self, which: str, shown: list[str]) -> ActionResult | None:
-        """Stop `which` and check it is down; an ActionResult when it is not."""
-        cmd = ds.drafter_stop_command(self.profile) if which == "drafter" else server_stop_command(self.profile)
-        res = await self._run_all([cmd], f"stop the {which} server")
-        shown.extend(res.commands)
+    async def _switch(self, to: str, checkpoint: str | None, code_dir: str, shown: list[str],
+                      program: ServerProgram | None = None) -> ActionResult:
+        """Run the one server switch (backend/switch.py) on the host, detached: it stops the other server and
+        sees it down, starts `to`, and answers here once `to` started; waiting until it answers, and the
+        baseline's return when the drafter server never does, go on there even if this link drops."""
+        no_expand = self.profile.server.manager == "systemd" and await launch.systemd_run_expands(self.host)
+        plan = sp.serve_plan(self.profile, checkpoint, no_expand_option=no_expand, program=program)
+        plan_file = sp.serve_plan_path(self.profile, to)
+        await self.host.run(["mkdir", "-p", plan_file.rsplit("/", 1)[0]], timeout=30, check=True)
+        await self.host.upload(json.dumps(plan.to_dict(), indent=2).encode(), plan_file)
+        if to == "drafter":
+            shown.append(server_stop_command(self.profile).shown)
+            start = ds.drafter_start_command(self.profile, checkpoint or "", no_expand_option=no_expand,
+                                             program=program)
+        else:
+            shown.append(ds.drafter_stop_command(self.profile).shown)
+            start = server_start_command(self.profile)
+        shown.append(start.shown)
+        gpus = gpu_plan(self.profile, [f"serve-{to}"], online=False, chain=False)
+        shown.extend(f"(gpus) {line}" for line in gpus.describe())
+        argv = ["env", f"PYTHONPATH={code_dir}", *sp.switch_argv(self.profile, plan_file, to)]
+        shown.append(shlex.join(argv))
+        budget = 2 * plan.command_timeout_s + 2 * plan.stop_check_s + 60
+        res = await self.host.run(argv, timeout=budget)
         if not res.ok:
-            return ActionResult(False, res.message, tuple(shown))
-        if which in await self.live_servers():
-            return ActionResult(False, f"the {which} server ({ds.server_unit(self.profile, which)}) is still "
-                                       f"running after its stop: nothing else started", tuple(shown))
-        return None
+            err = [l for l in (res.stderr or res.stdout).strip().splitlines() if l.strip()]
+            why = err[-1].removeprefix("switch: ") if err else f"exit {res.returncode}"
+            return ActionResult(False, clean(f"serve the {to} failed: {why}"), tuple(shown))
+        return ActionResult(True, "", tuple(shown))
 
     async def serve_drafter(self, input_run: str | None = None) -> ActionResult:
         """Stop the baseline and serve the verified drafter (`input_run`: a verify run, or a train run a
@@ -521,25 +565,20 @@ class Session:
                 return ActionResult(False, f"no drafter to serve: {why}", tuple(shown))
             found = json.loads(res.stdout.strip().splitlines()[-1])
             checkpoint, verify_run = str(found["checkpoint"]), str(found["run_id"])
-            no_expand = self.profile.server.manager == "systemd" and await launch.systemd_run_expands(self.host)
             program = await read_server_program(self.host, self.profile)
-            start = ds.drafter_start_command(self.profile, checkpoint, no_expand_option=no_expand, program=program)
             if program.note:
                 shown.append(f"note: {program.note}")
-            if "baseline" in live and (failed := await self._stop_server("baseline", shown)):
-                return failed
-            result = await self._run_all([start], "start the drafter server")
+            result = await self._switch("drafter", checkpoint, code_dir, shown, program)
         except (ds.DrafterServerError, OperatorUnitError) as e:
             return ActionResult(False, clean_block(f"serve the drafter failed: {e}"), tuple(shown))
         except (HostError, launch.StageError, ValueError, KeyError) as e:
             return ActionResult(False, clean_block(f"serve the drafter failed: {e}"), tuple(shown))
-        shown.extend(result.commands)
         if not result.ok:
-            return ActionResult(False, result.message + " (the baseline is stopped: serve the baseline to bring "
-                                                        "it back)", tuple(shown))
+            return result
         self.collector.follow_server("drafter")
         return ActionResult(True, clean(f"drafter server starting in {ds.drafter_unit(self.profile)} with "
-                                        f"{checkpoint} (verified by {verify_run})"), tuple(shown))
+                                        f"{checkpoint} (verified by {verify_run}); the baseline is started again "
+                                        f"on the host if it does not come up"), result.commands)
 
     async def serve_baseline(self) -> ActionResult:
         """Stop the drafter server (when it runs) and start the baseline again."""
@@ -550,27 +589,45 @@ class Session:
             if refused := await self._swap_refused():
                 return refused
             live = await self.live_servers()
-            if "drafter" in live and (failed := await self._stop_server("drafter", shown)):
-                return failed
-            if "baseline" in live:
+            if "baseline" in live and "drafter" not in live:
                 self.collector.follow_server("baseline")
                 return ActionResult(True, f"the baseline server is already running in {self.profile.server.unit}",
                                     tuple(shown))
-            result = await self._run_all([server_start_command(self.profile)], "start the baseline server")
-        except (HostError, ValueError) as e:  # ValueError: a unit name the service manager must not get
+            code_dir = await launch.ensure_backend(self.host, self.profile, shown)
+            result = await self._switch("baseline", None, code_dir, shown)
+        except (HostError, launch.StageError, ValueError) as e:  # ValueError: a name the manager must not get
             return ActionResult(False, clean_block(f"serve the baseline failed: {e}"), tuple(shown))
-        shown.extend(result.commands)
         if not result.ok:
-            return ActionResult(False, result.message, tuple(shown))
+            return result
         self.collector.follow_server("baseline")
-        return ActionResult(True, f"baseline server starting in {self.profile.server.unit}", tuple(shown))
+        return ActionResult(True, f"baseline server starting in {self.profile.server.unit}", result.commands)
 
     async def restart_server(self) -> ActionResult:
         if refused := self._refused():
             return refused
-        if refused := await self._drafter_running():
+        if refused := await self._lock_refused("restart server") or await self._drafter_running():
             return refused
         return await self._run_all(server_restart_commands(self.profile), "restart server")
+
+    async def _lock_refused(self, what: str) -> ActionResult | None:
+        """A program on the host holds the server lock (backend/serverlock.py: an extract, a bench, a
+        switch, a pipeline): starting or stopping a server now would cut into its switch."""
+        path = lock_path(self.profile.paths.work_dir)
+        script = ('[ -e "$1" ] || exit 0; command -v flock >/dev/null 2>&1 || exit 0; '
+                  'flock -n "$1" true && exit 0; head -c 4096 "$1"; exit 75')
+        try:
+            res = await self.host.run(["sh", "-c", script, "sh", path], timeout=30)
+        except HostError:
+            return None  # cannot tell: the action's own command answers
+        if res.returncode != 75:
+            return None
+        try:
+            holder = json.loads(res.stdout or "{}")
+        except ValueError:
+            holder = {}
+        return ActionResult(False, clean(f"{what} refused: the servers are being switched by "
+                                         f"{describe_holder(holder if isinstance(holder, dict) else {})}; wait "
+                                         f"for it to finish, or stop it first"))
 
     async def _drafter_running(self) -> ActionResult | None:
         """One server at a time on the GPUs: the baseline never starts beside the drafter server."""

@@ -101,6 +101,10 @@ class FakeController:
     def stops_baseline(self, stage: str) -> bool:
         return stage == "extract"
 
+    def downtime(self, stage: str) -> str:
+        return "2 server loads of about 22 min each (the last load of kimi here took 22 min): about 44 min of " \
+               "loading in all"
+
     async def start_stage(self, stage: str) -> ActionResult:
         self.calls.append(("start_stage", stage))
         return self._result("start_stage", ["systemctl", "--user", "start", stage_unit(stage)])

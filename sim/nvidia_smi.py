@@ -1,5 +1,9 @@
 """An `nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]` stand-in over the simulated GPUs.
 
+`--query-compute-apps=gpu_uuid,pid,process_name,used_memory` lists the simulated server's process on
+every GPU it holds memory on (none once it exited): the GPU table the telemetry reads is the one a
+stage's GPU check reads, so a server that holds every GPU is seen there as on a real host.
+
 `python -m sim.nvidia_smi --state FILE --query-gpu=index,name,memory.used ...` prints rows the
 way the real tool does (columns in the order queried, ", " separated, `[N/A]` for unknown values).
 `--simulate-no-driver` (or EAGLE3_SIM_NO_DRIVER=1) prints the real "couldn't communicate with the
@@ -12,7 +16,7 @@ import os
 import sys
 from typing import Callable
 
-from sim.gpu_state import STATE_ENV, SimGpu, read_state
+from sim.gpu_state import IDLE_USED_MIB, STATE_ENV, SimGpu, read_state
 
 NO_DRIVER_MESSAGE = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -44,6 +48,41 @@ FIELDS: dict[str, tuple[str, str | None, Getter]] = {
 }
 
 
+# nvidia-smi's compute-apps fields (and the aliases it accepts) -> (header, unit)
+APP_FIELDS: dict[str, tuple[str, str | None]] = {
+    "gpu_uuid": ("gpu_uuid", None), "pid": ("pid", None), "process_name": ("process_name", None),
+    "name": ("process_name", None), "used_memory": ("used_gpu_memory", "MiB"),
+    "used_gpu_memory": ("used_gpu_memory", "MiB"), "gpu_name": ("gpu_name", None),
+}
+
+
+def _process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            first = fh.read(4096).split(b"\0", 1)[0].decode(errors="replace")
+        return first or "[Not Found]"
+    except OSError:
+        return "[Not Found]"
+
+
+def render_apps(gpus: list[SimGpu], pid: int | None, fields: list[str], *, header: bool, units: bool) -> str:
+    """One row per GPU the server process holds memory on."""
+    lines = []
+    if header:
+        lines.append(", ".join(f"{APP_FIELDS[f][0]} [{APP_FIELDS[f][1]}]" if APP_FIELDS[f][1] else APP_FIELDS[f][0]
+                               for f in fields))
+    if pid is not None:
+        name = _process_name(pid)
+        for gpu in gpus:
+            if gpu.memory_used_mib <= IDLE_USED_MIB:
+                continue
+            values = {"gpu_uuid": FIELDS["uuid"][2](gpu), "pid": pid, "process_name": name, "name": name,
+                      "used_memory": gpu.memory_used_mib, "used_gpu_memory": gpu.memory_used_mib,
+                      "gpu_name": gpu.name}
+            lines.append(", ".join(_cell(values[f], APP_FIELDS[f][1], units) for f in fields))
+    return "".join(line + "\n" for line in lines)
+
+
 def _cell(value: str | int | float | None, unit: str | None, with_units: bool) -> str:
     if value is None:
         return "[N/A]"
@@ -65,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nvidia-smi", description=__doc__.splitlines()[0])
     parser.add_argument("--state", default=os.environ.get(STATE_ENV), help=f"GPU state file (env {STATE_ENV})")
     parser.add_argument("--query-gpu", dest="query")
+    parser.add_argument("--query-compute-apps", dest="apps")
     parser.add_argument("--format", dest="fmt")
     parser.add_argument("-i", "--id", dest="ids", help="comma-separated GPU indexes")
     parser.add_argument("--simulate-no-driver", action="store_true")
@@ -73,12 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.simulate_no_driver or os.environ.get("EAGLE3_SIM_NO_DRIVER") == "1":
         sys.stdout.write(NO_DRIVER_MESSAGE)
         return NO_DRIVER_EXIT
-    if not args.query:
-        sys.stderr.write("This stand-in only implements --query-gpu=FIELD,... --format=csv[,noheader][,nounits]\n")
+    if not args.query and not args.apps:
+        sys.stderr.write("This stand-in only implements --query-gpu=FIELD,... or --query-compute-apps=FIELD,... "
+                         "--format=csv[,noheader][,nounits]\n")
         return BAD_ARGS_EXIT
-    fields = [f.strip() for f in args.query.split(",") if f.strip()]
+    known = APP_FIELDS if args.apps else FIELDS
+    fields = [f.strip() for f in (args.apps or args.query).split(",") if f.strip()]
     for name in fields:
-        if name not in FIELDS:
+        if name not in known:
             sys.stdout.write(f'Field "{name}" is not a valid field to query.\n\n')
             return BAD_ARGS_EXIT
     opts = [o.strip() for o in (args.fmt or "").split(",") if o.strip()]
@@ -101,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         if not gpus:
             sys.stdout.write("No devices were found\n")
             return 6
+    if args.apps:
+        sys.stdout.write(render_apps(gpus, state.pid, fields, header="noheader" not in opts, units="nounits" not in opts))
+        return 0
     sys.stdout.write(render(gpus, fields, header="noheader" not in opts, units="nounits" not in opts))
     return 0
 

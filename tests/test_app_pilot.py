@@ -337,6 +337,8 @@ async def test_server_switch_and_bench_keys_ask_first_and_no_is_the_default():
             await pilot.press(key)
             await pilot.pause()
             assert isinstance(app.screen, ConfirmScreen) and app.screen.focused.id == "no"
+            # the downtime is said before it is spent: how many loads, how long each on this host
+            assert "Downtime: 2 server loads of about 22 min each" in app.screen.detail, app.screen.detail
             await pilot.press("enter")
             await pilot.pause()
         assert fake.calls == []

@@ -5,11 +5,13 @@ handled by the plan's commands (a service manager reduced to `touch`/`rm`/`test`
 real bench program, against the stand-in."""
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,8 +23,38 @@ pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny"
 
 
+class Answering:
+    """A server stand-in that only answers the switch's readiness checks (/health, /v1/models)."""
+
+    def __init__(self):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps({"data": [{"id": MODEL, "max_model_len": 4096}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture
+def answering():
+    server = Answering()
+    yield server.url
+    server.close()
+
+
 def plan_for(tmp_path: Path, baseline_argv: list[str], drafter_argv: list[str],
-             third_argv: list[str] | None = None) -> Path:
+             third_argv: list[str] | None = None, *, endpoint: str, lock: str = "") -> Path:
     servers = tmp_path / "servers"
     servers.mkdir(exist_ok=True)
     log = tmp_path / "server-commands.log"
@@ -34,14 +66,18 @@ def plan_for(tmp_path: Path, baseline_argv: list[str], drafter_argv: list[str],
         return ["sh", "-c", f'[ "$3" = alive ] || echo "$3 $2 (running: $(ls "$4" | tr "\\n" " "))" >> "$5"; {body}',
                 "sh", str(flag), which, what, str(servers), str(log)]
 
+    def server(name: str, unit: str) -> dict:
+        start = cmd(unit if name != "third" else "third", "start", unit)
+        return {"name": name, "unit": unit, "start": start, "stop": cmd(unit, "stop"), "alive": cmd(unit, "alive")}
+
+    # the published drafter: the drafter server's unit, another checkpoint
+    away = ([server("third", "drafter")] if third_argv else []) + [server("drafter", "drafter")]
     plan = {"checkpoint": "/ck", "baseline": {"run_id": "p-baseline", "argv": baseline_argv},
-            "drafter": {"run_id": "p-drafter", "argv": drafter_argv}}
-    for which in ("baseline", "drafter"):
-        for what in ("start", "stop", "alive"):
-            plan[f"{which}_alive" if what == "alive" else f"{what}_{which}"] = cmd(which, what)
-    if third_argv:  # the published drafter: the drafter server's unit, another checkpoint
-        plan.update(third={"run_id": "p-third", "argv": third_argv}, start_third=cmd("third", "start", "drafter"),
-                    third_checkpoint="/published")
+            "drafter": {"run_id": "p-drafter", "argv": drafter_argv},
+            "switch": {"version": 1, "home": server("baseline", "baseline"), "away": away, "endpoint": endpoint,
+                       "ready_timeout_s": 30, "command_timeout_s": 30, "stop_check_s": 10, "lock_path": lock}}
+    if third_argv:
+        plan.update(third={"run_id": "p-third", "argv": third_argv}, third_checkpoint="/published")
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     return path
@@ -68,11 +104,12 @@ def prompts(tmp_path) -> Path:
     return path
 
 
-def test_a_failed_bench_still_serves_the_baseline_at_the_end(tmp_path, prompts):
+def test_a_failed_bench_still_serves_the_baseline_at_the_end(tmp_path, prompts, answering):
     work = tmp_path / "w"
     dead = "http://127.0.0.1:9"
     plan = plan_for(tmp_path, bench_argv(work, prompts, dead, "p-baseline", "baseline", "--ready-timeout", "1"),
-                    bench_argv(work, prompts, dead, "p-drafter", "drafter", "--baseline-run", "p-baseline"))
+                    bench_argv(work, prompts, dead, "p-drafter", "drafter", "--baseline-run", "p-baseline"),
+                    endpoint=answering)
     (tmp_path / "servers" / "drafter").touch()  # the drafter server runs when the bench starts
     proc = pair(work, plan)
     out, _ = proc.communicate(timeout=120)
@@ -93,7 +130,8 @@ def test_sigterm_stops_the_drafter_bench_and_swaps_back(tmp_path, prompts):
                     "0.2").start().wait_ready()
     try:
         plan = plan_for(tmp_path, bench_argv(work, prompts, sim.url, "p-baseline", "baseline"),
-                        bench_argv(work, prompts, sim.url, "p-drafter", "drafter", "--baseline-run", "p-baseline"))
+                        bench_argv(work, prompts, sim.url, "p-drafter", "drafter", "--baseline-run", "p-baseline"),
+                        endpoint=sim.url)
         (tmp_path / "servers" / "baseline").touch()  # the baseline serves when the bench starts
         proc = pair(work, plan)
         deadline = time.monotonic() + 120
@@ -123,7 +161,8 @@ def test_a_third_contender_is_benched_in_the_drafters_unit_and_compared_in_one_t
         plan = plan_for(tmp_path, bench_argv(work, prompts, sim.url, "p-baseline", "baseline"),
                         bench_argv(work, prompts, sim.url, "p-drafter", "drafter", "--baseline-run", "p-baseline",
                                    "--third-run", "p-third"),
-                        bench_argv(work, prompts, sim.url, "p-third", "published", "--baseline-run", "p-baseline"))
+                        bench_argv(work, prompts, sim.url, "p-third", "published", "--baseline-run", "p-baseline"),
+                        endpoint=sim.url)
         (tmp_path / "servers" / "baseline").touch()
         proc = pair(work, plan)
         out, _ = proc.communicate(timeout=240)
@@ -150,5 +189,5 @@ def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):
     plan.write_text(json.dumps({"baseline": {"run_id": "b", "argv": ["x"]}}))
     proc = pair(tmp_path / "w", plan)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 2 and "'stop_baseline' must be a non-empty list of strings" in out
+    assert proc.returncode == 2 and "the server switch must be a JSON object" in out
     assert not (tmp_path / "w" / "runs").exists()

@@ -31,6 +31,10 @@ log.emit("start", total=1)
 stop = []
 signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
 behaviour = os.environ.get("E3_" + stage.upper(), "ok")
+if os.environ.get("E3_SERVERS"):  # what the stage found: the baseline held down by the chain, or serving
+    with open(os.path.join(work, "seen.txt"), "a") as f:
+        up = os.path.exists(os.path.join(os.environ["E3_SERVERS"], "baseline"))
+        f.write(f"{stage} held={os.environ.get('E3_BASELINE_HELD')} baseline={'up' if up else 'down'}\\n")
 if behaviour == "sleep":
     while not stop:
         time.sleep(0.05)
@@ -60,9 +64,9 @@ def plan(tmp_path: Path, stages=("prepare", "extract", "train")) -> Path:
     return path
 
 
-def chain(tmp_path: Path, plan_path: Path, env: dict | None = None, **kw) -> subprocess.Popen:
+def chain(tmp_path: Path, plan_path: Path, env: dict | None = None, run_id: str = "night", **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "backend.chain", "--work-dir", str(tmp_path / "work"),
-                             "--run-id", "night", "--plan", str(plan_path)], cwd=REPO,
+                             "--run-id", run_id, "--plan", str(plan_path)], cwd=REPO,
                             env={**os.environ, **(env or {})}, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -120,6 +124,74 @@ def test_sigterm_stops_the_running_stage_cleanly(tmp_path):
 def test_bad_plans_are_named(data, message):
     with pytest.raises(PlanError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_plan(data)
+
+
+# ---- the baseline held down across the GPU stages, and one switching program at a time ----------------------
+def held_plan(tmp_path: Path, stages=("prepare", "extract", "train", "verify"), hold=("extract", "verify")) -> Path:
+    path = plan(tmp_path, stages)
+    data = json.loads(path.read_text())
+    servers = tmp_path / "servers"
+    servers.mkdir(exist_ok=True)
+    (servers / "baseline").touch()
+    log = tmp_path / "commands.log"
+
+    def cmd(what: str) -> list[str]:
+        body = {"start": 'touch "$1"', "stop": 'rm -f "$1"', "alive": '[ -e "$1" ]'}[what]
+        return ["sh", "-c", f'[ "$2" = alive ] || echo "$2" >> "$3"; {body}', "sh", str(servers / "baseline"), what,
+                str(log)]
+
+    def server(name: str) -> dict:
+        return {"name": name, "unit": name, "start": cmd("start"), "stop": cmd("stop"), "alive": cmd("alive")}
+
+    data["hold"] = {"from": hold[0], "to": hold[1], "switch": {
+        "version": 1, "home": server("baseline"), "away": [{**server("extractor"), "start": ["false"]}],
+        "endpoint": "http://127.0.0.1:9", "ready_timeout_s": 5, "command_timeout_s": 10, "stop_check_s": 5,
+        "lock_path": str(tmp_path / "work" / "state" / "servers.lock")}}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_baseline_stays_down_from_extract_through_verify_one_stop_one_start(tmp_path):
+    proc = chain(tmp_path, held_plan(tmp_path), {"E3_SERVERS": str(tmp_path / "servers")})
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "commands.log").read_text().split() == ["stop", "start"]
+    assert (tmp_path / "work" / "seen.txt").read_text().splitlines() == [
+        "prepare held=None baseline=up", "extract held=1 baseline=down", "train held=1 baseline=down",
+        "verify held=1 baseline=down"]
+    assert (tmp_path / "servers" / "baseline").exists()
+    evs = events(tmp_path)
+    phases = [e.get("phase") for e in evs if e["kind"] == "progress" and e.get("baseline")]
+    assert phases == ["baseline_down", "baseline_up"]  # when it went down and came back, in the run's events
+    summary = json.loads((tmp_path / "work" / "runs" / "night" / "summary.json").read_text())
+    assert summary["baseline"]["held"] == ["extract", "verify"] and summary["baseline"]["baseline_restarted"] is True
+
+
+def test_a_failure_inside_the_hold_still_starts_the_baseline_once(tmp_path):
+    proc = chain(tmp_path, held_plan(tmp_path), {"E3_SERVERS": str(tmp_path / "servers"), "E3_TRAIN": "fail"})
+    proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert (tmp_path / "commands.log").read_text().split() == ["stop", "start"]
+    assert (tmp_path / "servers" / "baseline").exists()
+
+
+def test_two_pipelines_at_once_the_second_is_refused_naming_the_first(tmp_path):
+    path = held_plan(tmp_path)
+    first = chain(tmp_path, path, {"E3_SERVERS": str(tmp_path / "servers"), "E3_TRAIN": "sleep"})
+    deadline = time.monotonic() + 60
+    seen = tmp_path / "work" / "seen.txt"
+    while time.monotonic() < deadline and not (seen.exists() and "train" in seen.read_text()):
+        time.sleep(0.1)
+    second = chain(tmp_path, path, {"E3_SERVERS": str(tmp_path / "servers")}, run_id="day")
+    _, err = second.communicate(timeout=60)
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    assert second.returncode == 1
+    summary = json.loads((tmp_path / "work" / "runs" / "day" / "summary.json").read_text())
+    assert "refused: the servers are being switched by pipeline run night (pid" in summary["error"], summary
+    assert summary["done"] == 0  # it ran nothing
+    # the first one's hold: one stop, one start, after its SIGTERM
+    assert (tmp_path / "commands.log").read_text().split() == ["stop", "start"]
 
 
 def _summary(tmp_path: Path) -> dict:

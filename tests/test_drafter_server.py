@@ -176,8 +176,12 @@ def test_the_bench_plan_names_the_published_drafter_as_third():
     assert "third" not in plain and "--third-run" not in plain["drafter"]["argv"]
     plan = pair_plan(p, "b1", "/ck", third_checkpoint="/published")
     # the published drafter runs in the drafter server's own unit, with its checkpoint; ours is compared to both
-    assert plan["start_third"] == drafter_start_command(p, "/published").argv
-    assert plan["start_drafter"] == drafter_start_command(p, "/ck").argv
+    away = {s["name"]: s for s in plan["switch"]["away"]}
+    assert list(away) == ["third", "drafter"]  # benched in this order, one switch
+    assert away["third"]["start"] == drafter_start_command(p, "/published").argv
+    assert away["drafter"]["start"] == drafter_start_command(p, "/ck").argv
+    assert away["third"]["unit"] == away["drafter"]["unit"] == "demo-vllm-drafter"
+    assert plan["switch"]["home"]["unit"] == "demo-vllm"
     assert plan["third"]["run_id"] == "b1-third" and plan["third"]["argv"][-2:] == ["--baseline-run", "b1-baseline"]
     argv = plan["drafter"]["argv"]
     assert argv[argv.index("--third-run") + 1] == "b1-third" and argv[argv.index("--baseline-run") + 1] == "b1-baseline"

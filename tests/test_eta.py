@@ -63,3 +63,15 @@ def test_checkpoint_size_gives_the_first_loads_expected_weights(tmp_path):
     asyncio.run(c.connect())
     assert c.checkpoint_bytes == 8 * 2**30
     assert c.expected_weights_gib() == 1.0
+
+
+def test_the_downtime_is_said_from_the_hosts_measured_loads():
+    from console.telemetry.eta import LoadRecord, downtime_text
+
+    history = [LoadRecord("kimi", 1000.0, 1000.0 + 22 * 60), LoadRecord("other", 0.0, 60.0),
+               LoadRecord("kimi", 0.0, 600.0)]
+    assert downtime_text(2, history, "kimi", 3600) == (
+        "2 server loads of about 22 min each (the last load of kimi here took 22 min): about 44 min of loading in all")
+    assert downtime_text(1, history, "other", 3600).startswith("1 server load of about 60 s each")
+    assert downtime_text(3, [], "kimi", 3600) == (
+        "3 server loads; no load of kimi measured on this host yet ([server] load_timeout_s allows 60 min each)")

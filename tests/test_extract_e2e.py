@@ -235,10 +235,12 @@ def marker_plan(tmp_path: Path, aux=AUX, asked=None) -> tuple[Path, Path]:
     """A plan whose commands only leave a trace, to prove a refused run never touched the servers."""
     marker = tmp_path / "ran.txt"
     step = lambda name: ["sh", "-c", f"echo {name} >> {marker}"]  # noqa: E731
-    plan = {"version": 1, "stop_baseline": step("stop_baseline"), "start_extractor": step("start_extractor"),
-            "stop_extractor": step("stop_extractor"), "start_baseline": step("start_baseline"),
-            "endpoint": f"http://127.0.0.1:{free_port()}", "ready_timeout_s": 5, "storage_path": str(tmp_path / "hs"),
-            "aux_layer_ids": aux, "extract_layer_ids": asked or [*aux, LAYERS]}
+    server = lambda name: {"name": name, "unit": name, "start": step(f"start_{name}"),  # noqa: E731
+                           "stop": step(f"stop_{name}")}
+    plan = {"version": 2, "switch": {"version": 1, "home": server("baseline"), "away": [server("extractor")],
+                                     "endpoint": f"http://127.0.0.1:{free_port()}", "ready_timeout_s": 5,
+                                     "lock_path": str(tmp_path / "state" / "servers.lock")},
+            "storage_path": str(tmp_path / "hs"), "aux_layer_ids": aux, "extract_layer_ids": asked or [*aux, LAYERS]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     return tmp_path / "plan.json", marker
 

@@ -87,7 +87,8 @@ async def test_the_swap_runs_with_real_units(systemd_rig, rig_ssh, tmp_path_fact
         "drafter": {"verifier": verifier, "aux_layer_ids": AUX}})
     run_id = "ex-rig"
     plan = build_plan(profile, run_id, AUX, 4)  # the tiny verifier has 4 layers: the server is asked for AUX + [4]
-    assert plan["start_extractor"][0] == "systemd-run" and plan["stop_baseline"] == ["systemctl", "stop", name]
+    switch = plan["switch"]
+    assert switch["away"][0]["start"][0] == "systemd-run" and switch["home"]["stop"] == ["systemctl", "stop", name]
     plan_file = f"{rig_work}/plans/{run_id}.extract.json"
     await sh(rig_ssh, 'mkdir -p "$(dirname "$1")" && cat > "$1"', plan_file, input=json.dumps(plan))
     stage = f"e3-extract-{run_id}-{name}"

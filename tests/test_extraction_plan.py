@@ -43,9 +43,23 @@ BASELINE = ["vllm", "serve", "/shared/kimi", "--host", "127.0.0.1", "--port", "8
             "--reasoning-parser", "kimi_k2", "--tensor-parallel-size", "8", "--trust-remote-code"]
 
 
+def flat(plan: dict) -> dict:
+    """The plan's servers and commands by the names of its steps (the switch nests them by server)."""
+    sw = plan["switch"]
+    home, ex = sw["home"], sw["away"][0]
+    assert home["name"] == "baseline" and ex["name"] == "extractor" and len(sw["away"]) == 1
+    return {**plan, "extractor_unit": ex["unit"], "extractor_command": ex["command"], "baseline_unit": home["unit"],
+            "stop_baseline": home["stop"], "start_baseline": home["start"], "baseline_alive": home["alive"],
+            "start_extractor": ex["start"], "stop_extractor": ex["stop"], "extractor_alive": ex["alive"],
+            "extractor_log_tail": ex["log_tail"], "endpoint": sw["endpoint"], "health_url": f"{sw['endpoint']}/health",
+            "models_url": f"{sw['endpoint']}/v1/models", "ready_timeout_s": sw["ready_timeout_s"],
+            "command_timeout_s": sw["command_timeout_s"], "lock_path": sw["lock_path"]}
+
+
 def test_systemd_plan_swaps_the_operators_unit_for_a_transient_extraction_unit():
     p = profile()
-    plan = build_plan(p, "extract-1", AUX, LAYERS)
+    raw = build_plan(p, "extract-1", AUX, LAYERS)
+    plan = flat(raw)
     storage = "/data/eagle3/extract-staging/extract-1"
     assert plan["storage_path"] == staging_dir(p, "extract-1") == storage
     assert plan["extractor_unit"] == extractor_unit(p) == "vllm-kimi-extract"
@@ -57,35 +71,38 @@ def test_systemd_plan_swaps_the_operators_unit_for_a_transient_extraction_unit()
                                        "--property=TimeoutStopSec=120", *BASELINE, *flags(storage)]
     assert plan["stop_extractor"] == ["systemctl", "stop", "vllm-kimi-extract"]
     assert plan["extractor_alive"] == ["systemctl", "is-active", "--quiet", "vllm-kimi-extract"]
+    assert plan["baseline_alive"] == ["systemctl", "is-active", "--quiet", "vllm-kimi"]  # seen down before the next
+    assert plan["lock_path"] == "/data/eagle3/state/servers.lock"  # one switching program at a time on the host
     assert plan["extractor_log_tail"] == ["journalctl", "-u", "vllm-kimi-extract", "-n", "40", "--no-pager",
                                           "-o", "cat"]
     assert plan["endpoint"] == "http://127.0.0.1:8000"
     assert plan["health_url"] == "http://127.0.0.1:8000/health"
     assert plan["models_url"] == "http://127.0.0.1:8000/v1/models"
     assert plan["ready_timeout_s"] == 3600.0 and plan["command_timeout_s"] == 180.0
-    assert [line.split(":", 1)[0] for line in describe_plan(plan)] == [
+    assert [line.split(":", 1)[0] for line in describe_plan(raw)] == [
         "stop_baseline", "start_extractor", "stop_extractor", "start_baseline"]
     # what the stage reads back is the same plan
-    back = plan_from_dict(json.loads(json.dumps(plan)))
-    assert back.start_extractor == plan["start_extractor"] and back.aux_layer_ids == AUX
+    back = plan_from_dict(json.loads(json.dumps(raw)))
+    assert back.extractor.start == plan["start_extractor"] and back.aux_layer_ids == AUX
     assert back.extract_layer_ids == [*AUX, LAYERS]  # training reads the aux ids, the server writes one more
-    assert back.storage_path == storage and back.ready_timeout_s == 3600.0
+    assert back.storage_path == storage and back.switch.ready_timeout_s == 3600.0
+    assert back.to_dict() == raw
 
 
 def test_the_extraction_server_gets_the_profiles_environment():
     p = profile()
     p.extract.server_env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "HF_HOME": "/data/hf"}
-    start = build_plan(p, "r1", AUX, LAYERS)["start_extractor"]
+    start = flat(build_plan(p, "r1", AUX, LAYERS))["start_extractor"]
     assert start[7:9] == ["--setenv=CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", "--setenv=HF_HOME=/data/hf"]
     assert start[9:12] == BASELINE[:3]
     tmux = profile("tmux", command=["python3", "-m", "sim.vllm_server"])
     tmux.extract.server_env = {"HF_HOME": "/data/hf"}
-    pane = shlex.split(shlex.split(build_plan(tmux, "r1", AUX, LAYERS)["start_extractor"][2].splitlines()[-1])[-1])
+    pane = shlex.split(shlex.split(flat(build_plan(tmux, "r1", AUX, LAYERS))["start_extractor"][2].splitlines()[-1])[-1])
     assert pane[7:9] == ["env", "HF_HOME=/data/hf"]  # the wrapper runs `env K=V program ...`
 
 
 def test_sudo_reaches_every_systemctl_and_journalctl():
-    plan = build_plan(profile(sudo=True), "r1", AUX, LAYERS)
+    plan = flat(build_plan(profile(sudo=True), "r1", AUX, LAYERS))
     for step in ("stop_baseline", "start_baseline", "start_extractor", "stop_extractor", "extractor_log_tail"):
         assert plan[step][:2] == ["sudo", "-n"], step
     assert plan["extractor_alive"][0] == "systemctl"  # is-active needs no privilege
@@ -94,7 +111,7 @@ def test_sudo_reaches_every_systemctl_and_journalctl():
 def test_tmux_plan_runs_the_extractor_in_its_own_session_with_the_servers_stop_timeout():
     cmd = ["python3", "-m", "sim.vllm_server", "--port", "18000", "--text-backend", "tinylm"]
     p = profile("tmux", command=cmd, stop_timeout_s=25.0)
-    plan = build_plan(p, "r1", AUX, LAYERS)
+    plan = flat(build_plan(p, "r1", AUX, LAYERS))
     storage = "/data/eagle3/extract-staging/r1"
     assert plan["extractor_command"] == cmd + flags(storage)
     start = plan["start_extractor"]
@@ -125,11 +142,13 @@ def test_extraction_flags_are_vllms_json():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"version": 2}, "version 2 is not 1"),
-    ({"stop_baseline": "systemctl stop x"}, "stop_baseline must be a non-empty list of strings"),
-    ({"start_extractor": []}, "start_extractor must be a non-empty list"),
+    ({"version": 1}, "version 1 is not 2"),
+    ({"home": {"stop": "systemctl stop x"}}, "home: stop must be a non-empty list of strings"),
+    ({"away": [{"start": []}]}, r"away\[0\]: start must be a non-empty list"),
+    ({"away": [{"name": "drafter"}]}, "the switch has no 'extractor' server"),
     ({"endpoint": "127.0.0.1:8000"}, "endpoint must be an http"),
     ({"ready_timeout_s": 0}, "ready_timeout_s must be a positive number"),
+    ({"lock_path": "state/servers.lock"}, "lock_path must be an absolute path"),
     ({"ready_timeout_s": float("nan")}, "ready_timeout_s must be a positive number"),
     ({"command_timeout_s": float("inf")}, "command_timeout_s must be a positive number"),
     ({"command_timeout_s": 10**9}, "command_timeout_s must be a positive number"),
@@ -140,8 +159,17 @@ def test_extraction_flags_are_vllms_json():
     ({"extract_layer_ids": [2, 30, 61, 61]}, "must be aux_layer_ids"),
 ])
 def test_a_bad_plan_names_the_key(change, message):
-    plan = {**build_plan(profile(), "r1", AUX, LAYERS), **change}
-    with pytest.raises(PlanError, match=message):
+    plan = build_plan(profile(), "r1", AUX, LAYERS)
+    switch = plan["switch"]
+    for key, value in change.items():
+        if key in ("home", "away"):  # a change inside a server
+            target = switch["home"] if key == "home" else switch["away"][0]
+            target.update(value if isinstance(value, dict) else value[0])
+        elif key in switch and key != "version":
+            switch[key] = value
+        else:
+            plan[key] = value
+    with pytest.raises(PlanError, match=f"plan.json: .*{message}"):
         plan_from_dict(plan, "plan.json")
 
 
@@ -260,13 +288,13 @@ def test_the_units_command_line_keeps_systemds_expansion_and_the_added_flags_do_
                          env_files=(("/etc/default/vllm", True),), user="vllm", working_dir="!/srv/vllm",
                          source="unit vllm-kimi.service", systemd_syntax=True)
     p = profile()
-    start = build_plan(p, "r$1", AUX, LAYERS, unit)["start_extractor"]
+    start = flat(build_plan(p, "r$1", AUX, LAYERS, unit))["start_extractor"]
     assert start[:9] == ["systemd-run", "--unit=vllm-kimi-extract", "--collect", "--quiet",
                          "--property=WorkingDirectory=-/srv/vllm", "--property=KillSignal=SIGTERM",
                          "--property=TimeoutStopSec=120", "--uid=vllm", "--property=EnvironmentFile=-/etc/default/vllm"]
     assert start[9:15] == ["--setenv=PORT=8000", "/venv/bin/vllm", "serve", "/m", "--port", "${PORT}"]
     assert start[-1].endswith('"/data/eagle3/extract-staging/r$$1"}}')
-    literal = build_plan(profile(vllm_args=["--x", "$HOME"]), "r1", AUX, LAYERS)["start_extractor"]
+    literal = flat(build_plan(profile(vllm_args=["--x", "$HOME"]), "r1", AUX, LAYERS))["start_extractor"]
     assert "$$HOME" in literal and "$HOME" not in literal
     with pytest.raises(ExtractionPlanError, match=r"already has --speculative-config \(unit vllm-kimi.service\)"):
         build_plan(p, "r1", AUX, LAYERS, ServerProgram(("vllm", "serve", "/m", "--speculative-config", "{}"),

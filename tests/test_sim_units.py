@@ -207,3 +207,33 @@ def test_nvidia_smi_as_a_command(tmp_path):
                           "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
     assert run.returncode == 0 and run.stdout == "0, NVIDIA H200, 4, 143771, 0, 31, 74.60\n"
     json.loads(path.read_text())
+
+
+def test_compute_apps_list_the_servers_process_on_the_gpus_it_holds(tmp_path, capsys):
+    """The table a stage's GPU check reads (backend/train/preflight.py) is the one the telemetry reads:
+    a server holding every GPU is listed on each, and nowhere once it exited."""
+    from backend.train.preflight import parse_compute_apps, parse_gpu_uuids
+
+    path = tmp_path / "g.json"
+    state = GpuState.idle(8)
+    state.set_memory(120_000)
+    query = "--query-compute-apps=gpu_uuid,pid,process_name,used_memory"
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        state.pid = proc.pid
+        write_state(str(path), state)
+        assert nvidia_smi.main(["--state", str(path), query, "--format=csv,noheader,nounits"]) == 0
+        apps = parse_compute_apps(capsys.readouterr().out)
+        assert nvidia_smi.main(["--state", str(path), "--query-gpu=index,uuid", "--format=csv,noheader"]) == 0
+        uuids = parse_gpu_uuids(capsys.readouterr().out)
+        assert sorted(uuids[i] for i in range(8)) == sorted(a.gpu_uuid for a in apps)
+        assert {a.pid for a in apps} == {proc.pid} and {a.name for a in apps} == {"sleep"}
+        assert all(a.used_mib == 120_000 for a in apps)
+        assert nvidia_smi.main(["--state", str(path), query, "--format=csv"]) == 0
+        assert capsys.readouterr().out.splitlines()[0] == "gpu_uuid, pid, process_name, used_gpu_memory [MiB]"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert nvidia_smi.main(["--state", str(path), query, "--format=csv,noheader,nounits"]) == 0
+    assert capsys.readouterr().out == ""  # the server is gone: nothing holds the GPUs
+    assert nvidia_smi.main(["--state", str(path), "--query-compute-apps=gpu_uuid,bogus", "--format=csv"]) == 2

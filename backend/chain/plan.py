@@ -2,7 +2,14 @@
 
     {"stages": [{"stage": "prepare", "run_id": "night-prepare",
                  "argv": ["python3", "-m", "backend.prepare", "--work-dir", ...],
-                 "env": {"PYTHONPATH": "..."}}, ...]}
+                 "env": {"PYTHONPATH": "..."}}, ...],
+     "lock_path": "/w/state/servers.lock",                    (optional: some stage switches servers)
+     "hold": {"from": "extract", "to": "verify", "switch": {...}}}   (optional, backend/gpu_owners.py)
+
+`lock_path`: the chain takes the host's server lock (backend/serverlock.py) for its whole run and hands
+it to its stages. `hold`: the baseline is stopped (with the one server switch, backend/switch.py) before
+stage `from` and started again after stage `to`, or as soon as the chain ends early; the stages between
+run with E3_BASELINE_HELD=1 and leave it down.
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from typing import Any
 
 from backend.pipeline import STAGES
 from backend.runs import RunDirError, check_run_id, read_json_object
+from backend.switch import SwitchPlan, SwitchPlanError, switch_from_dict
 
 PLAN_FILE = "plan.json"
 
@@ -66,9 +74,62 @@ def parse_plan(data: Any, source: str = "plan") -> list[PlannedStage]:
     return out
 
 
+@dataclass(frozen=True)
+class Hold:
+    """The baseline kept down from stage `first` through stage `last`, stopped and started by `switch`."""
+    first: str
+    last: str
+    switch: SwitchPlan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"from": self.first, "to": self.last, "switch": self.switch.to_dict()}
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    stages: list[PlannedStage]
+    lock_path: str = ""
+    hold: Hold | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"stages": [s.to_dict() for s in self.stages]}
+        if self.lock_path:
+            out["lock_path"] = self.lock_path
+        if self.hold is not None:
+            out["hold"] = self.hold.to_dict()
+        return out
+
+
+def parse_chain(data: Any, source: str = "plan") -> ChainPlan:
+    stages = parse_plan(data, source)
+    lock = data.get("lock_path") or ""
+    if not isinstance(lock, str) or (lock and not lock.startswith("/")):
+        raise PlanError(f"{source}: lock_path: expected an absolute path, got {lock!r}")
+    hold = None
+    if data.get("hold") is not None:
+        h = data["hold"]
+        names = [p.stage for p in stages]
+        if not isinstance(h, dict) or h.get("from") not in names or h.get("to") not in names \
+                or names.index(h["from"]) > names.index(h["to"]):
+            raise PlanError(f"{source}: hold: expected {{\"from\": STAGE, \"to\": STAGE, \"switch\": ...}} with "
+                            f"two of the plan's stages in order ({', '.join(names)})")
+        try:
+            switch = switch_from_dict(h.get("switch"), f"{source}: hold.switch")
+        except SwitchPlanError as exc:
+            raise PlanError(str(exc)) from None
+        hold = Hold(h["from"], h["to"], switch)
+        lock = lock or switch.lock_path
+    return ChainPlan(stages, lock, hold)
+
+
+def load_chain(path: str) -> ChainPlan:
+    return parse_chain(read_json_object(path, PlanError, f"{path}: no such plan file"), path)
+
+
 def load_plan(path: str) -> list[PlannedStage]:
-    return parse_plan(read_json_object(path, PlanError, f"{path}: no such plan file"), path)
+    return load_chain(path).stages
 
 
-def dumps_plan(stages: list[PlannedStage]) -> str:
-    return json.dumps({"stages": [s.to_dict() for s in stages]}, indent=2)
+def dumps_plan(stages: "list[PlannedStage] | ChainPlan") -> str:
+    plan = stages if isinstance(stages, ChainPlan) else ChainPlan(list(stages))
+    return json.dumps(plan.to_dict(), indent=2)

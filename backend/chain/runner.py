@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -9,11 +11,13 @@ import sys
 import time
 from typing import Any
 
+from backend.chain.plan import PLAN_FILE, ChainPlan, Hold, PlanError, PlannedStage, dumps_plan, load_chain
 from backend.chain.requirements import check_plan
-from backend.chain.plan import PLAN_FILE, PlanError, PlannedStage, dumps_plan, load_plan
 from backend.events import EventLog
 from backend.pipeline import InputError, completed_run, last_finish
 from backend.runs import Manifest, RunDirError, open_run_dir, run_path, write_json_atomic
+from backend.serverlock import LockHeld, ServerLock
+from backend.switch import BASELINE_HELD_ENV, Switch, SwitchFailed
 
 STAGE = "pipeline"
 
@@ -28,13 +32,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class Chain:
-    def __init__(self, work_dir: str, run_id: str, stages: list[PlannedStage]):
+    def __init__(self, work_dir: str, run_id: str, stages: list[PlannedStage], *, lock_path: str = "",
+                 hold: Hold | None = None):
         self.work_dir = work_dir
         self.run_id = run_id
         self.stages = stages
         self.child: subprocess.Popen | None = None
         self.stopping = False
         self.log: EventLog | None = None
+        self.lock = ServerLock(lock_path, f"pipeline run {run_id}") if lock_path or hold else None
+        self.hold = hold
+        # the chain holds the lock itself: its switch takes none of its own
+        self.switch = Switch(dataclasses.replace(hold.switch, lock_path=""), holder=f"pipeline run {run_id}",
+                             progress=self._switch_progress, emit=self._switch_emit) if hold else None
+        self.index = 0
+        self.held = False  # the chain stopped the baseline and has not started it again
+
+    def _switch_progress(self, phase: str, force: bool = False, **extra: Any) -> None:
+        if self.log is not None and (force or "baseline" in extra):
+            self.log.emit("progress", done=self.index, total=len(self.stages),
+                          current=self.stages[min(self.index, len(self.stages) - 1)].stage, phase=phase, **extra)
+
+    def _switch_emit(self, kind: str, **data: Any) -> None:
+        if self.log is not None:
+            self.log.emit(kind, **data)
+
+    def _hold_baseline(self) -> str | None:
+        """Before the hold's first stage: stop the baseline (seen down); an error when it will not stop."""
+        assert self.switch is not None
+        home = self.switch.plan.home
+
+        async def stop() -> None:
+            if await self.switch.alive(home) is not False:
+                await self.switch.stop_server(home)
+        try:
+            asyncio.run(stop())
+        except SwitchFailed as exc:
+            return str(exc)
+        self.held = True
+        return None
+
+    def _release_baseline(self) -> str | None:
+        """After the hold's last stage, or as soon as the chain ends early: the baseline starts again."""
+        if not self.held or self.switch is None:
+            return None
+        self.held = False
+        self.switch.record.baseline_stopped = True  # stopped by this chain (or found down): started here
+        asyncio.run(self.switch.back())
+        return None if self.switch.record.baseline_restarted else \
+            "the baseline server could not be started again: start it by hand"
 
     def _on_signal(self, sig: int, _frame) -> None:
         self.stopping = True
@@ -50,12 +96,13 @@ class Chain:
             print(f"pipeline: {exc}", file=sys.stderr)
             return 2
         with open(rd.file(PLAN_FILE), "w", encoding="utf-8") as f:
-            f.write(dumps_plan(self.stages))  # what this run was asked to do, for whoever looks later
+            f.write(dumps_plan(ChainPlan(self.stages, self.lock.path if self.lock else "", self.hold)))  # what this run was asked to do, for whoever looks later
         self.log = EventLog(rd.events_path, STAGE, self.run_id)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         names = [s.stage for s in self.stages]
-        self.log.emit("start", total=len(self.stages), stages=names, resumed=rd.resumed)
+        self.log.emit("start", total=len(self.stages), stages=names, resumed=rd.resumed,
+                      hold=[self.hold.first, self.hold.last] if self.hold else None)
         results: list[dict[str, Any]] = []
         status, error = "completed", None
         started = time.monotonic()
@@ -66,24 +113,48 @@ class Chain:
             results.append({"stage": problems[0].stage, "run_id": next(
                 s.run_id for s in self.stages if s.stage == problems[0].stage), "status": "failed",
                 "error": error, "requirements": [p.__dict__ for p in problems]})
-        for i, planned in enumerate(self.stages if not problems else []):
-            if self.stopping:
-                status = "stopped"
-                break
-            outcome = self._run_stage(planned, i)
-            results.append(outcome)
-            if outcome["status"] != "completed":
-                status = "stopped" if self.stopping else "failed"
-                error = outcome.get("error")
-                break
+        try:
+            if self.lock is not None and not problems:
+                self.lock.acquire()
+            for i, planned in enumerate(self.stages if not problems else []):
+                self.index = i
+                if self.stopping:
+                    status = "stopped"
+                    break
+                if self.hold is not None and planned.stage == self.hold.first and not self.held:
+                    if (why := self._hold_baseline()) is not None:
+                        status, error = "failed", f"{planned.stage} not started: {why}"
+                        break
+                outcome = self._run_stage(planned, i)
+                results.append(outcome)
+                if outcome["status"] != "completed":
+                    status = "stopped" if self.stopping else "failed"
+                    error = outcome.get("error")
+                    break
+                if self.hold is not None and planned.stage == self.hold.last:
+                    if (why := self._release_baseline()) is not None:
+                        status, error = "failed", why
+                        break
+        except LockHeld as exc:
+            status, error = "failed", f"refused: {exc}"
+        finally:
+            back = self._release_baseline()  # a chain that ended early: one start, here
+            if back and not error:
+                status, error = "failed", back
+            if self.lock is not None:
+                self.lock.release()
         done = sum(1 for r in results if r["status"] == "completed")
         summary: dict[str, Any] = {"stage": STAGE, "run_id": self.run_id, "status": status, "done": done,
                                    "total": len(self.stages), "stages": results,
                                    "runs": {s.stage: s.run_id for s in self.stages},
                                    "elapsed_s": round(time.monotonic() - started, 1)}
+        if self.switch is not None:
+            summary["baseline"] = {"held": [self.hold.first, self.hold.last] if self.hold else None,
+                                   **{k: v for k, v in self.switch.record.to_dict().items() if k != "steps"},
+                                   "steps": self.switch.record.to_dict()["steps"]}
         if error:
             summary["error"] = error
-            summary["failed_stage"] = results[-1]["stage"]
+            summary["failed_stage"] = results[-1]["stage"] if results else self.stages[min(self.index, len(self.stages) - 1)].stage
         if status == "completed":
             last = completed_run(self.work_dir, self.stages[-1].run_id, self.stages[-1].stage)
             summary["outputs"] = last.outputs
@@ -115,8 +186,14 @@ class Chain:
         self.log.emit("progress", done=index, total=len(self.stages), current=planned.stage,
                       current_run=planned.run_id)
         print(f"pipeline: {planned.stage} ({planned.run_id}): {' '.join(planned.argv)}", file=sys.stderr, flush=True)
+        env = {**os.environ, **planned.env}
+        if self.lock is not None and self.lock.held:
+            env.update(self.lock.child_env())  # the stage's own switch runs under the chain's lock
+        if self.held:
+            env[BASELINE_HELD_ENV] = "1"  # the chain starts the baseline after the hold's last stage
         try:
-            self.child = subprocess.Popen(list(planned.argv), env={**os.environ, **planned.env})
+            self.child = subprocess.Popen(list(planned.argv), env=env,
+                                          pass_fds=self.lock.pass_fds() if self.lock is not None else ())
         except OSError as exc:
             return {**result, "status": "failed", "error": f"{planned.stage} could not start: {exc.strerror}"}
         code = self.child.wait()
@@ -138,8 +215,8 @@ class Chain:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        stages = load_plan(args.plan)
+        plan = load_chain(args.plan)
     except PlanError as exc:
         print(f"pipeline: {exc}", file=sys.stderr)
         return 2
-    return Chain(args.work_dir, args.run_id, stages).run(fresh=args.fresh)
+    return Chain(args.work_dir, args.run_id, plan.stages, lock_path=plan.lock_path, hold=plan.hold).run(fresh=args.fresh)

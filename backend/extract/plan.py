@@ -1,30 +1,23 @@
-"""The swap plan: how the extract stage takes the GPUs from the baseline server and gives them back.
+"""The swap plan: how the extract stage (and online train and verify) take the GPUs from the baseline.
 
 The console builds it from the profile (console/control/extraction.py) and hands it over as a JSON file;
-the stage runs it itself, detached on the host, so a lost console never strands the GPUs. Every command
-is an argv list (no shell parsing here), run with a timeout:
-
-    stop_baseline, start_extractor        before extraction
-    stop_extractor, start_baseline        after it, ALSO after a failure or SIGTERM
-    extractor_alive (optional)            exits 0 while the extraction server's unit/session runs
-    extractor_log_tail (optional)         prints the end of its log, for saying why it died
-
-plus where the extractor answers (`endpoint`, `health_url`, `models_url`), how long it may take to load
-(`ready_timeout_s`), where its connector writes (`storage_path`), the layer ids the server is started with
-(`extract_layer_ids`: the aux ids plus the verifier's final layer, backend/verifier.extraction_layer_ids) and
-the aux ids alone (`aux_layer_ids`, what training and verify get).
+the stage runs it itself, detached on the host, so a lost console never strands the GPUs. It is the one
+server switch's plan (backend/switch.py: SwitchPlan, the baseline home and the extraction server, named
+`extractor`, away: steps stop_baseline, start_extractor, then stop_extractor, start_baseline ALSO after
+a failure or SIGTERM) plus where the extraction server's connector writes (`storage_path`), the layer ids
+the server is started with (`extract_layer_ids`: the aux ids plus the verifier's final layer,
+backend/verifier.extraction_layer_ids) and the aux ids alone (`aux_layer_ids`, what training and verify get).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from backend.numbers import finite
 from backend.runs import read_json_object
+from backend.switch import ServerSpec, SwitchPlan, SwitchPlanError, switch_from_dict
 
-PLAN_VERSION = 1
-TIMEOUT_MAX_S = 86400.0  # the profile's timeouts go to a day at most (console/profile.py)
-STEPS = ("stop_baseline", "start_extractor", "stop_extractor", "start_baseline")
+PLAN_VERSION = 2
+EXTRACTOR = "extractor"  # the extraction server's name in the switch: steps stop_extractor, start_extractor
 
 
 class PlanError(ValueError):
@@ -33,42 +26,39 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class SwapPlan:
-    stop_baseline: list[str]
-    start_extractor: list[str]
-    stop_extractor: list[str]
-    start_baseline: list[str]
-    endpoint: str
-    health_url: str
-    models_url: str
-    ready_timeout_s: float
+    """The switch (the baseline home, the extraction server away) and what the extraction needs of it."""
+    switch: SwitchPlan
     storage_path: str
     aux_layer_ids: list[int]
     extract_layer_ids: list[int]  # asked of the server: aux ids + the final layer; one state per id comes back
-    command_timeout_s: float = 300.0
-    extractor_alive: list[str] | None = None
-    extractor_log_tail: list[str] | None = None
-    baseline_unit: str = ""
-    extractor_unit: str = ""
-    extractor_command: list[str] = field(default_factory=list)  # shown to the operator
+
+    @property
+    def extractor(self) -> ServerSpec:
+        return self.switch.server(EXTRACTOR)
+
+    @property
+    def endpoint(self) -> str:
+        return self.switch.endpoint
+
+    @property
+    def health_url(self) -> str:
+        return self.switch.health_url
+
+    @property
+    def models_url(self) -> str:
+        return self.switch.models_url
+
+    @property
+    def extractor_unit(self) -> str:
+        return self.extractor.unit
+
+    @property
+    def baseline_unit(self) -> str:
+        return self.switch.home.unit
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": PLAN_VERSION, **asdict(self)}
-
-
-def _argv(path: str, data: dict[str, Any], key: str, *, required: bool) -> list[str] | None:
-    value = data.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and "\0" not in v for v in value):
-        raise PlanError(f"{path}: {key} must be a non-empty list of strings (an argv), got {str(value)[:80]}")
-    return list(value)
-
-
-def _url(path: str, data: dict[str, Any], key: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
-        raise PlanError(f"{path}: {key} must be an http(s) URL, got {value!r}")
-    return value.rstrip("/")
+        return {"version": PLAN_VERSION, "switch": self.switch.to_dict(), "storage_path": self.storage_path,
+                "aux_layer_ids": list(self.aux_layer_ids), "extract_layer_ids": list(self.extract_layer_ids)}
 
 
 def plan_from_dict(data: Any, path: str = "<plan>") -> SwapPlan:
@@ -87,31 +77,17 @@ def plan_from_dict(data: Any, path: str = "<plan>") -> SwapPlan:
                         f"from the console again")
     if asked[:-1] != ids or len(asked) != len(ids) + 1:
         raise PlanError(f"{path}: extract_layer_ids {asked} must be aux_layer_ids {ids} plus the final layer")
-    timeouts = {}
-    for key, default in (("ready_timeout_s", None), ("command_timeout_s", 300.0)):
-        value = data.get(key, default)
-        if finite(value) is None or not 0 < value <= TIMEOUT_MAX_S:
-            raise PlanError(f"{path}: {key} must be a positive number of seconds (finite, at most "
-                            f"{TIMEOUT_MAX_S:g}), got {value!r}")
-        timeouts[key] = float(value)
     storage = data.get("storage_path")
     if not isinstance(storage, str) or not storage.startswith("/"):
         raise PlanError(f"{path}: storage_path must be an absolute directory path, got {storage!r}")
-    endpoint = _url(path, data, "endpoint")
-    return SwapPlan(
-        stop_baseline=_argv(path, data, "stop_baseline", required=True),
-        start_extractor=_argv(path, data, "start_extractor", required=True),
-        stop_extractor=_argv(path, data, "stop_extractor", required=True),
-        start_baseline=_argv(path, data, "start_baseline", required=True),
-        endpoint=endpoint,
-        health_url=_url(path, {"health_url": data.get("health_url", f"{endpoint}/health")}, "health_url"),
-        models_url=_url(path, {"models_url": data.get("models_url", f"{endpoint}/v1/models")}, "models_url"),
-        ready_timeout_s=timeouts["ready_timeout_s"], command_timeout_s=timeouts["command_timeout_s"],
-        storage_path=storage, aux_layer_ids=list(ids), extract_layer_ids=list(asked),
-        extractor_alive=_argv(path, data, "extractor_alive", required=False),
-        extractor_log_tail=_argv(path, data, "extractor_log_tail", required=False),
-        baseline_unit=str(data.get("baseline_unit") or ""), extractor_unit=str(data.get("extractor_unit") or ""),
-        extractor_command=[str(v) for v in data.get("extractor_command") or []])
+    try:
+        switch = switch_from_dict(data.get("switch"), path)
+        switch.server(EXTRACTOR)
+    except SwitchPlanError as exc:
+        raise PlanError(str(exc)) from None
+    except KeyError:
+        raise PlanError(f"{path}: the switch has no {EXTRACTOR!r} server") from None
+    return SwapPlan(switch=switch, storage_path=storage, aux_layer_ids=list(ids), extract_layer_ids=list(asked))
 
 
 def check_server_layers(plan: SwapPlan, info: Any) -> None:

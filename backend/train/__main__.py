@@ -19,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train: {exc}", file=sys.stderr)
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if config.gpu_ids:
+        # before torch is imported: it counts, and numbers from 0, only the GPUs it is given
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.gpu_ids))
+        config.gpus = len(config.gpu_ids)
     from backend.train.runner import Stage
 
     return Stage(config).run()

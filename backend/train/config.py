@@ -55,6 +55,9 @@ class TrainStageConfig:
     optimizer: str = "muon"
     seed: int = 0
     gpus: int | None = None  # None: every visible GPU (CPU when there is none); 0: CPU
+    gpu_ids: list[int] | None = None  # the GPUs to use by index: CUDA_VISIBLE_DEVICES, one process each
+    nvidia_smi: list[str] | None = None  # how this host's GPUs are asked (default: nvidia-smi)
+    simulated_gpus: bool = False  # the demo host: GPUs counted and checked in --nvidia-smi, computed on the CPU
     checkpoint_freq: float = 1.0  # epochs between checkpoints (< 1: also mid-epoch)
     log_freq: int = 1
     num_workers: int | None = None  # dataloader workers; None: 0 on CPU, 4 per GPU process
@@ -86,6 +89,11 @@ class TrainStageConfig:
             raise ConfigError(f"--optimizer must be muon or adamw, got {self.optimizer!r}")
         if self.gpus is not None and not 0 <= self.gpus <= 1024:
             raise ConfigError(f"--gpus must be 0 (CPU) .. 1024, got {self.gpus}")
+        if self.gpu_ids is not None:
+            if not self.gpu_ids or len(set(self.gpu_ids)) != len(self.gpu_ids) or min(self.gpu_ids) < 0:
+                raise ConfigError(f"--gpu-ids must be distinct GPU indices, got {self.gpu_ids}")
+            if self.gpus is not None and self.gpus != len(self.gpu_ids):
+                raise ConfigError(f"--gpus {self.gpus} and --gpu-ids {self.gpu_ids} disagree: give one")
         if self.checkpoint_freq <= 0:
             raise ConfigError(f"--checkpoint-freq must be > 0, got {self.checkpoint_freq}")
         if self.num_workers is not None and self.num_workers < 0:
@@ -144,6 +152,12 @@ _HELP = {
     "draft_vocab_size": "reduce the draft's vocabulary to the N most frequent tokens (default: the verifier's)",
     "seq_length": "tokens per packed training batch",
     "gpus": "GPU processes (torchrun when > 1); 0 trains on the CPU; default: every visible GPU",
+    "nvidia_smi": "how this host's GPUs are asked, as a JSON list (the console passes its profile's [gpus] "
+                  "command without the query): the GPU check reads the table the console's telemetry reads",
+    "simulated_gpus": "simulated GPUs (the demo host): the GPUs are counted and checked in --nvidia-smi's table, "
+                      "training computes on the CPU",
+    "gpu_ids": "the GPUs to train on, by index (e.g. 6,7): the stage sets CUDA_VISIBLE_DEVICES to them and "
+               "starts one process each",
     "checkpoint_freq": "epochs between checkpoints; below 1 also saves within an epoch (e.g. 0.25)",
     "vllm_endpoint": "online training: an extraction server's URL ending in /v1; hidden states are fetched "
                      "per batch and deleted after use",
@@ -167,9 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = _HELP.get(f.name)
         if kind == "bool":
             p.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_text)
-        elif f.name == "aux_layer_ids":
+        elif f.name in ("aux_layer_ids", "gpu_ids"):
             p.add_argument(flag, dest=f.name, type=_int_list, default=None, help=help_text)
-        elif f.name == "extra_args":
+        elif f.name in ("extra_args", "nvidia_smi"):
             p.add_argument(flag, dest=f.name, type=_arg_list, default=None, help=help_text)
         elif kind.startswith("int"):
             p.add_argument(flag, dest=f.name, type=int, default=None, help=help_text)

@@ -76,8 +76,11 @@ def _command_of(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
 
 
+NVIDIA_SMI = ["nvidia-smi"]  # how this host's GPUs are asked (the stage's --nvidia-smi replaces it)
+
+
 def _nvidia_smi(*args: str) -> str:
-    done = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+    done = subprocess.run([*NVIDIA_SMI, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
     if done.returncode != 0:
         raise OSError(done.stderr.strip() or f"nvidia-smi exited {done.returncode}")
     return done.stdout
@@ -111,7 +114,7 @@ def check_gpus(report: PreflightReport, wanted: int, available: int) -> None:
         report.add("gpus", False, f"{wanted} GPUs requested, {available} visible to {sys.executable}",
                    "lower [train] gpus in the profile, or check CUDA_VISIBLE_DEVICES and the driver")
         return
-    if shutil.which("nvidia-smi") is None:
+    if shutil.which(NVIDIA_SMI[0]) is None:
         report.add("gpus", True, f"{wanted} GPUs visible (nvidia-smi not found: cannot check who holds them)")
         return
     indices = visible_indices(wanted)

@@ -116,6 +116,14 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def simulated_gpu_count() -> int:
+    """The demo host's GPUs, as its nvidia-smi lists them (0 when it cannot say)."""
+    try:
+        return len(pf.parse_gpu_uuids(pf._nvidia_smi("--query-gpu=index,uuid", "--format=csv,noheader")))
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+
+
 def processes_for(c: TrainStageConfig, available: int) -> int:
     """GPU processes to start (0: the CPU)."""
     return available if c.gpus is None else c.gpus
@@ -210,9 +218,11 @@ class Stage:
             _signal_workers(self.child.pid, signum)
 
     def preflight(self, inputs: Inputs, processes: int, available: int, where: str) -> pf.PreflightReport:
+        """Online, the GPU check waits for the swap-in (the baseline holds the GPUs until then): see _run."""
         report = pf.PreflightReport()
         pf.check_modules(report)
-        pf.check_gpus(report, processes, available)
+        if self.swap_plan is None:
+            pf.check_gpus(report, processes, available)
         pf.check_disk(report, where, estimate_checkpoint_bytes(self.c, inputs.info, len(inputs.layer_ids))
                       + self.c.min_free_bytes, self.c.work_dir)
         return report
@@ -227,7 +237,9 @@ class Stage:
         except (InputError, VerifierError, UsageError, ConfigError, PlanError) as exc:
             print(f"train: {exc}", file=sys.stderr)
             return 2
-        available = gpu_count()
+        if c.nvidia_smi:
+            pf.NVIDIA_SMI = list(c.nvidia_smi)
+        available = simulated_gpu_count() if c.simulated_gpus else gpu_count()
         processes = processes_for(c, available)
         if c.preflight_only:
             report = self.preflight(inputs, processes, available, run_path(c.work_dir, c.run_id))
@@ -265,7 +277,7 @@ class Stage:
                                     preflight=report.to_dict())
         ck.mark_save_root(save_path, inputs.info)
         vocab = vocab_files(c, inputs, run_dir.path)
-        cpu = processes == 0
+        cpu = processes == 0 or c.simulated_gpus  # simulated GPUs are checked, never computed on
         workers = c.num_workers if c.num_workers is not None else (0 if cpu else 4)
         plan = TrainPlan(run_id=c.run_id, run_dir=run_dir.path, events_path=run_dir.events_path,
                          verifier=inputs.info.path, save_path=save_path, processes=max(1, processes),
@@ -286,6 +298,12 @@ class Stage:
         self.phase = "training"
 
         def body() -> str | None:
+            if self.swap_plan is not None and not c.skip_preflight:
+                # online: the baseline is down now, the extraction server up: the trainer's GPUs must be free
+                gpus = pf.PreflightReport()
+                pf.check_gpus(gpus, processes, available)
+                if not gpus.ok:
+                    return f"preflight after the swap-in failed: {gpus.failures()}"
             if plan.processes == 1:
                 from backend.train.worker import train
                 train(plan, stop_check=lambda: self.stop)

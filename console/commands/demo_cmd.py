@@ -16,6 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--dir", type=Path, default=None, help=f"demo work dir (default {default_dir()})")
     p.add_argument("--speed", type=float, default=1.0, help=">1 loads faster (default: a ~20 s load)")
+    p.add_argument("--seed-shape", action="store_true",
+                   help="shaped like the seed host: the server holds all eight simulated GPUs and training asks "
+                        "for one of them ([train] gpus = 1; it still computes on the CPU)")
     p.set_defaults(func=cmd_demo_host)
 
 
@@ -29,7 +32,7 @@ def cmd_demo_host(a: argparse.Namespace) -> int:
             print(existing.source)
             return 0
         try:
-            profile = asyncio.run(start(work_dir, speed=a.speed))
+            profile = asyncio.run(start(work_dir, speed=a.speed, seed_shape=a.seed_shape))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -16,6 +16,7 @@ from console.control import stages
 from console.control.launch import StageRequest, stage_ended, stops_baseline
 from console.control.units import stage_unit_name
 from console.parsers.text import clean_block
+from console.control.launch import StageError, request_gpu_plan
 from console.session import Session
 from console.telemetry.progress import StageProgress
 from console.snapshot import RunInfo
@@ -69,15 +70,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def confirmed(a: argparse.Namespace, req: StageRequest, profile) -> bool:
-    """Extraction and online training stop the baseline server: say so, and go on only when the operator
-    agrees."""
+def confirmed(a: argparse.Namespace, req: StageRequest, profile, downtime: str) -> bool:
+    """Extraction and online training stop the baseline server: say so, and what it costs (`downtime`:
+    Session.downtime, from the host's measured loads), and go on only when the operator agrees."""
     if not stops_baseline(req, profile) or a.yes:
         return True
     why = {"bench": "the drafter server is benched",
            "extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed")
     return ask(f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
-               f"again afterwards. Go on? [y/N] ", f"{req.stage} stops the baseline server")
+               f"again afterwards; it costs {downtime}. Go on? [y/N] ",
+               f"{req.stage} stops the baseline server and costs {downtime}")
 
 
 def ask(question: str, refusal: str) -> bool:
@@ -88,17 +90,17 @@ def ask(question: str, refusal: str) -> bool:
     return input(question).strip().lower() in ("y", "yes")
 
 
-def confirmed_switch(a: argparse.Namespace, profile) -> bool:
-    """A server switch stops the running server: ask, default No."""
+def confirmed_switch(a: argparse.Namespace, profile, downtime: str) -> bool:
+    """A server switch stops the running server: ask, saying what it costs, default No."""
     if a.yes:
         return True
     if a.stage == "serve-drafter":
         question = (f"serve-drafter stops {profile.server.unit} (the baseline) on {profile.host.name} and serves the "
-                    f"verified drafter in {profile.server.unit}-drafter. Go on? [y/N] ")
+                    f"verified drafter in {profile.server.unit}-drafter; it costs {downtime}. Go on? [y/N] ")
     else:
         question = (f"serve-baseline stops {profile.server.unit}-drafter (the drafter server) on {profile.host.name} "
-                    f"and starts {profile.server.unit} again. Go on? [y/N] ")
-    return ask(question, f"{a.stage} stops a running server")
+                    f"and starts {profile.server.unit} again; it costs {downtime}. Go on? [y/N] ")
+    return ask(question, f"{a.stage} stops a running server and costs {downtime}")
 
 
 async def switch_server(a: argparse.Namespace, profile) -> int:
@@ -108,6 +110,8 @@ async def switch_server(a: argparse.Namespace, profile) -> int:
         if not snap.host.reachable:
             print(f"error: {snap.host.error}", file=sys.stderr)
             return 1
+        if not confirmed_switch(a, profile, session.downtime(a.stage)):
+            return 2
         result = await (session.serve_drafter(a.input_run) if which == "drafter" else session.serve_baseline())
         for cmd in result.commands:
             print(f"$ {cmd}", file=sys.stderr)
@@ -157,7 +161,7 @@ async def run_stage(a: argparse.Namespace) -> int:
         print(f"error: unexpected argument {a.target!r} (only run stop takes a STAGE)", file=sys.stderr)
         return 2
     if a.stage in SERVE:
-        return await switch_server(a, profile) if confirmed_switch(a, profile) else 2
+        return await switch_server(a, profile)
     stage = stages.by_cli(a.stage).name
     req = StageRequest(stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
                        limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage, online=a.online,
@@ -165,13 +169,19 @@ async def run_stage(a: argparse.Namespace) -> int:
     if a.checkpoint and stage != "verify":
         print(f"error: --checkpoint is for verify, not {a.stage}", file=sys.stderr)
         return 2
-    if not confirmed(a, req, profile):
-        return 2
     async with Session(profile, interval=a.interval) as session:
         snap = await session.settle()
         if not snap.host.reachable:
             print(f"error: {snap.host.error}", file=sys.stderr)
             return 1
+        try:  # GPUs that cannot be shared as asked are refused before any question
+            request_gpu_plan(req, profile)
+        except StageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        # asked once connected: the downtime comes from the host's measured loads
+        if not confirmed(a, req, profile, session.downtime(stage, req)):
+            return 2
         # a run id given again resumes that run: --wait follows the new start, never the old outcome
         before = next((r for r in snap.runs if r.run_id == a.run_id), None) if a.run_id else None
         result, launch = await session.launch_stage(req)

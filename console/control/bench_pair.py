@@ -1,14 +1,15 @@
 """The plan and command line of a bench of the baseline against the drafter server as one detached host
-program (backend/benchpair.py): the two bench command lines and the service manager's commands to stop,
-start and check each server, all built here from the profile. Pure functions, no I/O."""
+program (backend/benchpair.py): the bench command lines and the one server switch's plan (switch_plan.py:
+the baseline home, the drafter server, and a published drafter in the same unit, away), built here from
+the profile. Pure functions, no I/O."""
 from __future__ import annotations
 
 from typing import Any
 
 from console.control import drafter_server as ds
 from console.control.bench_stage import bench_argv
-from console.control.extraction import _alive_argv as alive_argv
-from console.control.units import ServerProgram, server_log_path, server_start_argv, server_stop_argv
+from console.control.switch_plan import derived_server, switch_plan
+from console.control.units import ServerProgram
 from console.profile import Profile
 
 
@@ -29,9 +30,15 @@ def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str 
     if third_checkpoint:
         third = {"third_checkpoint": third_checkpoint,
                  "third": {"run_id": third_id, "argv": bench_argv(profile, third_id, label="published",
-                                                                  baseline_run=base_id, **common)},
-                 "start_third": ds.drafter_start_command(profile, third_checkpoint, no_expand_option=no_expand_option,
-                                                         program=program).argv}
+                                                                  baseline_run=base_id, **common)}}
+    drafter_stop = ds.drafter_stop_command(profile).argv
+    unit = ds.drafter_unit(profile)
+
+    def drafter(name: str, ckpt: str):
+        start = ds.drafter_start_command(profile, ckpt, no_expand_option=no_expand_option, program=program).argv
+        return derived_server(profile, name, unit, start, drafter_stop, ds.drafter_command(profile, ckpt, program))
+
+    away = ([drafter("third", third_checkpoint)] if third_checkpoint else []) + [drafter("drafter", checkpoint)]
     return {
         "checkpoint": checkpoint,
         "baseline": {"run_id": base_id, "argv": bench_argv(profile, base_id, label="baseline", **common)},
@@ -39,13 +46,7 @@ def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str 
                     "argv": bench_argv(profile, drafter_id, label="drafter", baseline_run=base_id,
                                        third_run=third_id if third_checkpoint else None, **common)},
         **third,
-        "stop_baseline": server_stop_argv(profile),
-        "start_baseline": server_start_argv(profile, server_log_path(profile)),
-        "baseline_alive": alive_argv(profile, profile.server.unit),
-        "stop_drafter": ds.drafter_stop_command(profile).argv,
-        "start_drafter": ds.drafter_start_command(profile, checkpoint, no_expand_option=no_expand_option,
-                                                  program=program).argv,
-        "drafter_alive": alive_argv(profile, ds.drafter_unit(profile)),
+        "switch": switch_plan(profile, away).to_dict(),
     }
 
 

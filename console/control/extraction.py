@@ -9,9 +9,10 @@ staging directory. It runs as its own
 program beside the baseline's name (`<server unit>-extract`): a transient systemd unit, or its own tmux
 session (units.derived_server_start_argv, stopped like a stage).
 
-The plan (backend/extract/plan.py reads it) holds argv lists only; the extract stage runs them itself,
-detached on the host, in order: stop the baseline, start the extractor, extract, then stop the extractor
-and start the baseline, the last two also after a failure or SIGTERM. Pure functions, no I/O.
+The plan (backend/extract/plan.py reads it: the one server switch's plan, switch_plan.py) holds argv lists
+only; the extract stage runs it itself, detached on the host, in order: stop the baseline (seen down),
+start the extractor, extract, then stop the extractor and start the baseline, the last two also after a
+failure or SIGTERM. Pure functions, no I/O.
 """
 from __future__ import annotations
 
@@ -19,19 +20,18 @@ import json
 import shlex
 from typing import Any, Sequence
 
-from backend.extract.plan import PLAN_VERSION
+from backend.extract.plan import EXTRACTOR, SwapPlan
 from backend.redact import redacted
 from backend.verifier import extraction_layer_ids
-from console.control.units import (ServerProgram, _sudo, derived_server_start_argv, profile_program,
-                                   server_log_path, server_start_argv, server_stop_argv, stage_log_path,
-                                   stage_stop_argv, tmux_stop_argv, tmux_target)
+from console.control.switch_plan import derived_server, switch_plan
+from console.control.units import (ServerProgram, derived_server_start_argv, profile_program, stage_log_path,
+                                   stage_stop_argv, tmux_stop_argv)
 from console.profile import Profile
 
 EXTRACT_METHOD = "extract_hidden_states"
 HS_CONNECTOR = "ExampleHiddenStatesConnector"
 # the flags the extraction adds; a baseline command line that already has one cannot be extended
 _OWN_FLAGS = ("--speculative-config", "--speculative_config", "--kv-transfer-config", "--kv_transfer_config")
-LOG_LINES = 40
 
 
 class ExtractionPlanError(ValueError):
@@ -85,24 +85,12 @@ def extractor_command(profile: Profile, layer_ids: Sequence[int], storage: str,
     return [*base.argv, *extraction_flags(layer_ids, storage)]
 
 
-def _alive_argv(profile: Profile, unit: str) -> list[str]:
-    if profile.server.manager == "systemd":
-        return ["systemctl", "is-active", "--quiet", unit]
-    # tmux: the pane's program is the server; remain-on-exit keeps a dead pane, so ask whether it is dead
-    script = '[ "$(tmux list-panes -t "$1" -F "#{pane_dead}" 2>/dev/null | head -n 1)" = 0 ]'
-    return ["sh", "-c", script, "sh", tmux_target(unit)]
-
-
-def _log_tail_argv(profile: Profile, unit: str, log_path: str) -> list[str]:
-    if profile.server.manager == "systemd":
-        return _sudo(profile, ["journalctl", "-u", unit, "-n", str(LOG_LINES), "--no-pager", "-o", "cat"])
-    return ["tail", "-n", str(LOG_LINES), log_path]
-
-
 def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_layers: int,
                program: ServerProgram | None = None) -> dict[str, Any]:
-    """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it).
-    `num_layers`: the verifier's decoder layers, whose last output the server is asked for too;
+    """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it):
+    the one server switch with the extraction server away from the baseline.
+    `num_layers`: the verifier's decoder layers, whose last output the server is asked for too (vLLM writes
+    one state per listed id; speculators reads the last as the final state: backend/verifier);
     `program`: the baseline's (operator_unit.read_server_program); default the profile's command."""
     s = profile.server
     unit = extractor_unit(profile)
@@ -110,35 +98,19 @@ def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_
     base = _checked_base(profile, aux_layer_ids, program)
     asked = extraction_layer_ids(aux_layer_ids, num_layers)
     flags = extraction_flags(asked, storage)
-    command = [*base.argv, *flags]
-    log_path = stage_log_path(profile, unit)
-    start = derived_server_start_argv(profile, unit, base, flags, log_path=log_path,
+    start = derived_server_start_argv(profile, unit, base, flags, log_path=stage_log_path(profile, unit),
                                       env=dict(profile.extract.server_env), stop_timeout_s=s.stop_timeout_s)
     stop = stage_stop_argv(profile, unit) if s.manager == "systemd" else tmux_stop_argv(unit, s.stop_timeout_s)
-    endpoint = f"http://127.0.0.1:{s.port}"
-    return {
-        "version": PLAN_VERSION,
-        "baseline_unit": s.unit,
-        "extractor_unit": unit,
-        "extractor_command": command,
-        "stop_baseline": server_stop_argv(profile),
-        "start_extractor": start,
-        "stop_extractor": stop,
-        "start_baseline": server_start_argv(profile, server_log_path(profile)),
-        "extractor_alive": _alive_argv(profile, unit),
-        "extractor_log_tail": _log_tail_argv(profile, unit, log_path),
-        "endpoint": endpoint,
-        "health_url": f"{endpoint}/health",
-        "models_url": f"{endpoint}/v1/models",
-        "ready_timeout_s": profile.extract.ready_timeout_s or s.load_timeout_s,
-        "command_timeout_s": s.stop_timeout_s + 60,
-        "storage_path": storage,
-        "aux_layer_ids": [int(i) for i in aux_layer_ids],
-        "extract_layer_ids": asked,
-    }
+    extractor = derived_server(profile, EXTRACTOR, unit, start, stop, [*base.argv, *flags])
+    switch = switch_plan(profile, [extractor], ready_timeout_s=profile.extract.ready_timeout_s or s.load_timeout_s)
+    return SwapPlan(switch=switch, storage_path=storage, aux_layer_ids=[int(i) for i in aux_layer_ids],
+                    extract_layer_ids=asked).to_dict()
 
 
 def describe_plan(plan: dict[str, Any]) -> list[str]:
     """The plan's commands as the operator confirms them, in the order they run."""
-    return [f"{step}: {shlex.join(redacted(plan[step]))}" for step in
-            ("stop_baseline", "start_extractor", "stop_extractor", "start_baseline")]
+    switch = plan["switch"]
+    home, away = switch["home"], switch["away"][0]
+    steps = [(f"stop_{home['name']}", home["stop"]), (f"start_{away['name']}", away["start"]),
+             (f"stop_{away['name']}", away["stop"]), (f"start_{home['name']}", home["start"])]
+    return [f"{step}: {shlex.join(redacted(argv))}" for step, argv in steps]

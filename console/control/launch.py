@@ -27,11 +27,15 @@ from console.parsers.text import clean, clean_block
 from backend.runs import RunDirError
 from backend.runs import check_run_id as _check_run_id
 from backend.events import UNIT_ENV
-from backend.chain.plan import PlannedStage, chain_stage_run_id, dumps_plan
+from backend.chain.plan import ChainPlan, Hold, PlannedStage, chain_stage_run_id, dumps_plan
+from backend.gpu_owners import GpuPlan, OwnershipError
+from backend.serverlock import lock_path
 from console.control import stage_argv, stages
 from console.control import drafter_server as ds
 from console.control.bench_pair import pair_argv, pair_plan
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
+from console.control.gpu_plan import gpu_plan
+from console.control.switch_plan import switch_plan
 from console.control.operator_unit import OperatorUnitError, read_server_program
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name, tmux_target)
@@ -546,9 +550,32 @@ class Launcher:
             previous = run_id
         plan_file = f"{self.profile.paths.work_dir}/plans/{chain_id}.json"
         await self.host.run(["mkdir", "-p", f"{self.profile.paths.work_dir}/plans"], timeout=30, check=True)
-        await self.host.upload(dumps_plan(planned).encode(), plan_file)
+        # the chain holds the server lock when a stage switches servers, and the baseline down across the
+        # hold the GPU plan asks for (one stop, one start at the end)
+        gpus = request_gpu_plan(req, self.profile)
+        hold = Hold(gpus.hold[0], gpus.hold[1], switch_plan(self.profile, [])) if gpus.hold else None
+        lock = lock_path(self.profile.paths.work_dir) if stops_baseline(req, self.profile) else ""
+        await self.host.upload(dumps_plan(ChainPlan(planned, lock, hold)).encode(), plan_file)
         self.shown.extend(f"(pipeline {p.stage}) {shlex.join(p.argv)}" for p in planned)
         return plan_file
+
+
+def request_gpu_plan(req: StageRequest, profile: Profile) -> GpuPlan:
+    """Who holds which GPUs at each step of `req` (backend/gpu_owners.py); StageError when they cannot be
+    shared as asked (online training where the extraction server and the trainer would share a GPU)."""
+    names = pipeline_range(req, profile) if req.stage == "pipeline" else [req.stage]
+    try:
+        return gpu_plan(profile, names, online=req.is_online(profile), chain=req.stage == "pipeline")
+    except OwnershipError as exc:
+        raise StageError(str(exc)) from None
+
+
+def checked_gpu_plan(req: StageRequest, profile: Profile, shown: list[str]) -> GpuPlan:
+    plan = request_gpu_plan(req, profile)
+    if stops_baseline(req, profile) or plan.hold or any(s.stops_first for s in plan.steps):
+        # e.g. a train run alone on GPUs the baseline holds: its preflight refuses until the server is stopped
+        shown.extend(f"(gpus) {line}" for line in plan.describe())
+    return plan
 
 
 async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launch:
@@ -563,6 +590,7 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
     code_dir = await ensure_backend(host, profile, shown)
     env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1", UNIT_ENV: unit}
     launcher = Launcher(host, profile, env, shown)
+    checked_gpu_plan(req, profile, shown)  # refused here when the GPUs cannot be shared as asked
     input_run = await launcher.input_run(spec.name, req.input_run, req.is_online(profile)) \
         if spec.kind == "run" else req.input_run
     argv, preflight = await launcher.argv(spec.name, run_id, input_run, req)

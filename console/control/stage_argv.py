@@ -106,11 +106,21 @@ def train_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: b
         argv += ["--input-run", input_run]
     if plan_file:
         argv += ["--plan", plan_file, "--served-model", profile.server.model_id]
+    smi = nvidia_smi_prefix(profile)
+    if smi != ["nvidia-smi"]:  # the stage's GPU check reads the table the telemetry reads
+        argv += ["--nvidia-smi", json.dumps(smi)]
+    if profile.host.simulated and profile.train.gpus != 0:
+        argv.append("--simulated-gpus")
     if fresh:
         argv.append("--fresh")
     if preflight_only:
         argv.append("--preflight-only")
     return argv
+
+
+def nvidia_smi_prefix(profile: Profile) -> list[str]:
+    """How this host's GPUs are asked: the profile's [gpus] command without its query and format."""
+    return [a for a in profile.gpus.command if not a.startswith(("--query-gpu", "--format"))]
 
 
 def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False,

@@ -117,3 +117,26 @@ def estimate_load(*, elapsed_s: float | None, shards: tuple[int, int] | None, sh
         frac = max(0.0, min(0.99, elapsed_s / span)) if span > 0 else None
         return LoadEstimate(frac, max(0.0, span - elapsed_s), "previous_load")
     return LoadEstimate(None, None, None)
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def downtime_text(loads: int, records: Iterable[LoadRecord], model: str, load_timeout_s: float) -> str:
+    """What an action that stops the baseline costs, said before it is spent: how many server loads and
+    how long each takes, from the last measured load of `model` on this host (state/loads.jsonl)."""
+    if loads <= 0:
+        return "no server load"
+    what = f"{loads} server load{'s' if loads != 1 else ''}"
+    last = last_load(records, model)
+    if last is None:
+        return (f"{what}; no load of {model} measured on this host yet ([server] load_timeout_s allows "
+                f"{_minutes(load_timeout_s)} each)")
+    each = last.duration_s
+    return (f"{what} of about {_minutes(each)} each (the last load of {model} here took {_minutes(each)}): "
+            f"about {_minutes(loads * each)} of loading in all")

@@ -273,7 +273,8 @@ class ConsoleApp(App[None]):
             self._confirm(f"Start {stage}? It stops the vLLM server for a while.",
                           f"The extraction server needs the GPUs: it stops the server on {self.controller.host_name}, serves "
                           f"the verifier in extraction mode, and starts the server again when it is done (also "
-                          f"after a failure).", f"start {stage}", lambda: self.controller.start_stage(stage))
+                          f"after a failure). Downtime: {self.controller.downtime(stage)}.", f"start {stage}",
+                          lambda: self.controller.start_stage(stage))
             return
         self._run(f"start {stage}", lambda: self.controller.start_stage(stage))
 
@@ -298,14 +299,16 @@ class ConsoleApp(App[None]):
         self._confirm("Serve the drafter? It stops the baseline vLLM server.",
                       f"Stops the baseline server on {self.controller.host_name} and starts vLLM with the latest "
                       f"verified drafter checkpoint as its own unit (<server unit>-drafter); requests fail until it "
-                      f"is ready. `b` serves the baseline again.", "serve drafter", self.controller.serve_drafter)
+                      f"is ready. `b` serves the baseline again. Downtime: {self.controller.downtime('serve-drafter')}.",
+                      "serve drafter", self.controller.serve_drafter)
 
     def action_serve_baseline(self) -> None:
         if self._refused("serve_baseline"):
             return
         self._confirm("Serve the baseline? It stops the drafter server.",
                       f"Stops the drafter server (when it runs) on {self.controller.host_name} and starts the "
-                      f"baseline server again; requests fail until it is ready.", "serve baseline",
+                      f"baseline server again; requests fail until it is ready. Downtime: "
+                      f"{self.controller.downtime('serve-baseline')}.", "serve baseline",
                       self.controller.serve_baseline)
 
     def action_bench(self) -> None:
@@ -314,7 +317,8 @@ class ConsoleApp(App[None]):
         self._confirm("Bench baseline against drafter? It swaps the servers.",
                       f"One detached program on {self.controller.host_name} benches the baseline server, stops it, "
                       f"serves the verified drafter, benches that, and serves the baseline again at the end (also "
-                      f"after a failure). It survives closing the console.", "start bench",
+                      f"after a failure). It survives closing the console. Downtime: "
+                      f"{self.controller.downtime('bench')}.", "start bench",
                       lambda: self.controller.start_stage("bench"))
 
     def action_deep_check(self) -> None:

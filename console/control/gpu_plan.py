@@ -1,0 +1,42 @@
+"""The GPU plan of what the operator asked for, from the profile: the host's shape (how many GPUs, the
+baseline's, the trainer's) handed to backend/gpu_owners.py, which decides who holds which GPUs at each
+step, what must stop first, whether a pipeline keeps the baseline down across its stages, and how many
+server loads it costs. Pure functions, no I/O."""
+from __future__ import annotations
+
+from backend.gpu_owners import GpuPlan, HostShape, OwnershipError, plan_gpus, server_gpus_of
+from console.control.units import server_command
+from console.profile import Profile
+
+
+def server_gpus(profile: Profile) -> tuple[int, ...]:
+    """The baseline's GPUs: the first tensor-parallel-size of them (vLLM's own placement)."""
+    from console.control.drafter_server import DrafterServerError, target_tp
+
+    try:
+        return server_gpus_of(target_tp(server_command(profile)))
+    except DrafterServerError:
+        return server_gpus_of(1)
+
+
+def trainer_gpus(profile: Profile, host_gpus: int) -> tuple[int, ...]:
+    """[train] gpu_ids when given; else the first [train] gpus (unset: every GPU; 0: the CPU)."""
+    t = profile.train
+    if t.gpu_ids:
+        return tuple(t.gpu_ids)
+    count = host_gpus if t.gpus is None else t.gpus
+    return tuple(range(min(count, host_gpus)))
+
+
+def host_shape(profile: Profile) -> HostShape:
+    server = server_gpus(profile)
+    count = profile.gpus.count or max([len(server), *(i + 1 for i in profile.train.gpu_ids)])
+    return HostShape(gpus=count, server=server, trainer=trainer_gpus(profile, count))
+
+
+def gpu_plan(profile: Profile, stages: list[str], *, online: bool, chain: bool) -> GpuPlan:
+    """Raises OwnershipError with what to change when the GPUs cannot be shared as asked."""
+    return plan_gpus(host_shape(profile), stages, online=online, chain=chain)
+
+
+__all__ = ["gpu_plan", "host_shape", "server_gpus", "trainer_gpus", "OwnershipError", "GpuPlan"]

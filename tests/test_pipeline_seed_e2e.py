@@ -1,0 +1,72 @@
+"""The whole pipeline on a demo host shaped like the seed host: the server holds all eight simulated GPUs
+and training asks for one of them. `run pipeline --yes --wait` goes through to verify with no hand
+action: the chain keeps the baseline down from extract through verify (one stop, one start), the train
+stage's GPU check reads the same simulated table as the telemetry and finds GPU 0 free, and the baseline
+serves at the end. Training still computes on the CPU."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(1500)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
+
+
+def events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_the_seed_shaped_demo_runs_the_pipeline_to_verify_with_the_baseline_serving_at_the_end(tmp_path):
+    work = tmp_path / "demo"
+    started = cli("demo-host", "start", "--dir", str(work), "--speed", "10", "--seed-shape")
+    assert started.returncode == 0, started.stderr
+    profile = started.stdout.strip()
+    try:
+        assert cli("wait-ready", "--profile", profile, "--timeout", "120").returncode == 0
+        # the table every GPU check reads: the baseline on all eight GPUs
+        from console.profile import load_profile
+        from console.control.stage_argv import nvidia_smi_prefix
+
+        p = load_profile(profile)
+        assert p.train.gpus == 1
+        apps = subprocess.run([*nvidia_smi_prefix(p), "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert len(apps.stdout.splitlines()) == 8, apps
+        refused = cli("run", "pipeline", "--profile", profile, "--limit", "40")
+        assert refused.returncode == 2 and "pass --yes" in refused.stderr
+        assert "costs 2 server loads of about" in refused.stderr, refused.stderr  # the downtime, measured
+        done = cli("run", "pipeline", "--profile", profile, "--limit", "24", "--run-id", "seed", "--yes", "--wait",
+                   timeout=1200)
+        # started once, after verify: it loads, then serves
+        back = cli("wait-ready", "--profile", profile, "--timeout", "120")
+        status = json.loads(cli("status", "--profile", profile, "--json").stdout)
+    finally:
+        cli("demo-host", "stop", "--dir", str(work))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "(gpus) extract: extraction server on GPU 0,1,2,3,4,5,6,7 (first stop: baseline)" in done.stderr
+    assert "(gpus) the baseline stays down from extract through verify" in done.stderr
+    runs = work / "runs"
+    summary = json.loads((runs / "seed" / "summary.json").read_text())
+    assert summary["status"] == "completed" and [s["stage"] for s in summary["stages"]] == \
+        ["generate", "prepare", "extract", "train", "verify"]
+    assert summary["baseline"]["held"] == ["extract", "verify"] and summary["baseline"]["baseline_restarted"] is True
+    # one stop, one start, said in the chain's events around the held stages
+    chain = events(runs / "seed")
+    marks = [(e.get("phase"), e.get("current")) for e in chain if e.get("baseline")]
+    assert marks == [("baseline_down", "extract"), ("baseline_up", "verify")], marks
+    # the extraction left the baseline down (the chain holds it), training found its GPU free
+    extract = json.loads((runs / "seed-extract" / "summary.json").read_text())
+    assert [s["step"] for s in extract["swap"]["steps"]] == ["start_extractor", "stop_extractor"]
+    train = json.loads((runs / "seed-train" / "summary.json").read_text())
+    assert train["status"] == "completed", train
+    assert back.returncode == 0 and status["server"]["phase"] == "ready", status["server"]  # serving at the end
+    assert status["service"]["unit"] == "eagle3-demo-vllm" and status["server"]["drafter"] is None
