@@ -18,8 +18,9 @@ switch: the drafter server's unit loading that checkpoint), it is benched betwee
 the drafter's bench compares with both (`--third-run`): one table of the three.
 
 The run directory R holds its events (progress per step) and a summary with the drafter bench's
-comparison, so the console shows it as a bench run. Exit 0 done, 3 done and the drafter is slower, 1
-failed, 2 bad plan or run directory; a stop (SIGTERM) ends as stopped, exit 0, after step 5.
+comparison, so the console shows it as a bench run. Exit codes (backend/exitcodes.py): 0 done, 3 done
+and the drafter is slower, 1 failed, 2 bad plan or run directory; a stop (SIGTERM) ends as stopped, exit 0,
+after step 5.
 """
 from __future__ import annotations
 
@@ -33,20 +34,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.events import EventLog
-from backend.pipeline import InputError, completed_run, last_finish
-from backend.runs import Manifest, RunDirError, open_run_dir, read_json_object, run_path, write_json_atomic
+from backend.bench import STAGE as BENCH_STAGE
+from backend.lifecycle import StageFailed, StageRun, refuse
+from backend.lookup import InputError, completed_run, last_finish
+from backend.plans import PlanError, argv_list, read_plan
+from backend.runs import Manifest, run_path, write_json_atomic
 from backend.switch import Switch, SwitchFailed, SwitchPlan, SwitchPlanError, SwitchStopped, switch_from_dict
 
-STAGE = "bench"
+STAGE = "bench"  # the console shows the pair as its bench run (its benches are "bench" runs too)
 PLAN_FILE = "benchpair-plan.json"
 STEPS = ("baseline serving", "bench baseline", "swap to the drafter", "bench drafter", "back to the baseline")
 THIRD_STEPS = ("baseline serving", "bench baseline", "swap to the published drafter", "bench published drafter",
                "swap to the drafter", "bench drafter", "back to the baseline")
-
-
-class PlanError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ class PairPlan:
 
 
 def load_plan(path: str) -> PairPlan:
-    data = read_json_object(path, PlanError, f"{path}: no such plan file")
+    data = read_plan(path)
     try:
         switch = switch_from_dict(data.get("switch"), path)
     except SwitchPlanError as exc:
@@ -79,10 +78,9 @@ def load_plan(path: str) -> PairPlan:
     benches: dict[str, Bench] = {}
     for key in ("baseline", "drafter", *(("third",) if "third" in data else ())):
         b = data.get(key)
-        if not (isinstance(b, dict) and isinstance(b.get("run_id"), str) and isinstance(b.get("argv"), list)
-                and b["argv"] and all(isinstance(a, str) for a in b["argv"])):
+        if not (isinstance(b, dict) and isinstance(b.get("run_id"), str)):
             raise PlanError(f"{path}: {key!r} must be {{\"run_id\": str, \"argv\": [str, ...]}}")
-        benches[key] = Bench(b["run_id"], list(b["argv"]))
+        benches[key] = Bench(b["run_id"], argv_list(b.get("argv"), f"{path}: {key}.argv"))
         try:
             switch.server(key)
         except KeyError:
@@ -95,17 +93,19 @@ class BenchPair:
     def __init__(self, work_dir: str, run_id: str, plan: PairPlan):
         self.work_dir, self.run_id, self.plan = work_dir, run_id, plan
         self.child: subprocess.Popen | None = None
-        self.stopping = False
-        self.log: EventLog | None = None
+        self.ctx: StageRun | None = None
         self.steps: list[dict[str, Any]] = []
         self.step_names = THIRD_STEPS if plan.has_third else STEPS
         self.switch = Switch(plan.switch, holder=f"bench run {run_id}", progress=self._switch_progress,
                              emit=self._switch_emit, stopped=lambda: self.stopping)
 
-    def _on_signal(self, sig: int, _frame) -> None:
-        self.stopping = True
+    @property
+    def stopping(self) -> bool:
+        return bool(self.ctx and self.ctx.stopping)
+
+    def _forward(self, name: str) -> None:
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(sig)  # a bench stops cleanly, keeping the levels it measured
+            self.child.send_signal(getattr(signal, name))  # a bench stops cleanly, keeping the levels it measured
 
     def say(self, text: str) -> None:
         print(f"benchpair: {text}", file=sys.stderr, flush=True)
@@ -114,14 +114,14 @@ class BenchPair:
         """The switch's steps in the run's events (a phase beside the bench steps' counters)."""
         if "command" in extra:
             self.say(f"{extra.get('step')}: {extra['command']}")
-        if self.log is not None and (force or "baseline" in extra):
+        if self.ctx is not None and (force or "baseline" in extra):
             at = min(len(self.steps), len(self.step_names) - 1)  # the step counters stay as they are
-            self.log.emit("progress", done=len(self.steps), total=len(self.step_names), current=self.step_names[at],
+            self.ctx.emit("progress", done=len(self.steps), total=len(self.step_names), current=self.step_names[at],
                           phase=phase, **extra)
 
     def _switch_emit(self, kind: str, **data: Any) -> None:
-        if self.log is not None:
-            self.log.emit(kind, **data)
+        if self.ctx is not None:
+            self.ctx.emit(kind, **data)
 
     def serve(self, which: str) -> str | None:
         """Put `which` on the GPUs (the one server switch: the other stopped and seen down first, then it
@@ -134,7 +134,7 @@ class BenchPair:
             return f"stopped while the {which} server started"
         return None
 
-    def back(self) -> str | None:
+    def serve_baseline_again(self) -> str | None:
         """Always at the end: the drafter server goes, the baseline comes back."""
         asyncio.run(self.switch.back())
         if self.switch.record.baseline_restarted is False:
@@ -153,43 +153,46 @@ class BenchPair:
         finish = last_finish(run_path(self.work_dir, spec.run_id)) or {}
         summary = finish.get("summary") if isinstance(finish.get("summary"), dict) else None
         try:
-            completed_run(self.work_dir, spec.run_id, STAGE)
+            completed_run(self.work_dir, spec.run_id, BENCH_STAGE)
         except InputError as exc:
             why = (summary or {}).get("error") or f"exit {code}; {exc}"
             return f"bench {which} ({spec.run_id}) {finish.get('status') or 'failed'}: {why}", summary, code
         return None, summary, code
 
     def step(self, index: int, error: str | None = None, **extra: Any) -> None:
-        assert self.log is not None
+        assert self.ctx is not None
         names = self.step_names
         self.steps.append({"step": names[index], "ok": error is None, **({"error": error} if error else {}), **extra})
-        self.log.emit("progress", done=index + 1 if error is None else index, total=len(names), current=names[index],
+        self.ctx.emit("progress", done=index + 1 if error is None else index, total=len(names), current=names[index],
                       **({"error": error} if error else {}))
 
     def run(self, fresh: bool = False) -> int:
-        contenders = ["third", "drafter"] if self.plan.has_third else ["drafter"]
-        runs = {which: self.plan.benches[which].run_id for which in ("baseline", *contenders)}
-        identity = {**runs, "checkpoint": self.plan.checkpoint}
-        try:
-            rd = open_run_dir(self.work_dir, self.run_id, Manifest(stage=STAGE, run_id=self.run_id, identity=identity),
-                              fresh=fresh)
-        except RunDirError as exc:
-            print(f"benchpair: {exc}", file=sys.stderr)
-            return 2
-        write_json_atomic(rd.file(PLAN_FILE), self.plan.raw)
-        self.log = EventLog(rd.events_path, STAGE, self.run_id)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
-        self.log.emit("start", total=len(self.step_names), steps=list(self.step_names), resumed=rd.resumed, pair=True)
-        started = time.monotonic()
-        error, drafted, slower = None, None, False
+        self.contenders = ["third", "drafter"] if self.plan.has_third else ["drafter"]
+        self.runs = {which: self.plan.benches[which].run_id for which in ("baseline", *self.contenders)}
+        identity = {**self.runs, "checkpoint": self.plan.checkpoint}
+        ctx = self.ctx = StageRun(STAGE, self.run_id, work_dir=self.work_dir, fresh=fresh, mode="flag", prog="benchpair",
+                                  manifest=Manifest(stage=STAGE, run_id=self.run_id, identity=identity))
+        ctx.on_stop(self._forward)
+        ctx.summarize = self._summarize
+        ctx.stop_note = "the running bench stops, then the baseline is served again"
+        self.started = time.monotonic()
+        self.error: str | None = None
+        self.back: str | None = None
+        self.drafted: dict[str, Any] | None = None
+        self.slower = False
+        return ctx.run(self._body)
+
+    def _body(self, ctx: StageRun) -> None:
+        write_json_atomic(ctx.file(PLAN_FILE), self.plan.raw)
+        ctx.start(total=len(self.step_names), steps=list(self.step_names), pair=True)
+        error = None
         try:
             error = self.serve("baseline")
             self.step(0, error)
             if error is None and not self.stopping:
                 error, _, _ = self.bench("baseline")
                 self.step(1, error)
-            for i, which in enumerate(contenders):
+            for i, which in enumerate(self.contenders):
                 if error is not None or self.stopping:
                     break
                 error = self.serve(which)
@@ -197,31 +200,32 @@ class BenchPair:
                 if error is None and not self.stopping:
                     error, result, code = self.bench(which)
                     if which == "drafter":
-                        drafted, slower = result, code == 3 or bool((result or {}).get("slower"))
-                        self.step(3 + 2 * i, error, slower=slower)
+                        self.drafted, self.slower = result, code == 3 or bool((result or {}).get("slower"))
+                        self.step(3 + 2 * i, error, slower=self.slower)
                     else:
                         self.step(3 + 2 * i, error)
         finally:
-            back = self.back()
-            self.step(len(self.step_names) - 1, back)
-        status = "stopped" if self.stopping else "failed" if (error or back) else "completed"
+            self.error = error
+            self.back = self.serve_baseline_again()  # always: also after a failure or a stop
+            self.step(len(self.step_names) - 1, self.back)
+        if not self.stopping and (error or self.back):
+            raise StageFailed("; ".join(e for e in (error, self.back) if e))
+
+    def _summarize(self, status: str, error: str | None) -> dict[str, Any]:
         summary: dict[str, Any] = {
             "stage": STAGE, "run_id": self.run_id, "status": status, "pair": True, "label": "drafter",
-            "runs": runs, "checkpoint": self.plan.checkpoint, "third_checkpoint": self.plan.third_checkpoint,
-            "steps": self.steps, "slower": slower, "switch": self.switch.record.to_dict(),
-            "elapsed_s": round(time.monotonic() - started, 1)}
-        if drafted and isinstance(drafted.get("comparison"), dict):
-            summary["comparison"] = drafted["comparison"]
-        if error or back:
-            summary["error"] = "; ".join(e for e in (error, back) if e)
-        write_json_atomic(rd.summary_path, summary)
-        self.log.emit("finish", status=status, summary=summary)
-        self.log.close()
-        self.say(f"{status}" + (": the drafter is SLOWER than the baseline" if slower else "")
+            "runs": self.runs, "checkpoint": self.plan.checkpoint,
+            "third_checkpoint": self.plan.third_checkpoint, "steps": self.steps,
+            "slower": self.slower, "switch": self.switch.record.to_dict(),
+            "elapsed_s": round(time.monotonic() - self.started, 1)}
+        if self.drafted and isinstance(self.drafted.get("comparison"), dict):
+            summary["comparison"] = self.drafted["comparison"]
+        errors = "; ".join(e for e in (self.error, self.back) if e)
+        if errors or error:
+            summary["error"] = errors or error
+        self.say(f"{status}" + (": the drafter is SLOWER than the baseline" if self.slower else "")
                  + (f" ({summary['error']})" if summary.get("error") else ""))
-        if status == "failed":
-            return 1
-        return 3 if slower and status == "completed" else 0
+        return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(a.plan)
     except PlanError as exc:
-        print(f"benchpair: {exc}", file=sys.stderr)
-        return 2
+        return refuse("benchpair", exc)
     os.makedirs(a.work_dir, exist_ok=True)
     return BenchPair(a.work_dir, a.run_id, plan).run(fresh=a.fresh)
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from backend.pipeline import last_finish
+from backend.lookup import last_finish
 from backend.runs import MANIFEST_FILE
 
 RECENT_S = 600.0  # an unfinished run written this recently may be running: never deleted

@@ -1,8 +1,8 @@
 """Which drafter checkpoint the drafter server may load: a verified one.
 
-`python -m backend.servable --work-dir W [--run RUN]` prints `{"run_id", "stage", "checkpoint"}` as one
-JSON line, or says on stderr why there is none (exit 2). RUN may be a verify run (its checkpoint, which it
-verified: a verify run completes only when every check passed) or a train run (its best checkpoint, when
+`python -m backend.ask servable --work-dir W [--run RUN]` (backend/ask.py) prints `{"run_id", "stage",
+"checkpoint"}` as one JSON line, or says on stderr why there is none (exit 2). RUN may be a verify run (its
+checkpoint, which it verified: a verify run completes only when every check passed) or a train run (its best checkpoint, when
 a completed verify run verified that same checkpoint). Without RUN: the latest completed verify run of a
 train run's own checkpoint (a published drafter verified with `--checkpoint` is never served by default).
 `--third`: the published drafter the latest completed fetch-drafter run left, once a verify run verified it
@@ -10,13 +10,10 @@ train run's own checkpoint (a published drafter verified with `--checkpoint` is 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from backend.pipeline import InputError, completed_run, latest_completed
+from backend.lookup import InputError, completed_run, latest_completed
 from backend.fetch_drafter import STAGE as FETCH_STAGE
 from backend.runs import RunDirError, read_manifest, run_path
 
@@ -80,25 +77,3 @@ def third(work_dir: str) -> Servable:
         raise InputError(f"the published drafter {checkpoint} (fetch run {fetched.run_id}) has not been verified: "
                          f"run `verify --checkpoint {checkpoint}` first")
     return Servable(verify, FETCH_STAGE, checkpoint)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m backend.servable")
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--run", help="a verify run, or a train run a verify run verified (default: the latest verify)")
-    p.add_argument("--third", action="store_true", help="the fetched published drafter, verified")
-    a = p.parse_args(argv)
-    try:
-        found = third(a.work_dir) if a.third else servable(a.work_dir, a.run)
-    except RunDirError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    if not os.path.isdir(found.checkpoint):
-        print(f"the checkpoint {found.checkpoint} of run {found.run_id} is no longer on this host", file=sys.stderr)
-        return 2
-    print(json.dumps(asdict(found)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,9 +18,10 @@ launcher does the same, `--include-last-layer`), training and verify get the aux
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 CONFIG_FILE = "config.json"
@@ -45,13 +46,45 @@ class VerifierInfo:
     architectures: tuple[str, ...] = ()
     remote_code: bool = False  # config.json names classes in `auto_map`: load with trust_remote_code
     tied: bool = False  # tie_word_embeddings: lm_head is the embedding
+    # from the weights' headers (backend/train/verifier.py inspect_verifier; empty from config.json alone)
+    pinned: dict[str, str] = field(default_factory=dict)  # speculators' name -> exact checkpoint key
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # exact key -> shape (pinned keys)
+    keys: tuple[str, ...] = field(default=(), repr=False, compare=False)  # every tensor name
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES.get(self.dtype, 2)
 
+    @property
+    def fingerprint(self) -> str:
+        """Identifies this verifier's shape and tensors without reading weights (for refusing checkpoints
+        trained against another verifier)."""
+        blob = json.dumps({"arch": self.architectures, "layers": self.num_layers, "hidden": self.hidden_size,
+                           "vocab": self.vocab_size, "pinned": self.pinned, "shapes": self.shapes},
+                          sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def needs_pinning(self) -> bool:
+        """True when speculators' own suffix lookup would not pick exactly the pinned tensors."""
+        keys = list(self.keys)
+        return any(speculators_pick(name, keys) != key for name, key in self.pinned.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["keys"]
+        return {**out, "fingerprint": self.fingerprint}
+
     def default_aux_layers(self) -> list[int]:
         return default_aux_layers(self.num_layers)
+
+
+def speculators_pick(name: str, keys: list[str]) -> str | None:
+    """The key speculators 0.9.0 would take for `name`: exact, else the shortest key ending with it
+    (aliases aside). Used only to detect when pinning changes the outcome."""
+    if name in keys:
+        return name
+    matches = [k for k in keys if k.endswith(name)]
+    return min(matches, key=len) if matches else None
 
 
 def _int(config: dict[str, Any], key: str, where: str) -> int:
@@ -154,31 +187,3 @@ def resolve_aux_layers(layer_ids: Sequence[int] | None, info: VerifierInfo) -> l
         raise VerifierError(f"the default aux layer ids {default} (2, n//2, n-3) do not work for a verifier "
                             f"with {info.num_layers} layers: set [drafter].aux_layer_ids, e.g. "
                             f"{list(range(1, min(info.num_layers, 4)))}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m backend.verifier aux-layers --verifier PATH [--ids 1,2,3]`: the aux layer ids a stage
-    will use for this verifier (the given ones checked, or vLLM's default), its layer count and the ids
-    the extraction server is asked for (aux + final), as JSON. The console asks this before it builds the
-    extraction server's command line."""
-    import argparse
-    import sys
-
-    p = argparse.ArgumentParser(prog="python -m backend.verifier")
-    p.add_argument("action", choices=("aux-layers",))
-    p.add_argument("--verifier", required=True)
-    p.add_argument("--ids", default="", help="comma-separated ids; none: vLLM's default")
-    a = p.parse_args(argv)
-    try:
-        info = read_verifier(a.verifier)
-        ids = resolve_aux_layers([int(i) for i in a.ids.split(",") if i.strip()], info)
-    except (VerifierError, ValueError) as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    print(json.dumps({"aux_layer_ids": ids, "num_layers": info.num_layers,
-                      "extract_layer_ids": extraction_layer_ids(ids, info.num_layers)}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -92,7 +92,7 @@ def write_hidden_states(out: Path, verifier: Path, rows: list[dict[str, list[int
 def completed_run(work_dir: Path, stage: str, run_id: str, outputs: dict[str, str], *,
                   identity: dict[str, Any] | None = None, status: str | None = "completed",
                   **summary: Any) -> Path:
-    """A finished (or, with status None, still running) run of `stage` as backend/pipeline.py reads it."""
+    """A finished (or, with status None, still running) run of `stage` as backend/lookup.py reads it."""
     manifest = Manifest(stage=stage, run_id=run_id, identity=identity or {"test": run_id})
     run_dir = open_run_dir(str(work_dir), run_id, manifest)
     log = EventLog(run_dir.events_path, stage, run_id)

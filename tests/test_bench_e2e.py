@@ -111,9 +111,9 @@ def test_bench_refuses_bad_input_and_a_dead_server(tmp_path_factory, bench_env, 
     bad = bench(tmp_path_factory, tmp_path, prompts, Down, "b1", "base line")
     assert bad.returncode == 2 and "--label 'base line'" in bad.stderr and not (tmp_path / "runs").exists()
     missing = bench(tmp_path_factory, tmp_path, prompts, Down, "b1", "drafter", "--baseline-run", "nope")
-    assert missing.returncode == 2 and "no run 'nope'" in missing.stdout and not (tmp_path / "runs" / "b1").exists()
+    assert missing.returncode == 2 and "no run 'nope'" in missing.stderr and not (tmp_path / "runs" / "b1").exists()
     down = bench(tmp_path_factory, tmp_path, prompts, Down, "b2", "baseline", "--ready-timeout", "1")
-    assert down.returncode == 1 and "did not answer within 1 s" in down.stdout
+    assert down.returncode == 1 and "did not answer within 1 s" in down.stderr
     assert finish_event(tmp_path, "b2")["status"] == "failed"
 
 
@@ -142,7 +142,7 @@ def test_sigterm_stops_the_bench_and_keeps_the_measured_levels(tmp_path):
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
         finish = finish_event(tmp_path, "b")
-        assert finish["status"] == "stopped" and "bench stopped" in out
+        assert finish["status"] == "stopped" and "bench: stopped" in out
         assert [lv["concurrency"] for lv in json.loads(results.read_text())["levels"]] == [1]
         again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stdout

@@ -13,7 +13,7 @@ from backend.bench.config import ConfigError, parse_config
 from backend.bench.results import (VLLM_BENCH, BenchResult, BenchResultError, LevelResult, RequestOutcome, figures,
                                    parse_vllm_bench_result, percentile)
 from backend.bench.scrape import acceptance_between, parse_spec_counters
-from backend.pipeline import InputError
+from backend.lookup import InputError
 from console.parsers.metrics import parse_vllm_metrics
 from console.telemetry.spec_window import spec_decode_window
 

@@ -191,3 +191,4 @@ def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "the server switch must be a JSON object" in out
     assert not (tmp_path / "w" / "runs").exists()
+

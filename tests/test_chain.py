@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from backend.chain.plan import PlanError, parse_plan
-from backend.pipeline import completed_run
+from backend.lookup import completed_run
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE_PROGRAM = """
@@ -217,7 +217,8 @@ def test_a_host_lacking_speculators_fails_before_generate_starts(tmp_path):
     summary = _summary(tmp_path)
     assert summary["status"] == "failed" and summary["failed_stage"] == "prepare"
     assert "host requirements" in summary["error"] and "speculators" in summary["error"]
-    assert [e["kind"] for e in events(tmp_path)] == ["start", "finish"]
+    # no stage progress: the fatal error (the lifecycle says every failure so) and the finish
+    assert [e["kind"] for e in events(tmp_path)] == ["start", "error", "finish"]
 
 
 def test_a_missing_verifier_is_named_before_the_first_stage(tmp_path):

@@ -255,8 +255,9 @@ def test_the_server_is_asked_for_the_aux_ids_and_the_final_layer_training_gets_t
     """vLLM writes one state per listed id; speculators reads the last as the verifier's final state: id n is
     valid for the extraction server (and only there), the aux ids stay 0..n-1."""
     from backend.extract.plan import check_server_layers
+    from backend.ask import main
     from backend.verifier import (VerifierError, check_extraction_layer_ids, check_layer_ids, extraction_layer_ids,
-                                  main, read_verifier)
+                                  read_verifier)
 
     info = read_verifier(_verifier(tmp_path))
     assert extraction_layer_ids(AUX, LAYERS) == [2, 30, 58, 61]

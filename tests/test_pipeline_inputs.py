@@ -1,10 +1,10 @@
-"""How a stage finds its input run (backend/pipeline.py): only a completed run of the right stage."""
+"""How a stage finds its input run (backend/lookup.py): only a completed run of the right stage."""
 from __future__ import annotations
 
 import pytest
 
 from backend.events import EventLog
-from backend.pipeline import InputError, completed_run, latest_completed
+from backend.lookup import InputError, completed_run, latest_completed
 from backend.runs import Manifest, open_run_dir
 
 

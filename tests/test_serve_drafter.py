@@ -17,7 +17,7 @@ import pytest
 from backend.events import EventLog
 from backend.runs import Manifest, open_run_dir
 from backend.servable import servable
-from backend.pipeline import InputError
+from backend.lookup import InputError
 from console.control.drafter_server import drafter_command, live_servers_argv, parse_live_servers
 from console.control.units import server_command
 from console.profile import load_profile, profile_from_dict

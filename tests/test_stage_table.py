@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from backend.pipeline import INPUT_STAGE, STAGES as HOST_STAGES
+from backend.lookup import INPUT_STAGE, STAGES as HOST_STAGES
 from console.cli import main
 from console.control import stages
 from console.control.launch import StageRequest, busy_stages, pipeline_range, stops_baseline

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("speculators")
 
-from backend.generate.preflight import PreflightReport  # noqa: E402
+from backend.preflight import PreflightReport  # noqa: E402
 from backend.train import adapters, preflight  # noqa: E402
 from backend.train.config import ConfigError, parse_config  # noqa: E402
 from backend.train.metrics import MetricsHandler, positional  # noqa: E402

@@ -1,8 +1,8 @@
 """`python -m backend.bench ...`: see backend/bench/runner.py.
 
-Exit codes: 0 completed (or stopped by SIGTERM), 1 failed (the server did not answer, every request of a
-level failed, vllm bench serve failed), 2 bad input (nothing created), 3 completed but slower than the
---baseline-run it was compared with (a drafter that does not pay).
+Exit codes (backend/exitcodes.py): 0 completed (or stopped by SIGTERM), 1 failed (the server did not
+answer, every request of a level failed, vllm bench serve failed), 2 bad input (nothing created), 3
+completed but slower than the --baseline-run it was compared with (a drafter that does not pay).
 """
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import sys
 
 from backend.bench.config import ConfigError, parse_config
 from backend.bench.runner import main as run
+from backend.lifecycle import refuse
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
     except ConfigError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 2
+        return refuse("bench", exc)
     return run(config)
 
 

@@ -19,9 +19,10 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from backend import exitcodes
 from backend.bench.results import BenchResult, BenchResultError
 
-EXIT_SLOWER = 3  # the bench measured fine, and a drafter made generation slower
+EXIT_SLOWER = exitcodes.SLOWER  # the bench measured fine, and a drafter made generation slower
 BASELINE = "baseline"
 MAX_ROWS = 64
 MAX_LABEL = 40
@@ -165,7 +166,7 @@ def format_table(cmp: Comparison) -> str:
 # ---- finished runs -----------------------------------------------------------------------------------
 def load_run_result(work_dir: str, run_id: str) -> BenchResult:
     """The result of a completed bench run (via the pipeline's input rule: completed runs only)."""
-    from backend.pipeline import InputError, completed_run
+    from backend.lookup import InputError, completed_run
 
     run = completed_run(work_dir, run_id, "bench")
     path = run.outputs.get("results") or os.path.join(run.path, "bench.json")

@@ -11,30 +11,25 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import time
 from dataclasses import replace
 from typing import Any
 
 import aiohttp
 
+from backend.bench import STAGE
 from backend.bench import client as cl
 from backend.bench import vllm_cli, workload
-from backend.bench.compare import EXIT_SLOWER, Comparison, compare, format_table, load_run_result
+from backend.bench.compare import Comparison, compare, format_table, load_run_result
 from backend.bench.config import BenchConfig
 from backend.bench.results import (OUR_CLIENT, VLLM_BENCH, BenchResult, BenchResultError, LevelResult, figures,
                                    parse_vllm_bench_result)
 from backend.bench.scrape import acceptance_between
-from backend.events import EventLog
-from backend.runs import Manifest, RunDir, RunDirError, open_run_dir, write_json_atomic
+from backend.lifecycle import StageFailed, StageRun, refuse
+from backend.runs import Manifest, RunDir, RunDirError, write_json_atomic
 
-STAGE = "bench"
 RESULT_FILE = "bench.json"
 VLLM_DIR = "vllm-bench"
-
-
-class StageFailed(Exception):
-    """The bench cannot finish; the message says why."""
 
 
 def identity_of(c: BenchConfig, w: workload.Workload, client: str) -> dict[str, Any]:
@@ -50,16 +45,16 @@ class BenchRun:
         if c.api_key_file:
             with open(c.api_key_file, encoding="utf-8") as f:
                 self.headers["Authorization"] = f"Bearer {f.read().strip()}"
-        self.log: EventLog | None = None
+        self.ctx: StageRun | None = None
         self.done = self.failed = 0
         self.total = len(c.levels) * len(w.prompts)
         self.started = time.monotonic()
-        self.stopping = False
+        self.result: BenchResult | None = None
 
     # -- events ---------------------------------------------------------------------------------------
     def emit(self, kind: str, **data: Any) -> None:
-        if self.log is not None:
-            self.log.emit(kind, **data)
+        if self.ctx is not None:
+            self.ctx.emit(kind, **data)  # backend/lifecycle.py: never takes the run down
 
     def _progress(self, level: int) -> None:
         elapsed = max(1e-9, time.monotonic() - self.started)
@@ -67,46 +62,32 @@ class BenchRun:
                   rate=round(self.done / elapsed, 3))
 
     # -- the run --------------------------------------------------------------------------------------
-    async def run(self, run_dir: RunDir) -> int:
+    async def run(self, ctx: StageRun) -> None:
+        """The body (backend/lifecycle.py): a stop cancels it; the levels measured so far are kept."""
         c = self.c
+        self.ctx = ctx
+        run_dir = ctx.run_dir
+        assert run_dir is not None
         result_path = run_dir.file(RESULT_FILE)
-        result = self._resume(result_path)
-        self.log = EventLog(run_dir.events_path, STAGE, c.run_id)
-        self.emit("start", total=self.total, manifest=run_dir.manifest.to_dict())
+        result = self.result = self._resume(result_path)
+        ctx.start(total=self.total)
         self.done = sum(lv.completed + lv.failed for lv in result.levels)
-        status, error = "completed", None
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, task)
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                 server = await self._check_server(session)
-                result = replace(result, server=server)
+                result = self.result = replace(result, server=server)
                 await self._warm_up(session)
                 for level in c.levels:
                     if result.level(level) is not None:
                         continue  # measured before a restart
                     lv = await self._level(session, run_dir, level)
-                    result = replace(result, levels=tuple(sorted((*result.levels, lv), key=lambda x: x.concurrency)))
+                    result = self.result = replace(
+                        result, levels=tuple(sorted((*result.levels, lv), key=lambda x: x.concurrency)))
                     write_json_atomic(result_path, result.to_dict())
                     if lv.completed == 0:
                         raise StageFailed(f"every request failed at concurrency {level}; see the errors above")
-        except asyncio.CancelledError:
-            status, error = "stopped", "stopped by a signal before every level was measured"
-        except StageFailed as exc:
-            status, error = "failed", str(exc)
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-        write_json_atomic(result_path, result.to_dict())
-        return self._finish(run_dir, result, status, error, result_path)
-
-    def _on_signal(self, task: asyncio.Task | None) -> None:
-        if not self.stopping and task is not None:
-            self.stopping = True
-            self.emit("error", fatal=False, message="received a stop signal: ending the bench")
-            task.cancel()
+            write_json_atomic(result_path, result.to_dict())
 
     def _resume(self, path: str) -> BenchResult:
         fresh = BenchResult(label=self.c.label, model=self.c.model, endpoint=self.c.endpoint, client=self.client,
@@ -222,36 +203,32 @@ class BenchRun:
         return lv
 
     # -- the end --------------------------------------------------------------------------------------
-    def _finish(self, run_dir: RunDir, result: BenchResult, status: str, error: str | None, path: str) -> int:
+    def summarize(self, status: str, error: str | None) -> dict[str, Any]:
+        assert self.ctx is not None and self.result is not None
+        result = self.result
         comparison: Comparison | None = None
-        table = None
         if status == "completed" and self.references:
             comparison = compare([self.references[0], result, *self.references[1:]], self.references[0].label)
-            table = format_table(comparison)
+        if status == "stopped":
+            error = "stopped by a signal before every level was measured"
         summary: dict[str, Any] = {
             "stage": STAGE, "run_id": self.c.run_id, "status": status, "label": self.c.label,
             "done": self.done, "total": self.total, "failed": self.failed, "client": self.client,
-            "outputs": {"results": path}, "result": result.to_dict(),
+            "outputs": {"results": self.ctx.file(RESULT_FILE)}, "result": result.to_dict(),
             "elapsed_s": round(time.monotonic() - self.started, 3),
         }
+        self.comparison = comparison
         if comparison is not None:
             summary["comparison"] = comparison.to_dict()
             summary["slower"] = comparison.slower
         if error:
             summary["error"] = error
-        if status == "completed":
-            run_dir.write_summary(summary)
-        self.emit("finish", status=status, summary=summary)
-        if self.log is not None:
-            self.log.close()
-        print(table or _levels_text(result))
-        if error:
-            print(f"bench {status}: {error}")
-        if status == "failed":
-            return 1
-        if comparison is not None and comparison.slower:
-            return EXIT_SLOWER
-        return 0
+        return summary
+
+    def report(self, summary: dict[str, Any]) -> str:
+        assert self.result is not None
+        comparison = getattr(self, "comparison", None)
+        return format_table(comparison) if comparison is not None else _levels_text(self.result)
 
 
 def _levels_text(result: BenchResult) -> str:
@@ -292,12 +269,11 @@ def main(c: BenchConfig) -> int:
         manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, w, client),
                             settings={"request_timeout_s": c.request_timeout_s, "baseline_run": c.baseline_run,
                                       "third_run": c.third_run})
-        run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
     except RunDirError as exc:
-        print(f"bench: {exc}")
-        return 2
-    try:
-        return asyncio.run(BenchRun(c, w, client, refs).run(run_dir))
-    except StageFailed as exc:  # before the events log exists
-        print(f"bench failed: {exc}")
-        return 1
+        return refuse("bench", exc)
+    run = BenchRun(c, w, client, refs)
+    ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh, mode="cancel")
+    ctx.summarize = run.summarize
+    ctx.report = run.report
+    ctx.stop_note = "ending the bench; the levels measured so far are kept"
+    return asyncio.run(ctx.arun(run.run))

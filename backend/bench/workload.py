@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from backend.generate import dataset as ds
-from backend.pipeline import InputError, completed_run
+from backend.lookup import InputError, completed_run
 from backend.runs import read_manifest, run_path
 
 MAX_LINE = 64 * 2**20  # a generation record with a long answer is big, but not this big

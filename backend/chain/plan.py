@@ -17,15 +17,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.pipeline import STAGES
-from backend.runs import RunDirError, check_run_id, read_json_object
+from backend.lookup import STAGES
+from backend.plans import PlanError, argv_list, read_plan
+from backend.runs import RunDirError, check_run_id
 from backend.switch import SwitchPlan, SwitchPlanError, switch_from_dict
 
 PLAN_FILE = "plan.json"
-
-
-class PlanError(ValueError):
-    """The plan cannot be run; the message names the entry and what is wrong with it."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +58,7 @@ def parse_plan(data: Any, source: str = "plan") -> list[PlannedStage]:
             check_run_id(run_id)
         except RunDirError as exc:
             raise PlanError(f"{where}.run_id: {exc}") from None
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise PlanError(f"{where}.argv: expected a non-empty list of strings")
+        argv = argv_list(argv, f"{where}.argv")
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise PlanError(f"{where}.env: expected an object of strings")
         if any(p.stage == stage for p in out):
@@ -123,7 +119,7 @@ def parse_chain(data: Any, source: str = "plan") -> ChainPlan:
 
 
 def load_chain(path: str) -> ChainPlan:
-    return parse_chain(read_json_object(path, PlanError, f"{path}: no such plan file"), path)
+    return parse_chain(read_plan(path), path)
 
 
 def load_plan(path: str) -> list[PlannedStage]:

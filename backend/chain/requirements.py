@@ -16,7 +16,8 @@ import sys
 from dataclasses import dataclass
 
 from backend.chain.plan import PlannedStage
-from backend.generate.preflight import JSONL_MODULES, free_bytes, human_bytes
+from backend.generate.preflight import JSONL_MODULES
+from backend.preflight import free_bytes, human_bytes
 from backend.verifier import VerifierError, VerifierInfo, read_verifier
 
 # The modules each stage program imports (the one list per stage lives with that stage's own check;

@@ -13,9 +13,9 @@ from typing import Any
 
 from backend.chain.plan import PLAN_FILE, ChainPlan, Hold, PlanError, PlannedStage, dumps_plan, load_chain
 from backend.chain.requirements import check_plan
-from backend.events import EventLog
-from backend.pipeline import InputError, completed_run, last_finish
-from backend.runs import Manifest, RunDirError, open_run_dir, run_path, write_json_atomic
+from backend.lifecycle import StageFailed, StageRun, refuse
+from backend.lookup import InputError, completed_run, last_finish
+from backend.runs import Manifest, run_path
 from backend.serverlock import LockHeld, ServerLock
 from backend.switch import BASELINE_HELD_ENV, Switch, SwitchFailed
 
@@ -38,8 +38,9 @@ class Chain:
         self.run_id = run_id
         self.stages = stages
         self.child: subprocess.Popen | None = None
-        self.stopping = False
-        self.log: EventLog | None = None
+        self.ctx: StageRun | None = None
+        self.results: list[dict[str, Any]] = []
+        self.started = time.monotonic()
         self.lock = ServerLock(lock_path, f"pipeline run {run_id}") if lock_path or hold else None
         self.hold = hold
         # the chain holds the lock itself: its switch takes none of its own
@@ -48,14 +49,22 @@ class Chain:
         self.index = 0
         self.held = False  # the chain stopped the baseline and has not started it again
 
+    @property
+    def stopping(self) -> bool:
+        return bool(self.ctx and self.ctx.stopping)
+
+    def _forward(self, name: str) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(getattr(signal, name))  # the stage stops cleanly and leaves itself resumable
+
     def _switch_progress(self, phase: str, force: bool = False, **extra: Any) -> None:
-        if self.log is not None and (force or "baseline" in extra):
-            self.log.emit("progress", done=self.index, total=len(self.stages),
+        if self.ctx is not None and (force or "baseline" in extra):
+            self.ctx.emit("progress", done=self.index, total=len(self.stages),
                           current=self.stages[min(self.index, len(self.stages) - 1)].stage, phase=phase, **extra)
 
     def _switch_emit(self, kind: str, **data: Any) -> None:
-        if self.log is not None:
-            self.log.emit(kind, **data)
+        if self.ctx is not None:
+            self.ctx.emit(kind, **data)
 
     def _hold_baseline(self) -> str | None:
         """Before the hold's first stage: stop the baseline (seen down); an error when it will not stop."""
@@ -82,87 +91,80 @@ class Chain:
         return None if self.switch.record.baseline_restarted else \
             "the baseline server could not be started again: start it by hand"
 
-    def _on_signal(self, sig: int, _frame) -> None:
-        self.stopping = True
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(sig)  # the stage stops cleanly and leaves itself resumable
-
     def run(self, fresh: bool = False) -> int:
         identity = {"stages": [[s.stage, s.run_id] for s in self.stages]}
-        try:
-            rd = open_run_dir(self.work_dir, self.run_id, Manifest(stage=STAGE, run_id=self.run_id, identity=identity),
-                              fresh=fresh)
-        except RunDirError as exc:
-            print(f"pipeline: {exc}", file=sys.stderr)
-            return 2
-        with open(rd.file(PLAN_FILE), "w", encoding="utf-8") as f:
-            f.write(dumps_plan(ChainPlan(self.stages, self.lock.path if self.lock else "", self.hold)))  # what this run was asked to do, for whoever looks later
-        self.log = EventLog(rd.events_path, STAGE, self.run_id)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
-        names = [s.stage for s in self.stages]
-        self.log.emit("start", total=len(self.stages), stages=names, resumed=rd.resumed,
-                      hold=[self.hold.first, self.hold.last] if self.hold else None)
-        results: list[dict[str, Any]] = []
-        status, error = "completed", None
-        started = time.monotonic()
+        ctx = self.ctx = StageRun(STAGE, self.run_id, work_dir=self.work_dir, fresh=fresh, mode="flag",
+                                  manifest=Manifest(stage=STAGE, run_id=self.run_id, identity=identity))
+        ctx.on_stop(self._forward)
+        ctx.summarize = self._summarize
+        ctx.stop_note = "the running stage is stopped; it resumes when the pipeline is started again"
+        return ctx.run(self._body)
+
+    def _body(self, ctx: StageRun) -> None:
+        with open(ctx.file(PLAN_FILE), "w", encoding="utf-8") as f:  # what this run was asked to do, for whoever looks later
+            f.write(dumps_plan(ChainPlan(self.stages, self.lock.path if self.lock else "", self.hold)))
+        ctx.start(total=len(self.stages), stages=[s.stage for s in self.stages],
+                  hold=[self.hold.first, self.hold.last] if self.hold else None)
+        self.started = time.monotonic()
         problems = check_plan(self.work_dir, self._not_completed())
         if problems:  # before the first stage: a missing piece costs seconds, not a generation run
-            status = "failed"
             error = "host requirements: " + "; ".join(p.line() for p in problems)
-            results.append({"stage": problems[0].stage, "run_id": next(
+            self.results.append({"stage": problems[0].stage, "run_id": next(
                 s.run_id for s in self.stages if s.stage == problems[0].stage), "status": "failed",
                 "error": error, "requirements": [p.__dict__ for p in problems]})
+            raise StageFailed(error)
+        error: str | None = None
         try:
-            if self.lock is not None and not problems:
+            if self.lock is not None:
                 self.lock.acquire()
-            for i, planned in enumerate(self.stages if not problems else []):
+            for i, planned in enumerate(self.stages):
                 self.index = i
                 if self.stopping:
-                    status = "stopped"
-                    break
+                    return
                 if self.hold is not None and planned.stage == self.hold.first and not self.held:
                     if (why := self._hold_baseline()) is not None:
-                        status, error = "failed", f"{planned.stage} not started: {why}"
+                        error = f"{planned.stage} not started: {why}"
                         break
                 outcome = self._run_stage(planned, i)
-                results.append(outcome)
+                self.results.append(outcome)
                 if outcome["status"] != "completed":
-                    status = "stopped" if self.stopping else "failed"
-                    error = outcome.get("error")
+                    if self.stopping:
+                        return
+                    error = outcome.get("error") or f"{planned.stage} did not complete"
                     break
                 if self.hold is not None and planned.stage == self.hold.last:
-                    if (why := self._release_baseline()) is not None:
-                        status, error = "failed", why
+                    if (error := self._release_baseline()) is not None:
                         break
         except LockHeld as exc:
-            status, error = "failed", f"refused: {exc}"
+            error = f"refused: {exc}"
         finally:
             back = self._release_baseline()  # a chain that ended early: one start, here
-            if back and not error:
-                status, error = "failed", back
+            error = error or back
             if self.lock is not None:
                 self.lock.release()
+        if error:
+            raise StageFailed(error)
+
+    def _summarize(self, status: str, error: str | None) -> dict[str, Any]:
+        results = self.results
         done = sum(1 for r in results if r["status"] == "completed")
         summary: dict[str, Any] = {"stage": STAGE, "run_id": self.run_id, "status": status, "done": done,
                                    "total": len(self.stages), "stages": results,
                                    "runs": {s.stage: s.run_id for s in self.stages},
-                                   "elapsed_s": round(time.monotonic() - started, 1)}
+                                   "elapsed_s": round(time.monotonic() - self.started, 1)}
         if self.switch is not None:
             summary["baseline"] = {"held": [self.hold.first, self.hold.last] if self.hold else None,
-                                   **{k: v for k, v in self.switch.record.to_dict().items() if k != "steps"},
-                                   "steps": self.switch.record.to_dict()["steps"]}
+                                   **self.switch.record.to_dict()}
         if error:
             summary["error"] = error
-            summary["failed_stage"] = results[-1]["stage"] if results else self.stages[min(self.index, len(self.stages) - 1)].stage
+            summary["failed_stage"] = results[-1]["stage"] if results and results[-1]["status"] != "completed" \
+                else self.stages[min(self.index, len(self.stages) - 1)].stage
         if status == "completed":
             last = completed_run(self.work_dir, self.stages[-1].run_id, self.stages[-1].stage)
             summary["outputs"] = last.outputs
-        write_json_atomic(rd.summary_path, summary)
-        self.log.emit("finish", status=status, summary=summary)
         print(f"pipeline: {status}: {done}/{len(self.stages)} stages" + (f" ({error})" if error else ""),
               file=sys.stderr)
-        return 0 if status in ("completed", "stopped") else 1
+        return summary
 
     def _not_completed(self) -> list[PlannedStage]:
         out = []
@@ -174,16 +176,17 @@ class Chain:
         return out
 
     def _run_stage(self, planned: PlannedStage, index: int) -> dict[str, Any]:
-        assert self.log is not None
+        assert self.ctx is not None
+        emit = self.ctx.emit
         result = {"stage": planned.stage, "run_id": planned.run_id}
         try:
             completed_run(self.work_dir, planned.run_id, planned.stage)
-            self.log.emit("progress", done=index + 1, total=len(self.stages), current=planned.stage,
+            emit("progress", done=index + 1, total=len(self.stages), current=planned.stage,
                           current_run=planned.run_id, note="completed before: not run again")
             return {**result, "status": "completed", "skipped": True}
         except InputError:
             pass  # not run yet, or stopped or failed before: run it (a stage resumes itself)
-        self.log.emit("progress", done=index, total=len(self.stages), current=planned.stage,
+        emit("progress", done=index, total=len(self.stages), current=planned.stage,
                       current_run=planned.run_id)
         print(f"pipeline: {planned.stage} ({planned.run_id}): {' '.join(planned.argv)}", file=sys.stderr, flush=True)
         env = {**os.environ, **planned.env}
@@ -200,7 +203,7 @@ class Chain:
         self.child = None
         try:
             completed_run(self.work_dir, planned.run_id, planned.stage)
-            self.log.emit("progress", done=index + 1, total=len(self.stages), current=planned.stage,
+            emit("progress", done=index + 1, total=len(self.stages), current=planned.stage,
                           current_run=planned.run_id)
             return {**result, "status": "completed", "exit": code}
         except InputError as exc:
@@ -217,6 +220,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_chain(args.plan)
     except PlanError as exc:
-        print(f"pipeline: {exc}", file=sys.stderr)
-        return 2
+        return refuse("pipeline", exc)
     return Chain(args.work_dir, args.run_id, plan.stages, lock_path=plan.lock_path, hold=plan.hold).run(fresh=args.fresh)

@@ -1,6 +1,6 @@
 """`python -m backend.extract ...`: see backend/extract/config.py for every flag.
 
-Exit codes: 0 completed or stopped (SIGTERM; with a plan the baseline is back), 1 failed (the finish event
+Exit codes (backend/exitcodes.py): 0 completed or stopped (SIGTERM; with a plan the baseline is back), 1 failed (the finish event
 and summary say why; with a plan the baseline is back), 2 a failed preflight or unusable arguments: one
 line per failed check on stderr, nothing created, the baseline never touched. `--preflight-only` prints
 the checks and the disk estimate as JSON and exits 0 (all pass) or 1.
@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 
+from backend import exitcodes
 from backend.extract.config import ConfigError, parse_config
+from backend.lifecycle import refuse
+from backend.preflight import offline_env
 from backend.runs import RunDirError
 
 
@@ -20,11 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
     except ConfigError as exc:
-        print(f"extract: {exc}", file=sys.stderr)
-        return 2
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        return refuse("extract", exc)
+    offline_env()
     from backend.extract.runner import ExtractRunner, preflight
 
     try:
@@ -33,17 +32,16 @@ def main(argv: list[str] | None = None) -> int:
             out = report.to_dict()
             out["estimate"] = inputs.estimate.to_dict() if inputs and inputs.estimate else None
             print(json.dumps(out, indent=2))
-            return 0 if report.ok else 1
+            return exitcodes.COMPLETED if report.ok else exitcodes.FAILED
         if not report.ok or inputs is None:
             for check in report.checks:
                 if not check.ok:
                     print(f"extract: {check.name}: {check.detail}" + (f" -> {check.fix}" if check.fix else ""),
                           file=sys.stderr)
-            return 2
+            return exitcodes.BAD_INPUT
         return asyncio.run(ExtractRunner(config, inputs).run())
     except RunDirError as exc:
-        print(f"extract: {exc}", file=sys.stderr)
-        return 2
+        return refuse("extract", exc)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,7 @@ import argparse
 from dataclasses import asdict, dataclass
 from typing import Any
 
-
-class ConfigError(ValueError):
-    pass
+from backend.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
 
 
 @dataclass

@@ -13,15 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backend.runs import read_json_object
+from backend.plans import PlanError, read_plan
 from backend.switch import ServerSpec, SwitchPlan, SwitchPlanError, switch_from_dict
 
 PLAN_VERSION = 2
 EXTRACTOR = "extractor"  # the extraction server's name in the switch: steps stop_extractor, start_extractor
-
-
-class PlanError(ValueError):
-    """The plan file is unusable; the message names the file and the key."""
 
 
 @dataclass(frozen=True)
@@ -103,4 +99,4 @@ def check_server_layers(plan: SwapPlan, info: Any) -> None:
 
 
 def load_plan(path: str) -> SwapPlan:
-    return plan_from_dict(read_json_object(path, PlanError, f"--plan {path}: no such file"), path)
+    return plan_from_dict(read_plan(path), path)

@@ -26,13 +26,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from backend.events import EventLog
 from backend.extract import disk
 from backend.extract.config import ExtractConfig
 from backend.extract.plan import PlanError, SwapPlan, check_server_layers, load_plan
-from backend.generate.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
-from backend.pipeline import CompletedRun, InputError, completed_run
-from backend.runs import Manifest, RunDir, open_run_dir, read_manifest, run_path
+from backend.lifecycle import StageFailed, StageRun, Stopped
+from backend.lookup import CompletedRun, InputError, completed_run
+from backend.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
+from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
 from backend.verifier import (VerifierError, VerifierInfo, extraction_layer_ids, read_verifier,
                               resolve_aux_layers)
@@ -41,14 +41,6 @@ STAGE = "extract"
 LOG_FILE = "extract.log"
 REQUIRED_MODULES = ("speculators", "safetensors", "datasets", "openai", "aiohttp")
 SIDES = (("train", "train_data", "train_hidden_states"), ("heldout", "heldout_data", "heldout_hidden_states"))
-
-
-class StageFailed(Exception):
-    """The run cannot go on; the message says why and what to do."""
-
-
-class Stopped(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -193,7 +185,7 @@ class ExtractRunner:
         self.inputs = inputs
         self.plan = inputs.plan
         self.endpoint = (self.plan.endpoint if self.plan else (config.endpoint or "")).rstrip("/")
-        self.events: EventLog | None = None
+        self.ctx: StageRun | None = None
         self.stop = asyncio.Event()
         self.stop_reason = ""
         self.server = ExtractionServer(self.plan, self.endpoint, progress=self.progress, emit=self.emit,
@@ -211,14 +203,10 @@ class ExtractRunner:
 
     # -- events ----------------------------------------------------------------------------------------
     def emit(self, kind: str, **data: Any) -> None:
-        if kind == "error":
+        if self.ctx is not None:
+            self.ctx.emit(kind, **data)  # backend/lifecycle.py: never takes the run down
+        elif kind == "error":
             print(f"extract: {data.get('message')}", file=sys.stderr)
-        if self.events is None:
-            return
-        try:
-            self.events.emit(kind, **data)
-        except OSError as exc:
-            print(f"extract: could not write the {kind} event: {exc}", file=sys.stderr)
 
     @property
     def total(self) -> int:
@@ -242,12 +230,8 @@ class ExtractRunner:
         self.emit("progress", phase=self.phase, done=done, total=self.total, failed=0,
                   rate=round((done - self.done_before) / elapsed, 3) if elapsed > 0 else 0.0, **extra)
 
-    def _on_signal(self, sig: int) -> None:
-        if not self.stop.is_set():
-            self.stop_reason = signal.Signals(sig).name
-            self.emit("error", fatal=False, message=f"received {self.stop_reason}: stopping; the extraction "
-                      f"server is stopped and the baseline started again before exiting" if self.plan else
-                      f"received {self.stop_reason}: stopping")
+    def _on_stop(self, name: str) -> None:
+        self.stop_reason = self.stop_reason or name
         self.stop.set()
 
     # -- the run ---------------------------------------------------------------------------------------
@@ -256,45 +240,34 @@ class ExtractRunner:
         manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs),
                             settings={"endpoint": self.endpoint, "concurrency": c.concurrency,
                                       "plan": c.plan})
-        self.run_dir = run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
-        self.events = EventLog(run_dir.events_path, STAGE, c.run_id)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-        status, error = "failed", None
+        ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh,
+                                  mode="flag", failures=(SwapFailed,), stops=(SwapStopped,))
+        ctx.on_stop(self._on_stop)
+        ctx.stop_note = ("stopping; the extraction server is stopped and the baseline started again before "
+                         "exiting" if self.plan else "stopping")
+        ctx.summarize = self._summary
+        ctx.report = report
+        return await ctx.arun(self._body)
+
+    async def _body(self, ctx: StageRun) -> None:
+        self.run_dir = ctx.run_dir
+        inputs = self.inputs
+        self.done_before = self.done()
+        ctx.start(total=self.total, already_done=self.done_before, aux_layer_ids=inputs.aux_layer_ids,
+                  extract_layer_ids=inputs.asked_layer_ids, hidden_size=inputs.verifier.hidden_size,
+                  estimate=inputs.estimate.to_dict() if inputs.estimate else None,
+                  plan=self.plan.to_dict() if self.plan else None)
         try:
-            self.done_before = self.done()
-            self.emit("start", total=self.total, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
-                      already_done=self.done_before, aux_layer_ids=inputs.aux_layer_ids,
-                      extract_layer_ids=inputs.asked_layer_ids,
-                      hidden_size=inputs.verifier.hidden_size,
-                      estimate=inputs.estimate.to_dict() if inputs.estimate else None,
-                      plan=self.plan.to_dict() if self.plan else None)
-            try:
-                # a resumed run whose files are all there needs no server: the baseline stays up
-                missing = self.done_before < self.total
-                if missing:
-                    # the child's imports (seconds) overlap the extraction server's load; it waits for the go
-                    self.child = await self._spawn_offline()
-                await run_swapped(self.server, self._work, swap=missing)
-                status = "completed"
-            except (Stopped, SwapStopped):
-                status, error = "stopped", f"received {self.stop_reason}: stopped; start the run again to resume"
-            except (StageFailed, SwapFailed) as exc:
-                status, error = "failed", str(exc)
-            except Exception as exc:  # unforeseen: still swapped back, say what happened
-                status, error = "failed", f"{type(exc).__name__}: {exc}"
-            finally:
-                await self._end_child()
-                if self.plan:
-                    self._clean_staging()
-            if status == "failed" and error:
-                self.emit("error", fatal=True, message=error)
-            return self._finish(status, error)
+            # a resumed run whose files are all there needs no server: the baseline stays up
+            missing = self.done_before < self.total
+            if missing:
+                # the child's imports (seconds) overlap the extraction server's load; it waits for the go
+                self.child = await self._spawn_offline()
+            await run_swapped(self.server, self._work, swap=missing)
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
-            self.events.close()
+            await self._end_child()
+            if self.plan:
+                self._clean_staging()
 
     # -- the server (backend/swap.py) ------------------------------------------------------------------
     def _check_lengths(self) -> None:
@@ -346,7 +319,7 @@ class ExtractRunner:
         c = self.c
         assert self.run_dir is not None
         if self.stop.is_set():
-            raise Stopped()
+            raise Stopped(self.stop_reason)
         if not self.plan:
             if not await self.server.answers():
                 raise StageFailed(f"nothing healthy answers at {self.endpoint}/health and /v1/models: start the "
@@ -374,7 +347,7 @@ class ExtractRunner:
             self._check_widths()
             if self.stop.is_set():
                 await self._end_child()
-                raise Stopped()
+                raise Stopped(self.stop_reason)
             if await self.server.lost():
                 await self._end_child()
                 raise StageFailed(f"the extraction server died midway ({self.done()} of {self.total} rows "
@@ -495,7 +468,7 @@ class ExtractRunner:
             pass
 
     # -- the end ---------------------------------------------------------------------------------------
-    def _finish(self, status: str, error: str | None) -> int:
+    def _summary(self, status: str, error: str | None) -> dict[str, Any]:
         assert self.run_dir is not None
         inputs = self.inputs
         outputs: dict[str, str] = {}
@@ -520,17 +493,11 @@ class ExtractRunner:
         }
         if self.plan:
             summary["swap"] = self.server.record.to_dict()
+        if status == "stopped":
+            error = f"received {self.stop_reason or 'a stop signal'}: stopped; start the run again to resume"
         if error:
             summary["error"] = error
-        try:
-            self.run_dir.write_summary(summary)
-        except OSError as exc:
-            print(f"extract: could not write {self.run_dir.summary_path}: {exc}", file=sys.stderr)
-        self.emit("finish", status=status, summary=summary)
-        print(report(summary))
-        if error:
-            print(f"extract: {status}: {error}", file=sys.stderr)
-        return 0 if status in ("completed", "stopped") else 1
+        return summary
 
 
 def report(summary: dict[str, Any]) -> str:

@@ -15,8 +15,9 @@ files_done, files_total, file) or convert; finish with the summary. The token co
 the HF_TOKEN environment variable, never from the command line, and is never written anywhere; the
 console's copy is removed as soon as it is read (--remove-token-file). Plain http reaches only loopback.
 
-Exit codes: 0 ready, 1 the download or conversion failed (a partial download is kept for the next run),
-2 unusable arguments or run directory (nothing was written).
+Exit codes (backend/exitcodes.py): 0 ready or stopped (SIGTERM; the partial download is kept), 1 the
+download or conversion failed (a partial download is kept for the next run), 2 unusable arguments or run
+directory (nothing was written).
 """
 from __future__ import annotations
 
@@ -24,53 +25,21 @@ import argparse
 import contextlib
 import os
 import re
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from backend.events import EventLog
 from backend.fetch_drafter import STAGE
 from backend.fetch_drafter import convert as cv
 from backend.fetch_drafter import download as dl
 from backend.fetch_drafter.names import endpoint_problem, repo_id_problem, revision_problem
-from backend.runs import Manifest, RunDir, RunDirError, open_run_dir
+from backend.lifecycle import StageRun, refuse
+from backend.runs import Manifest
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TOKEN_ENV = "HF_TOKEN"
 _ENDPOINT = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(?::\d{1,5})?(?:/[A-Za-z0-9._~/-]*)?")
-
-
-class Stopped(BaseException):
-    """SIGTERM: stop now; the partial file stays for the next run."""
-
-
-class _StopSignal:
-    """SIGTERM raises Stopped where the run is, except inside an event write, which completes first (an
-    event line is written whole or not at all, and an exception in the middle of one would cut it)."""
-
-    def __init__(self) -> None:
-        self.writing = False
-        self.pending = False
-        self.finishing = False  # the run is writing its end: a late signal changes nothing
-
-    def __call__(self, signum: int, frame: Any) -> None:
-        if self.writing or self.finishing:
-            self.pending = True
-            return
-        raise Stopped()
-
-    @contextlib.contextmanager
-    def writing_event(self):
-        self.writing = True
-        try:
-            yield
-        finally:
-            self.writing = False
-        if self.pending and not self.finishing:
-            self.pending = False
-            raise Stopped()
 
 
 @dataclass
@@ -143,16 +112,13 @@ def read_token(c: FetchConfig) -> str | None:
 
 
 class FetchRun:
-    def __init__(self, c: FetchConfig, run_dir: RunDir, token: str | None, stop: _StopSignal | None = None):
-        self.c, self.run_dir, self.token = c, run_dir, token
-        self.stop = stop or _StopSignal()
-        self.log = EventLog(run_dir.events_path, STAGE, c.run_id)
+    def __init__(self, c: FetchConfig, ctx: StageRun, token: str | None):
+        self.c, self.ctx, self.token = c, ctx, token
+        self.emit = ctx.emit
         self.summary: dict[str, Any] = {"stage": STAGE, "run_id": c.run_id, "repo": c.repo, "revision": c.revision,
                                         "endpoint": c.endpoint}
-
-    def emit(self, kind: str, **data: Any) -> None:
-        with self.stop.writing_event():
-            self.log.emit(kind, **data)
+        ctx.summarize = self._summarize
+        ctx.report = self._report_line
 
     def _report(self, progress: dl.Progress, final: bool) -> None:
         left = progress.total - progress.done
@@ -162,32 +128,22 @@ class FetchRun:
                   files_total=len(self.summary.get("files") or ()), file=progress.current,
                   eta_s=round(left / rate, 1) if rate > 0 and left > 0 else None, fsync=final)
 
-    def run(self) -> int:
-        c = self.c
-        status, error = "completed", None
-        try:
-            self.emit("start", total=0, manifest=self.run_dir.manifest.to_dict(), resumed=self.run_dir.resumed,
-                      phase="list")
-            self._run()
-        except Stopped:
-            status, error = "stopped", "stopped by a signal; run again to resume the download"
-        except (dl.HubError, cv.ConvertError) as exc:
-            status, error = "failed", str(exc)
-        except Exception as exc:  # anything else still ends the run with a reason, never a silent death
-            status, error = "failed", f"{type(exc).__name__}: {str(exc)[:500]}"
-        self.stop.finishing = True
+    def body(self, ctx: StageRun) -> None:
+        ctx.start(total=0, phase="list")
+        self._run()
+
+    def _summarize(self, status: str, error: str | None) -> dict[str, Any]:
         self.summary["status"] = status
+        if status == "stopped":
+            error = "stopped by a signal; run again to resume the download"
         if error:
             self.summary["error"] = error
-            self.log.emit("error", message=error, fatal=True)
-        self.run_dir.write_summary(self.summary)
-        self.log.emit("finish", status=status, summary=self.summary)
-        self.log.close()
-        if error:
-            print(f"fetch_drafter: {error}", file=sys.stderr)
-        else:
-            print(f"{c.repo}@{self.summary['commit'][:12]}: {self.summary['outputs']['checkpoint']}")
-        return {"completed": 0, "stopped": 1, "failed": 1}[status]
+        return self.summary
+
+    def _report_line(self, summary: dict[str, Any]) -> str | None:
+        if summary["status"] != "completed":
+            return None
+        return f"{self.c.repo}@{summary['commit'][:12]}: {summary['outputs']['checkpoint']}"
 
     def _run(self) -> None:
         c = self.c
@@ -208,7 +164,7 @@ class FetchRun:
             self.summary["outputs"]["checkpoint"] = target
             return
         self.summary["format"] = "eagle3-original"
-        out = self.run_dir.file("checkpoint")
+        out = self.ctx.file("checkpoint")
         if cv.converted_from(out) == listing.commit:  # converted by an earlier try of this run, same commit
             self.summary.update(converted=True)
             self.summary["outputs"]["checkpoint"] = out
@@ -222,7 +178,7 @@ class FetchRun:
         kwargs: dict[str, Any] = {"eagle_aux_hidden_state_layer_ids": ids} if ids else {}
         self.summary["aux_layer_ids"] = ids
         self.emit("progress", phase="convert", done=progress.done, total=progress.total, fsync=True)
-        argv = cv.convert(c.python, target, out, c.verifier, kwargs, log_dir=self.run_dir.path)
+        argv = cv.convert(c.python, target, out, c.verifier, kwargs, log_dir=self.ctx.path)
         cv.record_source(out, {"repo": c.repo, "revision": c.revision, "commit": listing.commit,
                                "converted_with": argv[2:]})
         self.summary.update(converted=True)
@@ -234,16 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         token = read_token(c)
     except OSError as exc:
-        print(f"fetch_drafter: cannot read the token file: {exc.strerror}", file=sys.stderr)
-        return 2
+        return refuse("fetch_drafter", f"cannot read the token file: {exc.strerror}")
     identity = {"repo": c.repo, "revision": c.revision, "verifier": os.path.realpath(c.verifier) if c.verifier else None,
                 "aux_layer_ids": c.aux_layer_ids}
-    try:
-        run_dir = open_run_dir(c.work_dir, c.run_id, Manifest(stage=STAGE, run_id=c.run_id, identity=identity,
-                                                               settings={"endpoint": c.endpoint}), fresh=c.fresh)
-    except RunDirError as exc:
-        print(f"fetch_drafter: {exc}", file=sys.stderr)
-        return 2
+    ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, fresh=c.fresh, prog="fetch_drafter",
+                   manifest=Manifest(stage=STAGE, run_id=c.run_id, identity=identity, settings={"endpoint": c.endpoint}),
+                   failures=(dl.HubError, cv.ConvertError))
     # this stage exists to download: an HF_HUB_OFFLINE=1 inherited from the host's environment (set for
     # vLLM and training, which must never fetch) would only turn the download into a puzzling error.
     # huggingface_hub reads it once, at import, which is here.
@@ -251,9 +203,4 @@ def main(argv: list[str] | None = None) -> int:
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # progress goes to the events; a bar per file would fill the journal
-    stop = _StopSignal()
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        return FetchRun(c, run_dir, token, stop).run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return ctx.run(lambda ctx: FetchRun(c, ctx, token).body(ctx))

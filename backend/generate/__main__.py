@@ -1,7 +1,7 @@
 """`python -m backend.generate ...`: see backend/generate/config.py for every flag.
 
-Exit codes: 0 completed or stopped (SIGTERM), 1 failed (samples failed, disk full, preflight
-failed), 2 unusable arguments, dataset or run directory (nothing was started).
+Exit codes (backend/exitcodes.py): 0 completed or stopped (SIGTERM), 1 failed (samples failed, disk full,
+preflight failed), 2 unusable arguments, dataset or run directory (nothing was started).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from backend.generate.client import read_api_key
 from backend.generate.config import ConfigError, parse_config
 from backend.generate.dataset import DatasetError
 from backend.generate.runner import Runner
+from backend.lifecycle import refuse
 from backend.runs import RunDirError
 
 
@@ -20,13 +21,11 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_config(argv)
         api_key = read_api_key(config.api_key_env, config.api_key_file)
     except (ConfigError, ValueError) as exc:
-        print(f"generate: {exc}", file=sys.stderr)
-        return 2
+        return refuse("generate", exc)
     try:
         return asyncio.run(Runner(config, api_key=api_key).run())
     except (DatasetError, RunDirError) as exc:
-        print(f"generate: {exc}", file=sys.stderr)
-        return 2
+        return refuse("generate", exc)
 
 
 if __name__ == "__main__":

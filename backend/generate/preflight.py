@@ -7,14 +7,14 @@ preflight also sends one small completion and looks at what comes back.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
-import shutil
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
+
+from backend import preflight as shared
+from backend.preflight import Check, PreflightReport, free_bytes, human_bytes  # noqa: F401 - the shared kit
 
 from backend.generate.client import ChatClient
 from backend.generate.config import GenerateConfig
@@ -36,36 +36,16 @@ EXPECTED_FILL = 0.5
 
 
 @dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
-
-@dataclass
-class PreflightReport:
-    checks: list[Check] = field(default_factory=list)
+class GenerationPreflight(PreflightReport):
+    """The shared report (backend/preflight.py) with what the generation's checks found about the server."""
     token_ids: bool | None = None  # whether the server returned token ids in the smoke completion
     context: ContextLimits | None = None  # the served context and whether /tokenize answers
     max_model_len: int | None = None  # from the served model's card in /v1/models
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-    def add(self, name: str, ok: bool, detail: str, fix: str = "") -> Check:
-        check = Check(name, ok, detail, "" if ok else fix)
-        self.checks.append(check)
-        return check
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "token_ids": self.token_ids,
                 "context": self.context.to_dict() if self.context is not None else None,
                 "checks": [asdict(c) for c in self.checks]}
-
-    def failures(self) -> str:
-        return "; ".join(f"{c.name}: {c.detail} -> {c.fix}" for c in self.checks if not c.ok)
 
 
 def modules_for(dataset: str) -> tuple[str, ...]:
@@ -77,11 +57,7 @@ def modules_for(dataset: str) -> tuple[str, ...]:
 
 
 def check_modules(report: PreflightReport, modules: tuple[str, ...] = REQUIRED_MODULES) -> None:
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    report.add("python_modules", not missing,
-               f"{sys.executable} has {', '.join(modules)}" if not missing
-               else f"{sys.executable} lacks {', '.join(missing)}",
-               f"{sys.executable} -m pip install {' '.join(missing)}")
+    shared.check_modules(report, modules)
 
 
 def estimate_bytes(samples: int, max_tokens: int, token_ids: bool, avg_row_bytes: int) -> int:
@@ -90,46 +66,10 @@ def estimate_bytes(samples: int, max_tokens: int, token_ids: bool, avg_row_bytes
     return samples * per
 
 
-def free_bytes(path: str) -> int:
-    """Free bytes on the volume that holds `path` (or its nearest existing parent)."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    return shutil.disk_usage(probe).free
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> "1.5 KiB": whole bytes below 1 KiB, else one decimal in the largest unit that is >= 1."""
-    if n < 1024:
-        return f"{max(0, int(n))} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1024:.1f} PiB"
-
-
 def check_disk(report: PreflightReport, run_dir: str, need: int) -> None:
-    free = free_bytes(run_dir)
-    hint = "" if free >= need else room_hint_for(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))),
-                                                 need - free)
-    report.add("disk_space", free >= need,
-               f"{human_bytes(free)} free on the volume of {run_dir}; the output may need up to "
-               f"{human_bytes(need)} (answers averaging half of max_tokens)",
-               f"free {human_bytes(max(0, need - free))} there, point --work-dir at a larger volume, "
-               f"or lower --limit/--max-tokens{hint}")
-
-
-def room_hint_for(work_dir: str, short: int) -> str:
-    """The old runs whose removal would make room (backend/disk.py), or ''."""
-    from backend.disk import room_hint  # imported late: it reads run directories, this module is imported early
-    try:
-        return room_hint(work_dir, short)
-    except Exception:  # noqa: BLE001 - a hint must never break the preflight it decorates
-        return ""
+    shared.check_disk(report, run_dir, need, what="the output (answers averaging half of max_tokens)",
+                      fix="point --work-dir at a larger volume, or lower --limit/--max-tokens",
+                      work_dir=os.path.dirname(os.path.dirname(os.path.abspath(run_dir))))
 
 
 def check_context(report: PreflightReport, limits: ContextLimits, config: GenerateConfig) -> None:
@@ -152,7 +92,7 @@ def check_context(report: PreflightReport, limits: ContextLimits, config: Genera
                f"{note}")
 
 
-async def check_server(report: PreflightReport, client: ChatClient, config: GenerateConfig) -> None:
+async def check_server(report: GenerationPreflight, client: ChatClient, config: GenerateConfig) -> None:
     url = config.endpoint
     status = await client.health()
     if status != 200:
@@ -185,7 +125,7 @@ async def check_server(report: PreflightReport, client: ChatClient, config: Gene
     await _smoke(report, client, config)
 
 
-async def _smoke(report: PreflightReport, client: ChatClient, config: GenerateConfig) -> None:
+async def _smoke(report: GenerationPreflight, client: ChatClient, config: GenerateConfig) -> None:
     payload: dict[str, Any] = {**config.sampling_params(), "model": config.model,
                                "messages": [{"role": "user", "content": SMOKE_PROMPT}],
                                "max_tokens": min(config.max_tokens, 256)}
@@ -226,8 +166,8 @@ async def _smoke(report: PreflightReport, client: ChatClient, config: GenerateCo
 
 
 async def run_preflight(config: GenerateConfig, client: ChatClient, *, run_dir: str, samples: int,
-                        avg_row_bytes: int) -> PreflightReport:
-    report = PreflightReport()
+                        avg_row_bytes: int) -> GenerationPreflight:
+    report = GenerationPreflight()
     check_modules(report, modules_for(config.dataset))
     await check_server(report, client, config)
     if any(c.name == "served_model" and c.ok for c in report.checks):  # the server is up and serves it

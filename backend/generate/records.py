@@ -21,11 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-try:  # orjson is 5-10x faster on 35 KB bodies; the stdlib is the fallback, same output
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the host python
-    _orjson = None
-import json
+from backend.jsonl import dumps_line, loads  # noqa: F401 - the shared JSONL helpers, used here
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -33,24 +29,6 @@ THINK_CLOSE = "</think>"
 
 class ResponseError(ValueError):
     """The server answered 200 but the body is not a usable chat completion (not retried)."""
-
-
-def loads(data: bytes | str) -> Any:
-    return _orjson.loads(data) if _orjson is not None else json.loads(data)
-
-
-_LINE = _orjson.OPT_APPEND_NEWLINE if _orjson is not None else 0
-
-
-def dumps_line(obj: Any) -> bytes:
-    if _orjson is not None:
-        try:
-            # orjson appends the newline itself: no second copy of a ~40 KB line
-            return _orjson.dumps(obj, option=_LINE)
-        except TypeError:  # an int over 64 bits or a lone surrogate in a source row: the stdlib copes
-            pass
-    # ASCII escapes keep a lone surrogate valid JSON in valid UTF-8 (a raw one cannot be encoded)
-    return (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()
 
 
 @dataclass(frozen=True)

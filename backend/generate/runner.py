@@ -13,24 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.events import EventLog
 from backend.generate import dataset as ds
 from backend.generate.client import REJECTED, ChatClient, ClientSettings, RequestFailed, ServerGone
 from backend.generate.config import GenerateConfig
 from backend.generate.fit import PROMPT_REASONS, ContextLimits, discover
-from backend.generate.preflight import free_bytes, human_bytes, run_preflight
+from backend.generate.preflight import run_preflight
+from backend.preflight import free_bytes, human_bytes
 from backend.generate.records import ResponseError, build_record, dumps_line
 from backend.generate.request import Generated, PromptFitter, Skipped
 from backend.generate.tokens import export_token_rows
 from backend.generate.writer import DurableWriter, ResumeIndex, WriteFailed, drop_torn_tail, scan_output
-from backend.runs import Manifest, RunDir, open_run_dir, run_path
+from backend import exitcodes
+from backend.lifecycle import StageRun
+from backend.runs import Manifest, RunDir, run_path
 
 STAGE = "generate"
 OUTPUT_FILE = "output.jsonl"
@@ -98,7 +99,10 @@ class Runner:
         self.stop_status = "stopped"
         self.fatal: str | None = None
         self.disk_full = False
-        self.events: EventLog | None = None
+        self.ctx: StageRun | None = None
+        self.writer: DurableWriter | None = None
+        self.extra: dict[str, Any] = {}
+        self.pipeline_running = False
         self.stats = Stats()
         self.rows = 0
         self.limits = ContextLimits()
@@ -107,14 +111,10 @@ class Runner:
 
     # -- events that must never take the run down (the disk may be full) --
     def emit(self, kind: str, **data: Any) -> None:
-        if kind in ("error", "pause", "resume"):
+        if self.ctx is not None:
+            self.ctx.emit(kind, **data)  # backend/lifecycle.py: never takes the run down
+        elif kind in ("error", "pause", "resume"):
             print(f"generate: {kind}: {data.get('message') or data.get('reason') or data}", file=sys.stderr)
-        if self.events is None:
-            return
-        try:
-            self.events.emit(kind, **data)
-        except OSError as exc:
-            print(f"generate: could not write the {kind} event: {exc}", file=sys.stderr)
 
     def fail(self, message: str) -> None:
         if self.fatal is None:
@@ -161,15 +161,21 @@ class Runner:
                 report = await run_preflight(c, client, run_dir=run_path(c.work_dir, c.run_id),
                                              samples=self.rows, avg_row_bytes=avg_row)
                 print(json.dumps(report.to_dict(), indent=2))
-                return 0 if report.ok else 1
-            run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
-            self.events = EventLog(run_dir.events_path, STAGE, c.run_id)
-            try:
-                return await self._run(run_dir, client, avg_row)
-            finally:
-                self.events.close()
+                return exitcodes.COMPLETED if report.ok else exitcodes.FAILED
+            ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh,
+                                      mode="flag", failures=(ds.DatasetError,))
+            ctx.on_stop(self._on_stop)
+            ctx.stop_note = (f"finishing in-flight requests (up to {c.stop_grace_s:g} s), then stopping")
+            ctx.summarize = self._summarize
+            return await ctx.arun(lambda ctx: self._run(ctx.run_dir, client, avg_row))
 
-    async def _run(self, run_dir: RunDir, client: ChatClient, avg_row: int) -> int:
+    def _on_stop(self, _name: str) -> None:
+        """In the pipeline: let in-flight requests finish (their records are booked); before it: stop now."""
+        self.stop.set()
+        if not self.pipeline_running and self.ctx is not None:
+            self.ctx.cancel_body()
+
+    async def _run(self, run_dir: RunDir, client: ChatClient, avg_row: int) -> None:
         c = self.config
         out_path = run_dir.file(OUTPUT_FILE)
         index = scan_output(out_path)
@@ -187,28 +193,26 @@ class Runner:
             report = await run_preflight(c, client, run_dir=run_dir.path, samples=remaining, avg_row_bytes=avg_row)
             if not report.ok:
                 self.fail(f"preflight failed: {report.failures()}")
-                return self._finish(run_dir, None, extra={"preflight": report.to_dict()})
+                self.extra = {"preflight": report.to_dict()}
+                return
             if c.return_token_ids == "auto":
                 token_ids = bool(report.token_ids)
             self.limits = report.context or ContextLimits()
         else:
             self.limits = await discover(client, c.model, c.chat_template_kwargs)
-        self.emit("start", **self.progress(None), manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
-                  already_done=index.records, token_ids=token_ids, context=self.limits.to_dict())
-        writer = DurableWriter(out_path, flush_every=c.flush_every)
+        assert self.ctx is not None
+        self.ctx.start(**self.progress(None), already_done=index.records, token_ids=token_ids,
+                       context=self.limits.to_dict())
+        writer = self.writer = DurableWriter(out_path, flush_every=c.flush_every)
         failures = DurableWriter(run_dir.file(FAILURES_FILE), flush_every=1)
         skipped = self._open_skipped(run_dir)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
+        self.pipeline_running = True
         client.attach_gate(on_pause=lambda reason: self.emit("pause", reason=reason),
                            on_resume=lambda waited: self.emit("resume", waited_s=round(waited, 1)))
         self.stats.started = time.monotonic()  # the rate counts generation, not the preflight
         try:
             await self._pipeline(client, writer, failures, skipped, index.done_ids, token_ids)
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
             await self._final_flush(writer, failures, skipped)
             writer.close()
             failures.close()
@@ -220,7 +224,7 @@ class Runner:
         if (token_ids and c.token_rows and self.fatal is None and self.stats.failed_total == 0
                 and not self.stop.is_set()):
             extra["token_rows"] = export_token_rows(out_path, run_dir.file("prepare"))
-        return self._finish(run_dir, writer, extra=extra)
+        self.extra = extra
 
     @staticmethod
     def _open_skipped(run_dir: RunDir) -> DurableWriter:
@@ -229,11 +233,6 @@ class Runner:
         with open(path, "wb"):
             pass
         return DurableWriter(path, flush_every=256)
-
-    def _on_signal(self, sig: int) -> None:
-        self.emit("error", fatal=False, message=f"received {signal.Signals(sig).name}: finishing in-flight "
-                  f"requests (up to {self.config.stop_grace_s:g} s), then stopping")
-        self.stop.set()
 
     async def _pipeline(self, client: ChatClient, writer: DurableWriter, failures: DurableWriter,
                         skipped: DurableWriter, done_ids: set[str], token_ids: bool) -> None:
@@ -402,34 +401,35 @@ class Runner:
             except WriteFailed:
                 side.discard()
 
-    def _finish(self, run_dir: RunDir, writer: DurableWriter | None, extra: dict[str, Any]) -> int:
+    def _summarize(self, status: str, error: str | None) -> dict[str, Any]:
+        """The summary (backend/lifecycle.py writes it and the finish): the counters decide, unless the body
+        ended on something it did not expect (a full disk, a crash), which fails the run with that reason."""
+        assert self.ctx is not None
+        if status == "failed" and error and self.fatal is None:
+            self.fatal = error
         s = self.stats
-        status, error, note = settle(fatal=self.fatal, stopped=self.stop.is_set(), rows=self.rows, done=s.done,
-                                     failed=s.failed, skipped=s.skipped, reduced=s.reduced,
-                                     first_rejection=self.first_rejection)
+        writer = self.writer
+        status, error, note = settle(fatal=self.fatal, stopped=self.stop.is_set() or status == "stopped",
+                                     rows=self.rows, done=s.done, failed=s.failed, skipped=s.skipped,
+                                     reduced=s.reduced, first_rejection=self.first_rejection)
         summary: dict[str, Any] = {"stage": STAGE, "run_id": self.config.run_id, "status": status}
         summary.update(self.progress(writer))
-        summary.update({"output": run_dir.file(OUTPUT_FILE), "failures": run_dir.file(FAILURES_FILE),
+        summary.update({"output": self.ctx.file(OUTPUT_FILE), "failures": self.ctx.file(FAILURES_FILE),
                         "elapsed_s": round(time.monotonic() - s.started, 3)})
         if writer is not None:
-            summary["skipped_prompts"] = run_dir.file(SKIPPED_FILE)
+            summary["skipped_prompts"] = self.ctx.file(SKIPPED_FILE)
         if error:
             summary["error"] = error
         if note:
             summary["note"] = note
-        summary.update(extra)
-        try:
-            run_dir.write_summary(summary)
-        except OSError as exc:
-            print(f"generate: could not write {run_dir.summary_path}: {exc}", file=sys.stderr)
-        self.emit("finish", status=status, summary=summary)
+        summary.update(self.extra)
         line = f"generate: {status}: {summary.get('done', 0)} done"
         line += f", {summary.get('failed', 0)} failed{_by_reason(s.failed)}"
         line += f", {summary.get('skipped', 0)} skipped{_by_reason(s.skipped)}"
         if s.reduced:
             line += f", {s.reduced} with a reduced max_tokens"
         print(line + (f" ({error})" if error else ""), file=sys.stderr)
-        return 0 if status in ("completed", "stopped") else 1
+        return summary
 
 
 def _by_reason(counts: Counter | dict[str, int]) -> str:

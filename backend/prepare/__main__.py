@@ -1,6 +1,6 @@
 """`python -m backend.prepare ...`: see backend/prepare/config.py for every flag.
 
-Exit codes: 0 completed or stopped (SIGTERM), 1 failed (the finish event and summary say why), 2 unusable
+Exit codes (backend/exitcodes.py): 0 completed or stopped (SIGTERM), 1 failed (the finish event and summary say why), 2 unusable
 arguments or input (a generation run that is not complete, a verifier not on this host, a run directory
 holding another run): one line on stderr, nothing created or changed.
 """
@@ -10,6 +10,8 @@ import importlib.util
 import os
 import sys
 
+from backend.lifecycle import refuse
+from backend.preflight import offline_env
 from backend.prepare.config import ConfigError, parse_config
 from backend.runs import RunDirError, run_path
 from backend.verifier import VerifierError
@@ -17,32 +19,19 @@ from backend.verifier import VerifierError
 REQUIRED_MODULES = ("speculators", "datasets", "httpx")
 
 
-def offline_env(run_dir: str) -> None:
-    """Before datasets/transformers are imported: never reach a hub (the verifier is a local directory),
-    and keep datasets' cache of the row files inside the run directory, not in the home directory."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(run_dir, "rows", "hf-cache"))
-    # progress bars redrawn with \r are noise in a log file; the stage reports progress in events.jsonl
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TQDM_DISABLE", "1")
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
-        offline_env(run_path(config.work_dir, config.run_id))
+        offline_env(os.path.join(run_path(config.work_dir, config.run_id), "rows", "hf-cache"))
         missing = [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
         if missing:
-            print(f"prepare: {sys.executable} lacks {', '.join(missing)}: install them with {sys.executable} -m "
-                  f"pip install {' '.join(missing)}", file=sys.stderr)
-            return 2
+            return refuse("prepare", f"{sys.executable} lacks {', '.join(missing)}: install them with "
+                          f"{sys.executable} -m pip install {' '.join(missing)}")
         from backend.prepare.runner import PrepareRunner, resolve_inputs
         inputs = resolve_inputs(config)
         return PrepareRunner(config).run(inputs)
     except (ConfigError, RunDirError, VerifierError) as exc:
-        print(f"prepare: {exc}", file=sys.stderr)
-        return 2
+        return refuse("prepare", exc)
 
 
 if __name__ == "__main__":

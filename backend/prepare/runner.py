@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 import time
 from collections import deque
@@ -23,13 +22,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from backend.events import EventLog
-from backend.generate.records import dumps_line, loads
-from backend.pipeline import InputError, completed_run
+from backend.lifecycle import StageFailed, StageRun
+from backend.jsonl import dumps_line, loads
+from backend.lookup import InputError, completed_run
 from backend.prepare import rows as R
 from backend.prepare.config import PrepareConfig
 from backend.prepare.render import render_row
-from backend.runs import Manifest, RunDir, open_run_dir, read_manifest, write_json_atomic
+from backend.runs import Manifest, RunDir, read_manifest, write_json_atomic
 from backend.verifier import VerifierInfo, read_verifier
 
 STAGE = "prepare"
@@ -39,10 +38,6 @@ TOKEN_FREQ = "token_freq.pt"
 SPLIT_FILE = "split.json"
 DROPPED_FILE = "dropped.jsonl"
 WORK_DIR = "rows"  # intermediate row files, removed once the datasets are in place
-
-
-class StageFailed(Exception):
-    """The run cannot finish; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +106,7 @@ def _replace_dir(tmp: str, final: str) -> None:
 class PrepareRunner:
     def __init__(self, config: PrepareConfig):
         self.c = config
-        self.events: EventLog | None = None
-        self.stop_signal: str | None = None
+        self.ctx: StageRun | None = None
         self.tally = R.Tally()
         self.started = time.monotonic()
         self.last_progress = 0.0
@@ -122,12 +116,12 @@ class PrepareRunner:
 
     # -- events ----------------------------------------------------------------------------------------
     def emit(self, kind: str, **data: Any) -> None:
-        if self.events is None:
-            return
-        try:
-            self.events.emit(kind, **data)
-        except OSError as exc:
-            print(f"prepare: could not write the {kind} event: {exc}", file=sys.stderr)
+        if self.ctx is not None:
+            self.ctx.emit(kind, **data)
+
+    @property
+    def stop_signal(self) -> str | None:
+        return self.ctx.stopping if self.ctx is not None else None
 
     def progress(self, phase: str, force: bool = False) -> None:
         now = time.monotonic()
@@ -140,12 +134,9 @@ class PrepareRunner:
                   kept=t.kept, dropped=t.dropped_total, dropped_by_reason=dict(t.dropped), tokens=t.tokens,
                   rate=round(t.read / elapsed, 3) if elapsed > 0 else 0.0)
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.stop_signal = signal.Signals(signum).name
-
     def _check_stop(self) -> None:
-        if self.stop_signal:
-            raise InterruptedError(self.stop_signal)
+        if self.ctx is not None:
+            self.ctx.check_stop()
 
     # -- the run ---------------------------------------------------------------------------------------
     def run(self, inputs: Inputs) -> int:
@@ -153,28 +144,19 @@ class PrepareRunner:
         manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs),
                             settings={"render_endpoint": c.render_endpoint,
                                       "render_concurrency": c.render_concurrency})
-        run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
-        self.events = EventLog(run_dir.events_path, STAGE, c.run_id)
+        ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh, mode="flag")
+        ctx.stop_note = "stopped; start it again to redo it"
         self.total = inputs.expected_rows
         self.verifier_path = inputs.verifier.path
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            self.emit("start", total=self.total, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
-                      source=inputs.source)
-            try:
-                summary = self._run(run_dir, inputs)
-                status, error = "completed", None
-            except InterruptedError as exc:
-                status, error, summary = "stopped", f"received {exc}: stopped; start it again to redo it", {}
-            except StageFailed as exc:
-                status, error, summary = "failed", str(exc), {}
-            except Exception as exc:  # anything unforeseen still ends with a finish event saying what
-                status, error, summary = "failed", f"{type(exc).__name__}: {exc}", {}
-            return self._finish(run_dir, inputs, status, error, summary)
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
-            self.events.close()
+        result: dict[str, Any] = {}
+
+        def body(ctx: StageRun) -> None:
+            ctx.start(total=self.total, source=inputs.source)
+            result.update(self._run(ctx.run_dir, inputs))
+
+        ctx.summarize = lambda status, error: self._summary(inputs, status, error, result)
+        ctx.report = report
+        return ctx.run(body)
 
     def _run(self, run_dir: RunDir, inputs: Inputs) -> dict[str, Any]:
         c = self.c
@@ -340,8 +322,9 @@ class PrepareRunner:
 
 
     # -- the end ---------------------------------------------------------------------------------------
-    def _finish(self, run_dir: RunDir, inputs: Inputs, status: str, error: str | None,
-                result: dict[str, Any]) -> int:
+    def _summary(self, inputs: Inputs, status: str, error: str | None, result: dict[str, Any]) -> dict[str, Any]:
+        if status == "stopped":
+            error = f"received {self.stop_signal or 'a stop signal'}: stopped; start it again to redo it"
         t = self.tally
         summary: dict[str, Any] = {
             "stage": STAGE, "run_id": self.c.run_id, "status": status, "input_run": inputs.run_id,
@@ -362,15 +345,7 @@ class PrepareRunner:
             summary["first_render_error"] = self.render_error
         if error:
             summary["error"] = error
-        try:
-            run_dir.write_summary(summary)
-        except OSError as exc:
-            print(f"prepare: could not write {run_dir.summary_path}: {exc}", file=sys.stderr)
-        self.emit("finish", status=status, summary=summary)
-        print(report(summary))
-        if error:
-            print(f"prepare: {status}: {error}", file=sys.stderr)
-        return 0 if status in ("completed", "stopped") else 1
+        return summary
 
 
 def report(summary: dict[str, Any]) -> str:

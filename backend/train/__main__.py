@@ -1,6 +1,6 @@
 """`python -m backend.train ...`: see backend/train/config.py for every flag.
 
-Exit codes: 0 completed or stopped (SIGTERM: a resumable checkpoint was saved; the same command
+Exit codes (backend/exitcodes.py): 0 completed or stopped (SIGTERM: a resumable checkpoint was saved; the same command
 resumes), 1 failed (training error, preflight failed), 2 unusable arguments, input run, verifier or run
 directory (nothing was started and nothing was changed).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
+from backend.lifecycle import refuse
 from backend.train.config import ConfigError, parse_config
 
 
@@ -16,8 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
     except ConfigError as exc:
-        print(f"train: {exc}", file=sys.stderr)
-        return 2
+        return refuse("train", exc)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if config.gpu_ids:
         # before torch is imported: it counts, and numbers from 0, only the GPUs it is given

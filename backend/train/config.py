@@ -12,11 +12,9 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from backend.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
+
 _URL = re.compile(r"https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+")
-
-
-class ConfigError(ValueError):
-    pass
 
 
 # flags the stage sets itself: passing them again through --extra-args would silently fight the plan

@@ -10,7 +10,6 @@ Each failed check carries `fix`; checks are the same records as the generation s
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import os
 import shutil
@@ -18,7 +17,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from backend.generate.preflight import PreflightReport, free_bytes, room_hint_for
+from backend import preflight as shared
+from backend.preflight import PreflightReport
 
 __all__ = ["PreflightReport", "GpuProcess", "check_modules", "check_gpus", "check_disk",
            "parse_compute_apps", "checkpoint_bytes"]
@@ -38,11 +38,7 @@ class GpuProcess:
 
 
 def check_modules(report: PreflightReport, modules: tuple[str, ...] = TRAIN_MODULES) -> None:
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    report.add("python_modules", not missing,
-               f"{sys.executable} has {', '.join(modules)}" if not missing
-               else f"{sys.executable} lacks {', '.join(missing)}",
-               f"{sys.executable} -m {INSTALL_HINT}")
+    shared.check_modules(report, modules, INSTALL_HINT)
 
 
 def parse_compute_apps(text: str) -> list[GpuProcess]:
@@ -144,9 +140,5 @@ def checkpoint_bytes(params: int, trainable: int, saves: int) -> int:
 
 
 def check_disk(report: PreflightReport, path: str, need: int, work_dir: str | None = None) -> None:
-    free = free_bytes(path)
-    hint = room_hint_for(work_dir, need - free) if work_dir and free < need else ""
-    report.add("disk_space", free >= need,
-               f"{free / 1e9:.2f} GB free on the volume of {path}; the checkpoints may need {need / 1e9:.2f} GB",
-               f"free {max(0, need - free) / 1e9:.2f} GB there, raise [train] checkpoint_freq (fewer saves), "
-               f"or point the work dir at a larger volume{hint}")
+    shared.check_disk(report, path, need, what="the checkpoints", work_dir=work_dir,
+                      fix="raise [train] checkpoint_freq (fewer saves), or point the work dir at a larger volume")

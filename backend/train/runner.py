@@ -17,10 +17,11 @@ import subprocess
 import sys
 from typing import Any
 
-from backend.events import EventLog
+from backend import exitcodes
+from backend.lifecycle import StageFailed, StageRun, Stopped, refuse
 from backend.extract.plan import PlanError, SwapPlan, check_server_layers, load_plan
-from backend.pipeline import CompletedRun, InputError, completed_run, latest_completed
-from backend.runs import Manifest, RunDir, RunDirError, open_run_dir, read_manifest, run_path
+from backend.lookup import CompletedRun, InputError, completed_run, latest_completed
+from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
 from backend.train import checkpoints as ck
 from backend.train import preflight as pf
@@ -29,10 +30,6 @@ from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_statu
 from backend.train.verifier import VerifierError, VerifierInfo, check_layer_ids, inspect_verifier
 
 STAGE = "train"
-
-
-class StageStopped(Exception):
-    """SIGTERM before training started: nothing to save."""
 
 
 class UsageError(Exception):
@@ -164,7 +161,7 @@ def estimate_checkpoint_bytes(c: TrainStageConfig, info: VerifierInfo, layers: i
 class Stage:
     def __init__(self, config: TrainStageConfig):
         self.c = config
-        self.events: EventLog | None = None
+        self.ctx: StageRun | None = None
         self.phase = "setup"
         self.stop = False
         self.child: subprocess.Popen | None = None
@@ -201,21 +198,17 @@ class Stage:
             _signal_workers(self.child.pid, signal.SIGTERM)
 
     def emit(self, kind: str, **data: Any) -> None:
-        if kind == "error":
+        if self.ctx is not None:
+            self.ctx.emit(kind, **data)  # backend/lifecycle.py: never takes the run down
+        elif kind == "error":
             print(f"train: error: {data.get('message')}", file=sys.stderr)
-        if self.events is None:
-            return
-        try:
-            self.events.emit(kind, **data)
-        except OSError as exc:
-            print(f"train: could not write the {kind} event: {exc}", file=sys.stderr)
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
+    def _on_stop(self, name: str) -> None:
+        """Before training: the lifecycle raises Stopped where the setup is (nothing to save). Training:
+        the workers save a resumable checkpoint and exit."""
         self.stop = True
-        if self.phase == "setup":
-            raise StageStopped(signal.Signals(signum).name)
         if self.child is not None:
-            _signal_workers(self.child.pid, signum)
+            _signal_workers(self.child.pid, getattr(signal, name))
 
     def preflight(self, inputs: Inputs, processes: int, available: int, where: str) -> pf.PreflightReport:
         """Online, the GPU check waits for the swap-in (the baseline holds the GPUs until then): see _run."""
@@ -235,8 +228,7 @@ class Stage:
             if self.swap_plan is not None:  # online: its server must write the states speculators reads
                 check_server_layers(self.swap_plan, inputs.info)
         except (InputError, VerifierError, UsageError, ConfigError, PlanError) as exc:
-            print(f"train: {exc}", file=sys.stderr)
-            return 2
+            return refuse("train", exc)
         if c.nvidia_smi:
             pf.NVIDIA_SMI = list(c.nvidia_smi)
         available = simulated_gpu_count() if c.simulated_gpus else gpu_count()
@@ -244,37 +236,35 @@ class Stage:
         if c.preflight_only:
             report = self.preflight(inputs, processes, available, run_path(c.work_dir, c.run_id))
             print(json.dumps(report.to_dict(), indent=2))
-            return 0 if report.ok else 1
+            return exitcodes.COMPLETED if report.ok else exitcodes.FAILED
         manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs),
                             settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint, "plan": c.plan,
                                       "served_model": c.served_model,
                                       "checkpoint_freq": c.checkpoint_freq, "log_freq": c.log_freq,
                                       "num_workers": c.num_workers})
+        save_path = os.path.join(run_path(c.work_dir, c.run_id), CHECKPOINTS_DIR)
         try:
-            run_dir = open_run_dir(c.work_dir, c.run_id, manifest, fresh=c.fresh)
-            save_path = os.path.join(run_dir.path, CHECKPOINTS_DIR)
-            ck.check_save_root(save_path, inputs.info)
-        except (RunDirError, ck.CheckpointError) as exc:
-            print(f"train: {exc}", file=sys.stderr)
-            return 2
-        self.events = EventLog(run_dir.events_path, STAGE, c.run_id)
-        old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            return self._run(run_dir, inputs, processes, available, save_path)
-        except StageStopped:
-            return self._finish(run_dir, inputs, save_path, "stopped", None)
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-            self.events.close()
+            if not c.fresh:
+                ck.check_save_root(save_path, inputs.info)
+        except ck.CheckpointError as exc:
+            return refuse("train", exc)
+        # a stop before training raises Stopped where the setup is (nothing to save); from training on the
+        # workers are told and save a resumable checkpoint (mode "flag", set in _run)
+        ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh,
+                                  mode="raise", failures=(SwapFailed,), stops=(SwapStopped,))
+        ctx.on_stop(self._on_stop)
+        self.outcome: dict[str, Any] = {}
+        ctx.summarize = lambda status, error: self._summary(ctx.run_dir, inputs, save_path, status, error)
+        return ctx.run(lambda ctx: self._run(ctx.run_dir, inputs, processes, available, save_path))
 
-    def _run(self, run_dir: RunDir, inputs: Inputs, processes: int, available: int, save_path: str) -> int:
+    def _run(self, run_dir: RunDir, inputs: Inputs, processes: int, available: int, save_path: str) -> None:
         c = self.c
+        assert self.ctx is not None
         if not c.skip_preflight:
             report = self.preflight(inputs, processes, available, run_dir.path)
             if not report.ok:
-                return self._finish(run_dir, inputs, save_path, "failed", f"preflight failed: {report.failures()}",
-                                    preflight=report.to_dict())
+                self.outcome["preflight"] = report.to_dict()
+                raise StageFailed(f"preflight failed: {report.failures()}")
         ck.mark_save_root(save_path, inputs.info)
         vocab = vocab_files(c, inputs, run_dir.path)
         cpu = processes == 0 or c.simulated_gpus  # simulated GPUs are checked, never computed on
@@ -288,14 +278,17 @@ class Stage:
                                                num_workers=workers, log_dir=os.path.join(run_dir.path, "logs"),
                                                cache_dir=os.path.join(run_dir.path, "hs-cache")))
         plan_path = plan.save()
-        self.emit("start", total=0, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed,
-                  processes=plan.processes, device=plan.device, verifier=inputs.info.to_dict(),
-                  aux_layer_ids=inputs.layer_ids, input_run=inputs.run.run_id)
+        self.ctx.start(total=0, processes=plan.processes, device=plan.device, verifier=inputs.info.to_dict(),
+                       aux_layer_ids=inputs.layer_ids, input_run=inputs.run.run_id)
         try:
             os.remove(os.path.join(run_dir.path, "train_status.json"))
         except FileNotFoundError:
             pass
-        self.phase = "training"
+        with self.ctx.shielded():  # from here a stop is the workers' to act on: they save and exit
+            self.ctx.mode = "flag"
+            self.phase = "training"
+        if self.stop:
+            raise Stopped("stop")
 
         def body() -> str | None:
             if self.swap_plan is not None and not c.skip_preflight:
@@ -318,12 +311,8 @@ class Stage:
                 self.server = ExtractionServer(self.swap_plan, progress=self.swap_progress, emit=self.emit,
                                                stopped=lambda: self.stop, ready_phase="training")
                 error = run_swapped_blocking(self.server, body, self.server_lost)
-        except StageStopped:
+        except (SwapStopped, SwapFailed):
             raise
-        except SwapStopped:
-            return self._finish(run_dir, inputs, save_path, "stopped", None)
-        except SwapFailed as exc:
-            return self._finish(run_dir, inputs, save_path, "failed", str(exc))
         except Exception as exc:  # the worker's failure is the stage's reason
             error = f"{type(exc).__name__}: {exc}"
         self.phase = "finishing"
@@ -331,11 +320,12 @@ class Stage:
         status = status_file.get("status") if error is None else "failed"
         if self.lost is not None:
             step = status_file.get("global_step")
-            status, error = "failed", (f"the extraction server died midway ({f'at step {step}' if step else 'training'}"
-                                       f"): {self.lost}. Start the run again to resume from the last checkpoint")
-        if status not in ("completed", "stopped"):
-            status, error = "failed", error or "training ended without a status (the worker died)"
-        return self._finish(run_dir, inputs, save_path, status, error)
+            raise StageFailed(f"the extraction server died midway ({f'at step {step}' if step else 'training'}"
+                              f"): {self.lost}. Start the run again to resume from the last checkpoint")
+        if status == "stopped":
+            raise Stopped("stop")
+        if status != "completed":
+            raise StageFailed(error or "training ended without a status (the worker died)")
 
     def _remote_code(self, info: VerifierInfo) -> bool:
         return {"auto": info.remote_code, "on": True, "off": False}[self.c.trust_remote_code]
@@ -355,8 +345,9 @@ class Stage:
                 continue
         return None if code == 0 else f"torchrun exited {code} (see the lines above for the failing rank)"
 
-    def _finish(self, run_dir: RunDir, inputs: Inputs, save_path: str, status: str, error: str | None,
-                **extra: Any) -> int:
+    def _summary(self, run_dir: RunDir | None, inputs: Inputs, save_path: str, status: str,
+                 error: str | None) -> dict[str, Any]:
+        assert run_dir is not None
         best = ck.best_checkpoint(save_path)
         state = read_status(run_dir.path) or {}
         outputs = {"checkpoints": save_path, "checkpoint": best, "heldout_data": inputs.heldout_data,
@@ -370,7 +361,7 @@ class Stage:
                                    "epochs": self.c.epochs, "steps": state.get("global_step"),
                                    "done": state.get("global_step") or 0,
                                    "checkpoint_epochs": ck.epoch_dirs(save_path), "online": self.c.online,
-                                   "vllm_endpoint": self.c.vllm_endpoint, **extra}
+                                   "vllm_endpoint": self.c.vllm_endpoint, **self.outcome}
         if self.server is not None:
             summary["swap"] = self.server.record.to_dict()
         if status == "completed":
@@ -380,16 +371,11 @@ class Stage:
             summary["status"] = status
         if error:
             summary["error"] = error
-            self.emit("error", message=error, fatal=True)
-        try:
-            run_dir.write_summary(summary)
-        except OSError as exc:
-            print(f"train: could not write {run_dir.summary_path}: {exc}", file=sys.stderr)
-        self.emit("finish", status=status, summary=summary)
-        print(f"train: {status}" + (f": {error}" if error else f"; checkpoint {best}"), file=sys.stderr)
+        print(f"train: {status}" + (f": {error}" if error else f"; checkpoint {best}" if status == "completed" else ""),
+              file=sys.stderr)
         if self.server is not None:
             print(f"train: {describe(summary['swap'])}", file=sys.stderr)
-        return 0 if status in ("completed", "stopped") else 1
+        return summary
 
 
 def _signal_workers(pid: int, signum: int) -> None:

@@ -2,7 +2,7 @@
 and the EXACT tensor names of the language model's embedding, lm_head and final norm.
 
 `inspect_verifier(path)` reads config.json through backend.verifier.read_verifier and the weights'
-safetensors headers, and returns a `VerifierInfo` that adds the pinned names and their shapes.
+safetensors headers, and returns the same `VerifierInfo` with the pinned names and their shapes filled in.
 
 Why exact names: speculators 0.9.0 (`speculators.utils.loading.load_model_layers`) finds
 `embed_tokens.weight`, `lm_head.weight` and `model.norm.weight` by exact key, then by the SHORTEST key with
@@ -15,15 +15,14 @@ Every problem is a VerifierError whose message is one line saying which file and
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import replace
 from typing import Any
 
 from backend import verifier as config_reader
-from backend.verifier import VerifierError, check_layer_ids  # noqa: F401 - one error type, one rule
+# one error type, one rule, one description of the verifier (backend/verifier.py); this module adds the weights
+from backend.verifier import VerifierError, VerifierInfo, check_layer_ids, speculators_pick  # noqa: F401
 from backend.runs import read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,41 +30,6 @@ SINGLE_FILE = "model.safetensors"
 # the three names speculators asks the verifier for (model.py: _load_verifier_weights)
 EMBED, LM_HEAD, NORM = "embed_tokens.weight", "lm_head.weight", "model.norm.weight"
 _LAYER_KEY = re.compile(r"^(?P<prefix>(?:[A-Za-z0-9_]+\.)*?)layers\.(?P<index>\d+)\.")
-
-
-@dataclass(frozen=True)
-class VerifierInfo(config_reader.VerifierInfo):
-    pinned: dict[str, str] = field(default_factory=dict)  # speculators' name -> exact checkpoint key
-    shapes: dict[str, list[int]] = field(default_factory=dict)  # exact key -> shape (pinned keys)
-    keys: tuple[str, ...] = field(default=(), repr=False, compare=False)  # every tensor name
-
-    @property
-    def fingerprint(self) -> str:
-        """Identifies this verifier's shape and tensors without reading weights (for refusing checkpoints
-        trained against another verifier)."""
-        blob = json.dumps({"arch": self.architectures, "layers": self.num_layers, "hidden": self.hidden_size,
-                           "vocab": self.vocab_size, "pinned": self.pinned, "shapes": self.shapes},
-                          sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
-
-    def needs_pinning(self) -> bool:
-        """True when speculators' own suffix lookup would not pick exactly the pinned tensors."""
-        keys = list(self.keys)
-        return any(speculators_pick(name, keys) != key for name, key in self.pinned.items())
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        del out["keys"]
-        return {**out, "fingerprint": self.fingerprint}
-
-
-def speculators_pick(name: str, keys: list[str]) -> str | None:
-    """The key speculators 0.9.0 would take for `name`: exact, else the shortest key ending with it
-    (aliases aside). Used only to detect when pinning changes the outcome."""
-    if name in keys:
-        return name
-    matches = [k for k in keys if k.endswith(name)]
-    return min(matches, key=len) if matches else None
 
 
 def _read_json(path: str, what: str) -> dict[str, Any]:
@@ -145,5 +109,5 @@ def inspect_verifier(path: str) -> VerifierInfo:
     base = config_reader.read_verifier(path)
     shapes = weight_shapes(path)
     pinned = pin_tensors(shapes, base.num_layers, base.hidden_size, base.vocab_size, base.tied, path)
-    return VerifierInfo(**{f.name: getattr(base, f.name) for f in fields(base)}, pinned=pinned,
-                        shapes={k: shapes[k] for k in sorted(set(pinned.values()))}, keys=tuple(shapes))
+    return replace(base, pinned=pinned, shapes={k: shapes[k] for k in sorted(set(pinned.values()))},
+                   keys=tuple(shapes))

@@ -1,6 +1,6 @@
 """The checkpoint as vLLM will load it: format, aux layer ids, draft vocabulary mapping, verifier path.
 
-Each check is a backend.generate.preflight.Check (name, ok, detail, fix). They read config.json and the
+Each check is a backend.preflight.Check (name, ok, detail, fix). They read config.json and the
 safetensors header (and the d2t/t2d tensors); `load_draft` then loads the weights the way
 speculators does (and vLLM's speculators-format loader keys on the same fields).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from backend.generate.preflight import PreflightReport
+from backend.preflight import PreflightReport
 from backend.train import checkpoints as ck
 from backend.train.verifier import VerifierInfo
 

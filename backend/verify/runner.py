@@ -8,8 +8,9 @@ heldout split, with the extract run's hidden states, or fetched from an extracti
 next to an untrained draft of the same shape. Writes verify.json in its run
 directory, prints a table, and the finish event carries the same report as its summary.
 
-Exit codes: 0 the checkpoint passed every check (acceptance is reported, not judged), 1 a check failed
-or acceptance could not be measured, 2 unusable arguments or input run (nothing was written).
+Exit codes (backend/exitcodes.py): 0 the checkpoint passed every check (acceptance is reported, not
+judged) or the run was stopped (SIGTERM; with a plan the baseline is back), 1 a check failed or acceptance
+could not be measured, 2 unusable arguments or input run (nothing was written).
 """
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from backend.events import EventLog
-from backend.generate.preflight import PreflightReport
-from backend.pipeline import CompletedRun, InputError, completed_run, latest_completed
-from backend.runs import Manifest, RunDirError, open_run_dir, write_json_atomic
+from backend.preflight import PreflightReport
+from backend.lifecycle import Stopped, StageRun, refuse
+from backend.lookup import CompletedRun, InputError, completed_run, latest_completed
+from backend.runs import Manifest, write_json_atomic
 from backend.train import checkpoints as ck
 from backend.train.verifier import VerifierError, inspect_verifier
 from backend.verify import checks
@@ -104,9 +105,10 @@ def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | No
                    for k, v in item.items()}
 
 
-def fetch_samples(run: CompletedRun, info: Any, c: VerifyConfig, events: EventLog) -> list[dict[str, Any]]:
+def fetch_samples(run: CompletedRun, info: Any, c: VerifyConfig, ctx: StageRun) -> list[dict[str, Any]]:
     """The held-out samples; an online train run's come from the plan's extraction server, swapped in for
-    the baseline while they are fetched (backend/swap.py)."""
+    the baseline while they are fetched (backend/swap.py). A stop during the swap ends the fetch and the
+    baseline is started again before the run finishes as stopped."""
     if not c.plan or run.outputs.get("heldout_hidden_states"):
         return list(heldout_samples(run, info, c.samples, c.vllm_endpoint, c.served_model))
     from backend.extract.plan import PlanError, check_server_layers, load_plan
@@ -118,13 +120,24 @@ def fetch_samples(run: CompletedRun, info: Any, c: VerifyConfig, events: EventLo
     except PlanError as exc:
         raise InputError(str(exc)) from None
     lost: list[str] = []
-    server = ExtractionServer(plan, progress=lambda phase, force=False, **extra: events.emit(
-        "progress", phase=phase, **extra), emit=events.emit, ready_phase="sampling")
+    server = ExtractionServer(plan, progress=lambda phase, force=False, **extra: ctx.emit(
+        "progress", phase=phase, **extra), emit=ctx.emit, stopped=lambda: bool(ctx.stopping),
+        ready_phase="sampling")
+
+    def sample() -> list[dict[str, Any]]:
+        out = []
+        for item in heldout_samples(run, info, c.samples, c.vllm_endpoint or f"{plan.endpoint}/v1", c.served_model):
+            ctx.check_stop()
+            out.append(item)
+        return out
+
     try:
-        return run_swapped_blocking(server, lambda: list(heldout_samples(
-            run, info, c.samples, c.vllm_endpoint or f"{plan.endpoint}/v1", c.served_model)), lost.append)
-    except (SwapFailed, SwapStopped) as exc:
-        raise InputError(f"the held-out hidden states could not be fetched: {exc or 'stopped'}") from None
+        with ctx.shielded():  # a stop is seen between steps, so the swap back always runs
+            return run_swapped_blocking(server, sample, lost.append)
+    except SwapStopped:
+        raise Stopped(ctx.stopping or "stop") from None
+    except SwapFailed as exc:
+        raise InputError(f"the held-out hidden states could not be fetched: {exc}") from None
     except Exception as exc:
         why = f" (the extraction server died: {lost[0]})" if lost else ""
         raise InputError(f"the held-out hidden states could not be fetched: {type(exc).__name__}: {exc}{why}") from None
@@ -146,58 +159,56 @@ def main(argv: list[str] | None = None) -> int:
         config = ck.read_config(ckpt)
         keys = checks.header(ckpt)
     except (InputError, VerifierError, ck.CheckpointError) as exc:
-        print(f"verify: {exc}", file=sys.stderr)
-        return 2
+        return refuse("verify", exc)
     k = c.speculative_tokens or run.summary.get("speculative_tokens") or checks._speculative_tokens(config) or 3
     identity = {"input_run": run.run_id, "checkpoint": os.path.realpath(ckpt), "verifier": info.path,
                 "speculative_tokens": k, "samples": c.samples, "seed": c.seed}
-    try:
-        run_dir = open_run_dir(c.work_dir, c.run_id, Manifest(stage=STAGE, run_id=c.run_id, identity=identity,
-                                                               settings={"vllm_endpoint": c.vllm_endpoint}),
-                               fresh=c.fresh)
-    except RunDirError as exc:
-        print(f"verify: {exc}", file=sys.stderr)
-        return 2
-    events = EventLog(run_dir.events_path, STAGE, c.run_id)
+    ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, fresh=c.fresh, prog="verify",
+                   manifest=Manifest(stage=STAGE, run_id=c.run_id, identity=identity,
+                                     settings={"vllm_endpoint": c.vllm_endpoint}))
     started = time.monotonic()
-    events.emit("start", total=c.samples, manifest=run_dir.manifest.to_dict(), resumed=run_dir.resumed)
     report: dict[str, Any] = {"stage": STAGE, "run_id": c.run_id, "checkpoint": os.path.realpath(ckpt),
                               "train_run": run.run_id, "verifier": info.path, "k": k}
     pre = PreflightReport()
-    checks.check_format(pre, ckpt, config, keys)
-    checks.check_layer_ids(pre, config, info, keys)
-    checks.check_vocab(pre, ckpt, config, info, keys)
-    checks.check_verifier(pre, ckpt, config, info)
-    error = None
-    if pre.ok:
+
+    def body(ctx: StageRun) -> None:
+        ctx.start(total=c.samples)
+        checks.check_format(pre, ckpt, config, keys)
+        checks.check_layer_ids(pre, config, info, keys)
+        checks.check_vocab(pre, ckpt, config, info, keys)
+        checks.check_verifier(pre, ckpt, config, info)
+        if pre.ok:
+            try:
+                report["acceptance"] = measure(ckpt, info, run, k, c, ctx, pre, keys)
+            except InputError as exc:
+                report["error"] = str(exc)
+            except Exception as exc:  # a checkpoint that does not load is what this stage exists to catch
+                pre.add("weights_load", False, f"{type(exc).__name__}: {exc}", "retrain, or check the checkpoint files")
+
+    def summarize(status: str, error: str | None) -> dict[str, Any]:
+        report["checks"] = [asdict(x) for x in pre.checks]
+        if error and "error" not in report:
+            report["error"] = error
+        elif status != "stopped" and not pre.ok and "error" not in report:
+            report["error"] = pre.failures()
+        report["ok"] = status == "completed" and pre.ok and "error" not in report
+        report["status"] = "completed" if report["ok"] else status if status == "stopped" else "failed"
+        report["elapsed_s"] = round(time.monotonic() - started, 2)
+        report["outputs"] = {"report": ctx.file(REPORT_FILE), "checkpoint": os.path.realpath(ckpt)}
+        # another drafter (a published one) measured on this train run's rows: never the one `serve-drafter` picks
+        report["external_checkpoint"] = c.checkpoint is not None
         try:
-            report["acceptance"] = measure(ckpt, info, run, k, c, events, pre, keys)
-        except InputError as exc:
-            error = str(exc)
-        except Exception as exc:  # a checkpoint that does not load is what this stage exists to catch
-            pre.add("weights_load", False, f"{type(exc).__name__}: {exc}", "retrain, or check the checkpoint files")
-    report["checks"] = [asdict(x) for x in pre.checks]
-    report["ok"] = pre.ok and error is None
-    if error:
-        report["error"] = error
-    elif not pre.ok:
-        report["error"] = pre.failures()
-    report["elapsed_s"] = round(time.monotonic() - started, 2)
-    report["outputs"] = {"report": run_dir.file(REPORT_FILE), "checkpoint": os.path.realpath(ckpt)}
-    # another drafter (a published one) measured on this train run's rows: never the one `serve-drafter` picks
-    report["external_checkpoint"] = c.checkpoint is not None
-    write_json_atomic(run_dir.file(REPORT_FILE), report)
-    run_dir.write_summary(report)
-    status = "completed" if report["ok"] else "failed"
-    if not report["ok"]:
-        events.emit("error", message=report["error"], fatal=True)
-    events.emit("finish", status=status, summary=report)
-    events.close()
-    print(table(report))
-    return 0 if report["ok"] else 1
+            write_json_atomic(ctx.file(REPORT_FILE), report)
+        except OSError as exc:
+            print(f"verify: could not write {REPORT_FILE}: {exc}", file=sys.stderr)
+        return report
+
+    ctx.summarize = summarize
+    ctx.report = table
+    return ctx.run(body)
 
 
-def measure(ckpt: str, info: Any, run: CompletedRun, k: int, c: VerifyConfig, events: EventLog,
+def measure(ckpt: str, info: Any, run: CompletedRun, k: int, c: VerifyConfig, ctx: StageRun,
             pre: PreflightReport, keys: dict[str, list[int]]) -> dict[str, Any]:
     import torch
 
@@ -219,12 +230,13 @@ def measure(ckpt: str, info: Any, run: CompletedRun, k: int, c: VerifyConfig, ev
         raise InputError(f"checkpoint {ckpt} has non-finite weights")
     baseline = untrained_draft(ckpt, info, seed=c.seed)
     head = verifier_head(trained, info)
-    samples = fetch_samples(run, info, c, events)
+    ctx.check_stop()
+    samples = fetch_samples(run, info, c, ctx)
     if not samples:
         raise InputError(f"train run {run.run_id}: no held-out samples to measure on")
     with torch.no_grad():
         a = offline_acceptance(trained, head, samples, k)
-        events.emit("progress", done=len(samples), total=len(samples), phase="trained",
+        ctx.emit("progress", done=len(samples), total=len(samples), phase="trained",
                     mean_acceptance_length=round(a.mean_acceptance_length, 4))
         b = offline_acceptance(baseline, head, samples, k)
     return {"k": k, "trained": a.to_dict(), "untrained": b.to_dict()}

@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict
 
 from backend.generate.preflight import human_bytes
-from backend.pipeline import STAGES
+from backend.lookup import STAGES
 from backend.runs import RUN_ID_PATTERN
 from console.commands.server_cmd import load_or_exit
 from console.control.disk import DiskError, PrunePlan, RunSpace, parse_duration, prune, selection_args, survey

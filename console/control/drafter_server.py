@@ -59,10 +59,10 @@ def parse_live_servers(profile: Profile, text: str) -> set[str]:
 
 
 def servable_argv(profile: Profile, run: str | None = None, *, third: bool = False) -> list[str]:
-    """Asks the host for the verified checkpoint to serve (backend/servable.py): the latest completed
-    verify run's, or that of `run` (a verify run, or a train run a verify run verified); `third`: the
-    fetched published drafter's, once verified."""
-    argv = [profile.paths.python, "-m", "backend.servable", "--work-dir", profile.paths.work_dir]
+    """Asks the host for the verified checkpoint to serve (backend/ask.py, backend/servable.py): the latest
+    completed verify run's, or that of `run` (a verify run, or a train run a verify run verified); `third`:
+    the fetched published drafter's, once verified."""
+    argv = [profile.paths.python, "-m", "backend.ask", "servable", "--work-dir", profile.paths.work_dir]
     return argv + (["--run", run] if run else []) + (["--third"] if third else [])
 
 

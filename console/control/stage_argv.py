@@ -169,13 +169,13 @@ def chain_argv(profile: Profile, run_id: str, plan_file: str, *, fresh: bool = F
 
 
 def latest_argv(profile: Profile, stage: str) -> list[str]:
-    """Asks the host for the run a stage takes by default: the latest completed run of `stage`."""
-    return [profile.paths.python, "-m", "backend.pipeline", "latest", "--work-dir", profile.paths.work_dir,
+    """Asks the host for the run a stage takes by default: the latest completed run of `stage` (backend/ask.py)."""
+    return [profile.paths.python, "-m", "backend.ask", "latest", "--work-dir", profile.paths.work_dir,
             "--stage", stage]
 
 
 def aux_layers_argv(profile: Profile) -> list[str]:
     """Asks the host which aux layer ids the verifier takes ([drafter].aux_layer_ids checked, or vLLM's
-    default for its layer count): the extraction server's command line needs them."""
-    return [profile.paths.python, "-m", "backend.verifier", "aux-layers", "--verifier", verifier_path(profile),
+    default for its layer count; backend/ask.py): the extraction server's command line needs them."""
+    return [profile.paths.python, "-m", "backend.ask", "aux-layers", "--verifier", verifier_path(profile),
             "--ids", ",".join(str(i) for i in profile.drafter.aux_layer_ids)]

@@ -1,4 +1,4 @@
-"""The pipeline's host-side stages, in order, and how each finds the output of the one before it.
+"""Run lookup: the pipeline's host-side stages, in order, and how each finds the output of the one before it.
 
 Each stage is `python -m backend.<stage>` writing its own run directory (backend/runs.py). When it
 completes, its summary.json names what it produced under `outputs` (absolute paths on the host), and
@@ -121,26 +121,3 @@ def _quiet_manifest(path: str):
         return read_manifest(path)
     except RunDirError:
         return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m backend.pipeline latest --work-dir W --stage S`: the run a stage takes by default (the
-    console asks the host, where the runs are, rather than guess from what it has seen)."""
-    import argparse
-    import sys
-
-    p = argparse.ArgumentParser(prog="python -m backend.pipeline")
-    p.add_argument("action", choices=("latest",))
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--stage", required=True, choices=STAGES)
-    a = p.parse_args(argv)
-    try:
-        print(latest_completed(a.work_dir, a.stage).run_id)
-    except RunDirError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""The host's answers to the console's questions, one entry point (the runs and the verifier are on the host,
+so the console asks rather than guess from what it has seen):
+
+    python -m backend.ask latest --work-dir W --stage S
+        the run a stage takes by default: the latest completed run of S (its id on stdout)
+    python -m backend.ask aux-layers --verifier PATH [--ids 1,2,3]
+        the aux layer ids a stage will use for this verifier (the given ones checked, or vLLM's default),
+        as JSON {"aux_layer_ids", "num_layers", "extract_layer_ids"} (aux + the final layer, what the
+        extraction server is asked for): the extraction server's command line needs them
+    python -m backend.ask servable --work-dir W [--run RUN] [--third]
+        the verified checkpoint the drafter server may load (backend/servable.py), as JSON
+        {"run_id", "stage", "checkpoint"}
+
+An answer that cannot be given (no such run, a verifier that does not fit) is one line on stderr, exit 2
+(backend/exitcodes.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+
+from backend import exitcodes
+from backend.lookup import STAGES, latest_completed
+from backend.runs import RunDirError
+from backend.verifier import VerifierError, extraction_layer_ids, read_verifier, resolve_aux_layers
+
+
+def latest(a: argparse.Namespace) -> str:
+    return latest_completed(a.work_dir, a.stage).run_id
+
+
+def aux_layers(a: argparse.Namespace) -> str:
+    info = read_verifier(a.verifier)
+    try:
+        ids = [int(i) for i in a.ids.split(",") if i.strip()]
+    except ValueError:
+        raise VerifierError(f"--ids {a.ids!r}: expected comma-separated integers such as 2,30,58") from None
+    aux = resolve_aux_layers(ids, info)
+    return json.dumps({"aux_layer_ids": aux, "num_layers": info.num_layers,
+                       "extract_layer_ids": extraction_layer_ids(aux, info.num_layers)})
+
+
+def servable(a: argparse.Namespace) -> str:
+    from backend.servable import servable as choose, third
+
+    found = third(a.work_dir) if a.third else choose(a.work_dir, a.run)
+    if not os.path.isdir(found.checkpoint):
+        raise RunDirError(f"the checkpoint {found.checkpoint} of run {found.run_id} is no longer on this host")
+    return json.dumps(asdict(found))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m backend.ask", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="question", required=True)
+    q = sub.add_parser("latest", help="the latest completed run of a stage")
+    q.add_argument("--work-dir", required=True)
+    q.add_argument("--stage", required=True, choices=STAGES)
+    q.set_defaults(answer=latest)
+    q = sub.add_parser("aux-layers", help="the aux layer ids a stage will use for a verifier")
+    q.add_argument("--verifier", required=True)
+    q.add_argument("--ids", default="", help="comma-separated ids; none: vLLM's default")
+    q.set_defaults(answer=aux_layers)
+    q = sub.add_parser("servable", help="the verified checkpoint the drafter server may load")
+    q.add_argument("--work-dir", required=True)
+    q.add_argument("--run", help="a verify run, or a train run a verify run verified (default: the latest verify)")
+    q.add_argument("--third", action="store_true", help="the fetched published drafter, verified")
+    q.set_defaults(answer=servable)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        print(a.answer(a))
+    except (RunDirError, VerifierError) as exc:
+        print(str(exc), file=sys.stderr)
+        return exitcodes.BAD_INPUT
+    return exitcodes.COMPLETED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
