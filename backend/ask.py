@@ -5,7 +5,8 @@ so the console asks rather than guess from what it has seen):
         the run a stage takes by default: the latest completed run of S (its id on stdout)
     python -m backend.ask aux-layers --verifier PATH [--ids 1,2,3]
         the aux layer ids a stage will use for this verifier (the given ones checked, or vLLM's default),
-        as JSON {"aux_layer_ids", "num_layers"}: the extraction server's command line needs them
+        as JSON {"aux_layer_ids", "num_layers", "extract_layer_ids"} (aux + the final layer, what the
+        extraction server is asked for): the extraction server's command line needs them
     python -m backend.ask servable --work-dir W [--run RUN] [--third]
         the verified checkpoint the drafter server may load (backend/servable.py), as JSON
         {"run_id", "stage", "checkpoint"}
@@ -24,7 +25,7 @@ from dataclasses import asdict
 from backend import exitcodes
 from backend.lookup import STAGES, latest_completed
 from backend.runs import RunDirError
-from backend.verifier import VerifierError, read_verifier, resolve_aux_layers
+from backend.verifier import VerifierError, extraction_layer_ids, read_verifier, resolve_aux_layers
 
 
 def latest(a: argparse.Namespace) -> str:
@@ -37,7 +38,9 @@ def aux_layers(a: argparse.Namespace) -> str:
         ids = [int(i) for i in a.ids.split(",") if i.strip()]
     except ValueError:
         raise VerifierError(f"--ids {a.ids!r}: expected comma-separated integers such as 2,30,58") from None
-    return json.dumps({"aux_layer_ids": resolve_aux_layers(ids, info), "num_layers": info.num_layers})
+    aux = resolve_aux_layers(ids, info)
+    return json.dumps({"aux_layer_ids": aux, "num_layers": info.num_layers,
+                       "extract_layer_ids": extraction_layer_ids(aux, info.num_layers)})
 
 
 def servable(a: argparse.Namespace) -> str:

@@ -9,6 +9,12 @@ stages extend what it reads with the weights' exact names (backend/train/verifie
 Aux layer ids follow vLLM's convention for `eagle_aux_hidden_state_layer_ids`: id L is the state
 ENTERING decoder layer L (Hugging Face `output_hidden_states[L]`, 0 being the embeddings), so the valid
 ids are 0 .. num_layers-1; vLLM's default is (2, n//2, n-3).
+
+The extraction server is asked for one state more: vLLM's `extract_hidden_states` writes exactly one state
+per listed id, and speculators' trainer reads the last one as the verifier's final state (before the final
+norm), which vLLM gives for id n = num_layers. So the server gets the aux ids plus n (speculators' own
+launcher does the same, `--include-last-layer`), training and verify get the aux ids alone:
+`extraction_layer_ids` is that rule, stated once.
 """
 from __future__ import annotations
 
@@ -137,6 +143,25 @@ def check_layer_ids(info: VerifierInfo, layer_ids: list[int]) -> None:
                             f"layers: valid ids are 0..{info.num_layers - 1}, the state entering that layer)")
     if len(set(layer_ids)) != len(layer_ids):
         raise VerifierError(f"aux layer ids {layer_ids} repeat a layer")
+
+
+def extraction_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> list[int]:
+    """What the extraction server is asked for: the aux ids, then the final layer n (the last decoder
+    layer's output before the final norm, which speculators' trainer reads as `hidden_states[:, -1]`)."""
+    return [*(int(i) for i in aux_layer_ids), int(num_layers)]
+
+
+def check_extraction_layer_ids(info: VerifierInfo, layer_ids: Sequence[int]) -> list[int]:
+    """The ids an extraction server is started with, or VerifierError: the aux ids (the rule of
+    check_layer_ids) followed by the final layer, id n, which is valid here and only here."""
+    ids = [int(i) for i in layer_ids]
+    n = info.num_layers
+    if not ids or ids[-1] != n:
+        raise VerifierError(f"the extraction server's layer ids {ids} do not end with {n}, the final layer of "
+                            f"{info.path}: speculators' trainer reads the last state as the verifier's final "
+                            f"one, so ask for the aux ids plus {n}")
+    check_layer_ids(info, ids[:-1])
+    return ids
 
 
 def default_aux_layers(num_layers: int) -> list[int]:

@@ -85,8 +85,8 @@ class SpecLogStats:
 class DrafterInfo:
     """The server being followed is the drafter server (`<server unit>-drafter`), not the baseline."""
     unit: str
-    loaded: bool = False  # this load's log said "Loading drafter model"
-    aux_layers: tuple[int, ...] | None = None  # "Using auxiliary layers from speculative config: (...)"
+    loaded: bool = False  # this load's log said "Loading drafter model" (V1 runner) or gave Eagle3 aux layers (V2)
+    aux_layers: tuple[int, ...] | None = None  # "Using [Eagle3] auxiliary layers from ...: (...)"
     log_stats: SpecLogStats | None = None
 
 

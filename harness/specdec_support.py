@@ -90,9 +90,10 @@ def train(verifier: Path, start: Path, out: Path, *, rows: list[tuple[list[int],
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(str(verifier)).to(device).eval()
         batches = []
+        asked = hidden_states.speculators_ids(layers or LAYERS, hidden_states.num_layers(model))
         for ids, mask in rows if rows is not None else corpus_rows(verifier):
             # on the model's device; float and cloned out of inference mode: a trainable input
-            states = hidden_states.compute(model, torch.tensor(ids, device=device), layers or LAYERS).float().clone()
+            states = hidden_states.compute(model, torch.tensor(ids, device=device), asked).float().clone()
             n = len(ids)
             batches.append({k: v.to(device) for k, v in shift_batch({
                 "input_ids": torch.tensor(ids), "loss_mask": torch.tensor(mask),

@@ -79,9 +79,11 @@ def write_hidden_states(out: Path, verifier: Path, rows: list[dict[str, list[int
     torch.set_num_threads(1)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(verifier)).eval()
+        # what speculators' launcher asks vLLM for: the aux ids, then the final layer
+        asked = hidden_states.speculators_ids(layers, hidden_states.num_layers(model))
         for i, r in enumerate(rows):
             hidden_states.save(out / hidden_states.file_name(i), r["input_ids"],
-                               hidden_states.compute(model, r["input_ids"], layers))
+                               hidden_states.compute(model, r["input_ids"], asked))
     finally:
         torch.set_num_threads(threads)
     return out

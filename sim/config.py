@@ -21,6 +21,7 @@ class SimConfig:
     served_model_name: str | None = None
     vllm_version: str = "0.33.0"
     reasoning_field: str | None = None
+    use_v2_model_runner: str | None = None  # VLLM_USE_V2_MODEL_RUNNER from the environment, as vLLM reads it
     load_seconds: float = 20.0
     import_seconds: float = 0.0
     shards: int = 64
@@ -61,7 +62,7 @@ class SimConfig:
         return self.served_model_name or self.model
 
     def traits(self) -> Traits:
-        return traits_for(self.vllm_version, self.reasoning_field)
+        return traits_for(self.vllm_version, self.reasoning_field, self.use_v2_model_runner)
 
     def chunk_tokens(self) -> int:
         if self.stream_tokens_per_chunk:
@@ -247,6 +248,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     cfg = SimConfig(
         model=ns.model, host=ns.host, port=ns.port, served_model_name=ns.served_model_name,
         vllm_version=ns.vllm_version, reasoning_field=ns.reasoning_field, load_seconds=ns.load_seconds,
+        use_v2_model_runner=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
         import_seconds=max(0.0, ns.import_seconds),
         shards=ns.shards, max_model_len=ns.max_model_len, gpus=ns.gpus, gpu_state=ns.gpu_state,
         gpu_total_mib=ns.gpu_total_mib, weights_gib=ns.weights_gib,

@@ -2,16 +2,19 @@
 
 The one definition shared by the stand-in's extraction mode, the training tests and offline acceptance:
 
-- `compute(model, input_ids, layer_ids)` -> float tensor [seq, K+1, hidden]: for each aux layer id L (in
-  the given order) the state ENTERING decoder layer L, i.e. HF `output_hidden_states[L]` (index 0 is the
-  embeddings), which is vLLM's convention for `eagle_aux_hidden_state_layer_ids`; then the last decoder
-  layer's output BEFORE the final norm. transformers 5.x puts the post-norm state in
-  `output_hidden_states[-1]`, so the last slot is captured with a forward pre-hook on the final norm.
+- `compute(model, input_ids, layer_ids)` -> float tensor [seq, len(layer_ids), hidden]: exactly one state per
+  id, in the given order, as vLLM's `extract_hidden_states` writes them (it never adds one): id L < n is the
+  state ENTERING decoder layer L, i.e. HF `output_hidden_states[L]` (index 0 is the embeddings), which is
+  vLLM's convention for `eagle_aux_hidden_state_layer_ids`; id n (the layer count) is the last decoder
+  layer's output BEFORE the final norm, which speculators' trainer reads as the final state (`[:, -1]`) and
+  its launcher asks for after the aux ids. transformers 5.x puts the post-norm state in
+  `output_hidden_states[-1]`, so that one is captured with a forward pre-hook on the final norm.
+  `speculators_ids(aux, n)` is what speculators asks for: the aux ids, then n.
 - `save(path, token_ids, hidden_states)` writes one `hs_{i}.safetensors` the way vLLM's hidden-states
   connector leaves it for `speculators generate-offline-data` and speculators' trainer read it
   (hs_connectors.transfer.FileTransfer -> safetensors.torch.load_file, checked by
   speculators.data_generation.offline.check_hidden_states): `token_ids` int64 [seq] equal to the prepared
-  row's input ids, `hidden_states` [seq, K+1, hidden] in the dtype computed (the model's serving dtype, as
+  row's input ids, `hidden_states` [seq, layers, hidden] in the dtype computed (the model's serving dtype, as
   vLLM writes it; the trainer casts to its own). Written to a temp file and renamed, so a reader never
   sees half a file.
 
@@ -50,23 +53,31 @@ def num_layers(model: Any) -> int:
     return len(decoder_of(model).layers)
 
 
+def speculators_ids(aux_layer_ids: Sequence[int], n_layers: int) -> list[int]:
+    """The ids speculators' launcher asks the extraction server for: the aux ids, then the final layer."""
+    return [*(int(i) for i in aux_layer_ids), int(n_layers)]
+
+
 def check_layer_ids(layer_ids: Sequence[int], n_layers: int) -> list[int]:
-    """The ids as ints, or ValueError: each must name a decoder layer's input (0 .. n_layers-1)."""
+    """The ids as ints, or ValueError: each must name a decoder layer's input (0 .. n_layers-1) or the final
+    layer's output (n_layers), the only states vLLM's models hand over."""
     ids = [int(i) for i in layer_ids]
     if not ids:
-        raise ValueError("no aux layer ids given")
-    bad = [i for i in ids if not 0 <= i < n_layers]
+        raise ValueError("no layer ids given")
+    bad = [i for i in ids if not 0 <= i <= n_layers]
     if bad:
-        raise ValueError(f"aux layer ids {bad} are out of range for a verifier with {n_layers} decoder "
-                         f"layers (valid: 0..{n_layers - 1}, the state entering that layer)")
+        raise ValueError(f"layer ids {bad} are out of range for a verifier with {n_layers} decoder layers "
+                         f"(valid: 0..{n_layers - 1}, the state entering that layer, or {n_layers}, the final "
+                         f"layer's output)")
     return ids
 
 
 @torch.inference_mode()
 def compute(model: Any, input_ids: Sequence[int] | torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
-    """Hidden states [seq, K+1, hidden] of one sequence (see the module docstring for the layout)."""
+    """Hidden states [seq, len(layer_ids), hidden] of one sequence (see the module docstring)."""
     decoder = decoder_of(model)
-    ids = check_layer_ids(layer_ids, len(decoder.layers))
+    n = len(decoder.layers)
+    ids = check_layer_ids(layer_ids, n)
     tokens = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
     captured: list[torch.Tensor] = []
 
@@ -80,7 +91,7 @@ def compute(model: Any, input_ids: Sequence[int] | torch.Tensor, layer_ids: Sequ
         handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f"the final norm ran {len(captured)} times in one forward pass (expected once)")
-    states = [out.hidden_states[i][0] for i in ids] + [captured[0][0]]
+    states = [captured[0][0] if i == n else out.hidden_states[i][0] for i in ids]
     return torch.stack(states, dim=1).contiguous()
 
 
@@ -91,7 +102,7 @@ def save(path: str | os.PathLike[str], token_ids: Sequence[int] | torch.Tensor,
 
     tokens = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).contiguous()
     if hidden_states.dim() != 3 or hidden_states.shape[0] != tokens.shape[0]:
-        raise ValueError(f"hidden states must be [seq={tokens.shape[0]}, K+1, hidden], got "
+        raise ValueError(f"hidden states must be [seq={tokens.shape[0]}, layers, hidden], got "
                          f"{list(hidden_states.shape)}")
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"

@@ -88,22 +88,28 @@ class Loader:
             loadlog.nccl_traceback(sink)
             raise LoadFailed("nccl")
         await self._pause(0.01)
-        sink.line(WORKER, "gpu_model_runner.py:2602", f"Starting to load model {cfg.model}...")
+        # the model runner's lines: V1 names the model, V2 names itself first (vLLM 0.16+)
+        if t.model_runner == "v2":
+            if t.version_tuple >= (0, 16, 0):
+                sink.line(WORKER, loadlog.V2_RUNNER, "Using V2 Model Runner")
+            sink.line(WORKER, loadlog.V2_SCRATCH, "Loading model from scratch...")
+        else:
+            sink.line(WORKER, loadlog.V1_START, f"Starting to load model {cfg.model}...")
+            if t.version_tuple < (0, 12, 0):  # the V1 runner said both up to 0.11
+                sink.line(WORKER, "gpu_model_runner.py:2634", "Loading model from scratch...")
         await self._weights()
         await self._text_backend()
         if cfg.extract_layers:
             self._extraction()
         weights_s = time.monotonic() - started
         sink.line(WORKER, "default_loader.py:267", f"Loading weights took {weights_s:.2f} seconds")
+        if cfg.extract_layers:  # the extractor is the runner's drafter, loaded after the target's weights
+            self._drafter_start()
+            self._aux_line(cfg.extract_layers)
         if cfg.drafter:
             await self._drafter()
         loaded = self.used_gib - CONTEXT_GIB
-        took = time.monotonic() - started
-        if t.loading_took_new:
-            sink.line(WORKER, "gpu_model_runner.py:2653", f"Model loading took {loaded:.2f} GiB and {took:.6f} seconds")
-        else:
-            sink.line(WORKER, "gpu_model_runner.py:2653", f"Model loading took {loaded:.4f} GiB memory and "
-                      f"{took:.6f} seconds")
+        sink.line(WORKER, *loadlog.model_loading_took(t, loaded, time.monotonic() - started))
         await self._compile(t.compile_took)
         await self._kv_cache(t.kv_one_line)
         await self._graphs()
@@ -146,7 +152,7 @@ class Loader:
         """vLLM's drafter lines. A checkpoint is loaded for real (sim/specdec.py) and decodes with the tiny
         verifier; a path with nothing behind it gets the SIMULATED drafter, which says so."""
         cfg, sink = self.cfg, self.sink
-        sink.line(WORKER, "gpu_model_runner.py:2620", "Loading drafter model...")
+        self._drafter_start()
         if cfg.drafter_mode == "simulated":
             rates = ", ".join(f"{r:g}" for r in cfg.acceptance)
             sink.line(WORKER, "sim_text.py:1", f"SIMULATED drafter: nothing at {cfg.drafter}; acceptance is made up "
@@ -155,8 +161,18 @@ class Loader:
             aux = cfg.aux_layers
         else:
             aux = await self._real_drafter()
-        sink.line(WORKER, "eagle.py:1092", f"Using auxiliary layers from speculative config: {tuple(aux)}")
+        self._aux_line(aux)
         self._mem(self.used_gib + DRAFTER_GIB)
+
+    def _drafter_start(self) -> None:
+        """The V1 runner announces its drafter (the extractor counts as one); the V2 runner says nothing."""
+        if self.cfg.traits().model_runner == "v1":
+            self.sink.line(WORKER, loadlog.V1_DRAFTER, "Loading drafter model...")
+
+    def _aux_line(self, layer_ids: tuple[int, ...]) -> None:
+        line = loadlog.aux_layers_line(self.cfg.traits(), tuple(layer_ids))
+        if line is not None:
+            self.sink.line(WORKER, *line)
 
     async def _real_drafter(self) -> tuple[int, ...]:
         from sim.specdec import DrafterError, Eagle3Drafter
@@ -194,8 +210,6 @@ class Loader:
             raise LoadFailed("extraction")
         self.sink.line(WORKER, "example_hidden_states_connector.py:178",
                        f"Shared storage path is {self.cfg.hs_storage}")
-        self.sink.line(WORKER, "eagle.py:1092",
-                       f"Using auxiliary layers from speculative config: {tuple(self.cfg.extract_layers or ())}")
 
     async def _weights(self) -> None:
         cfg, sink = self.cfg, self.sink

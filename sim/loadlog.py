@@ -55,6 +55,43 @@ class LogSink:
             self._file = None
 
 
+# where each model runner logs its load lines (vLLM 0.33's files and lines; the V1 runner's own lines live in
+# gpu_model_runner.py, the V2 runner's in gpu_worker.py, gpu/model_runner.py and eagle3_utils.py)
+V1_START = "gpu_model_runner.py:4978"
+V1_DRAFTER = "gpu_model_runner.py:5010"
+V1_TOOK = "gpu_model_runner.py:5088"
+V1_AUX = "gpu_model_runner.py:5182"
+V2_RUNNER = "gpu_worker.py:513"
+V2_SCRATCH = "model_runner.py:399"
+V2_TOOK = "model_runner.py:428"
+V2_AUX = "eagle3_utils.py:36"
+
+
+def model_loading_took(traits: Traits, gib: float, seconds: float) -> tuple[str, str]:
+    """(source, message) of the `Model loading took` line in this version's and runner's wording."""
+    v, runner = traits.version_tuple, traits.model_runner
+    if runner == "v2":
+        if v < (0, 14, 0):
+            return V2_TOOK, f"Model loading took {gib:.4f} GiB and {seconds:.6f} seconds"
+        memory = " memory" if v >= (0, 28, 0) else ""
+        return V2_TOOK, f"Model loading took {round(gib, 2)} GiB{memory} and {seconds:.6f} seconds"
+    if v < (0, 12, 0):
+        return V1_TOOK, f"Model loading took {gib:.4f} GiB and {seconds:.6f} seconds"
+    if v < (0, 14, 0):
+        return V1_TOOK, f"Model loading took {gib:.4f} GiB memory and {seconds:.6f} seconds"
+    return V1_TOOK, f"Model loading took {round(gib, 2)} GiB memory and {seconds:.6f} seconds"
+
+
+def aux_layers_line(traits: Traits, layer_ids: tuple[int, ...]) -> tuple[str, str] | None:
+    """(source, message) of the line naming the aux layers the model hands over; None where the version
+    logs none (the V1 runner up to 0.11, which also ignored the configured ids)."""
+    if traits.model_runner == "v2":
+        return V2_AUX, f"Using Eagle3 auxiliary layers from config: {tuple(layer_ids)}"
+    if traits.version_tuple < (0, 12, 0):
+        return None
+    return V1_AUX, f"Using auxiliary layers from speculative config: {tuple(layer_ids)}"
+
+
 def clock(seconds: float) -> str:
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)

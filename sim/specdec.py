@@ -275,7 +275,8 @@ def _verify(verifier: Verifier, tokens: Sequence[int], cache: Any, aux_ids: Sequ
 
     out = verifier.model(input_ids=torch.tensor([list(tokens)], dtype=torch.long), past_key_values=cache,
                          use_cache=True, output_hidden_states=True)
-    aux = torch.cat([out.hidden_states[i][0] for i in aux_ids], dim=-1)
+    # in layer order, as vLLM's models hand them over (interfaces.py keeps the ids sorted), as the files were
+    aux = torch.cat([out.hidden_states[i][0] for i in sorted(set(aux_ids))], dim=-1)
     return out.logits[0].float(), aux
 
 

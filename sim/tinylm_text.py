@@ -230,7 +230,7 @@ class TinyText:
                               use_cache=True)
 
     def hidden_states(self, prompt_ids: list[int], layer_ids: Any) -> Any:
-        """The prompt's hidden states in speculators' layout (sim/hidden_states.py), computed under the
+        """The prompt's hidden states, one per layer id given (sim/hidden_states.py), computed under the
         same lock as generation: one forward pass at a time on this model."""
         from sim import hidden_states
 

@@ -89,7 +89,7 @@ def test_readiness_says_with_drafter():
     assert "log      acceptance length 2.31, 58.9% (per position 0.75 0.57 0.45; SpecDecoding metrics line)" in text
     waiting = readiness_markup(replace(srv, drafter=replace(srv.drafter, loaded=False, aux_layers=None,
                                                             log_stats=None))).plain
-    assert "no 'Loading drafter model' line yet, auxiliary layers not logged" in waiting
+    assert "drafter load not logged yet, auxiliary layers not logged" in waiting
 
 
 NOW = 1_700_000_030.0

@@ -30,6 +30,7 @@ from harness.sim_support import free_port
 pytestmark = pytest.mark.timeout(240)
 
 AUX = [1, 2, 3]
+LAYERS = 4  # the tiny verifier's decoder layers: the extraction server is asked for AUX + [LAYERS]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ class Host:
         assert res.returncode == 0, res.stderr
 
     def write_plan(self, run_id: str, path: Path) -> Path:
-        path.write_text(json.dumps(build_plan(self.profile, run_id, AUX)))
+        path.write_text(json.dumps(build_plan(self.profile, run_id, AUX, LAYERS)))
         return path
 
     def panes(self) -> dict[str, str]:
@@ -230,7 +231,7 @@ def test_sigterm_stops_the_extraction_and_brings_the_baseline_back(tiny, work, t
         host.stop_all()
 
 
-def marker_plan(tmp_path: Path, aux=AUX) -> tuple[Path, Path]:
+def marker_plan(tmp_path: Path, aux=AUX, asked=None) -> tuple[Path, Path]:
     """A plan whose commands only leave a trace, to prove a refused run never touched the servers."""
     marker = tmp_path / "ran.txt"
     step = lambda name: ["sh", "-c", f"echo {name} >> {marker}"]  # noqa: E731
@@ -239,7 +240,7 @@ def marker_plan(tmp_path: Path, aux=AUX) -> tuple[Path, Path]:
     plan = {"version": 2, "switch": {"version": 1, "home": server("baseline"), "away": [server("extractor")],
                                      "endpoint": f"http://127.0.0.1:{free_port()}", "ready_timeout_s": 5,
                                      "lock_path": str(tmp_path / "state" / "servers.lock")},
-            "storage_path": str(tmp_path / "hs"), "aux_layer_ids": aux}
+            "storage_path": str(tmp_path / "hs"), "aux_layer_ids": aux, "extract_layer_ids": asked or [*aux, LAYERS]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     return tmp_path / "plan.json", marker
 
@@ -270,7 +271,8 @@ def test_an_extraction_that_cannot_fit_is_refused_before_anything_is_touched(tin
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-@pytest.mark.parametrize("case", ["prepare-running", "no-verifier", "layers-out-of-range", "plan-other-layers"])
+@pytest.mark.parametrize("case", ["prepare-running", "no-verifier", "layers-out-of-range", "plan-other-layers",
+                                  "plan-without-final"])
 def test_bad_input_is_one_clear_line_and_the_servers_are_never_touched(case, tiny, work, tmp_path, tmux_env):
     from backend.events import EventLog
     from backend.runs import Manifest, open_run_dir
@@ -286,7 +288,8 @@ def test_bad_input_is_one_clear_line_and_the_servers_are_never_touched(case, tin
         verifier = str(tmp_path / "gone")
     elif case == "layers-out-of-range":
         aux = [1, 2, 4]
-    plan, marker = marker_plan(tmp_path, aux=[1, 2] if case == "plan-other-layers" else aux)
+    plan, marker = marker_plan(tmp_path, aux=[1, 2] if case == "plan-other-layers" else aux,
+                               asked=[*AUX, 5] if case == "plan-without-final" else None)
     before = sorted(p.relative_to(dst) for p in dst.rglob("*"))
     res = subprocess.run([sys.executable, "-m", "backend.extract", "--work-dir", str(dst), "--run-id", "ex",
                           "--input-run", input_run, "--verifier", verifier, "--aux-layer-ids",
@@ -300,31 +303,46 @@ def test_bad_input_is_one_clear_line_and_the_servers_are_never_touched(case, tin
                 "layers-out-of-range": f"extract: aux_layer_ids: aux layer ids [4] are out of range for {tiny} (4 "
                                        f"decoder layers: valid ids are 0..3",
                 "plan-other-layers": "extract: swap_plan: the plan starts the extraction server with aux layer ids "
-                                     "[1, 2], the stage extracts [1, 2, 3]"}[case]
+                                     "[1, 2], the stage extracts [1, 2, 3]",
+                "plan-without-final": "extract: swap_plan: the plan starts the extraction server with layer ids "
+                                      "[1, 2, 3, 5], expected [1, 2, 3, 4]: "}[case]
     assert lines[0].startswith(expected), lines[0]
     assert not marker.exists()
     assert sorted(p.relative_to(dst) for p in dst.rglob("*")) == before
 
 
-def test_endpoint_mode_uses_a_running_extraction_server_and_swaps_nothing(tiny, work, tmp_path_factory):
-    """Without a plan the stage drives an extraction server that is already up (the operator's own)."""
+@pytest.mark.parametrize("asked", [[*AUX, LAYERS], AUX], ids=["aux-and-final", "aux-only"])
+def test_endpoint_mode_uses_a_running_extraction_server_and_checks_the_width_it_writes(asked, tiny, work,
+                                                                                     tmp_path_factory):
+    """Without a plan the stage drives an extraction server that is already up (the operator's own). One
+    started with the aux ids alone writes one state too few (vLLM appends none): the stage says so, naming
+    what it expected and what it got, as soon as the first file is there."""
     from harness.sim_support import SimServer
     from tests.test_sim_extraction import extraction_flags
 
     env = stage_env(tmp_path_factory)
     server = SimServer(tmp_path_factory.mktemp("endpoint"), "--served-model-name", "tiny", "--text-backend",
-                       "tinylm", "--stats-interval", "60", *extraction_flags(AUX, tmp_path_factory.mktemp("hs")),
-                       env=env).start()
+                       "tinylm", "--stats-interval", "60", *extraction_flags(asked, tmp_path_factory.mktemp("hs")),
+                       *(["--latency", "0.3"] if asked == AUX else []), env=env).start()
+    run_id = f"ex-ep{len(asked)}"
     try:
         server.wait_ready(timeout=120)
-        res = subprocess.run([sys.executable, "-m", "backend.extract", "--work-dir", str(work), "--run-id", "ex-ep",
+        res = subprocess.run([sys.executable, "-m", "backend.extract", "--work-dir", str(work), "--run-id", run_id,
                               "--input-run", "prep", "--verifier", str(tiny), "--aux-layer-ids", "1,2,3",
-                              "--endpoint", server.url, "--concurrency", "4"],
+                              "--endpoint", server.url, "--concurrency", "2", "--health-interval", "0.2"],
                              env=env, cwd=REPO, capture_output=True, text=True, timeout=200)
-        assert res.returncode == 0, res.stderr
-        summary = json.loads((work / "runs/ex-ep/summary.json").read_text())
-        assert summary["status"] == "completed" and summary["done"] == ROWS and "swap" not in summary
-        assert summary["endpoint"] == server.url
+        summary = json.loads((work / f"runs/{run_id}/summary.json").read_text())
+        assert summary["endpoint"] == server.url and "swap" not in summary
+        assert summary["extract_layer_ids"] == [*AUX, LAYERS]
+        if asked == AUX:
+            assert res.returncode == 1 and summary["status"] == "failed"
+            assert summary["error"].startswith(
+                "the extraction server wrote 3 hidden states per token, expected 4 (layer ids [1, 2, 3, 4] asked "
+                "for: aux layers [1, 2, 3] + the final layer 4 of a 64-wide verifier)"), summary["error"]
+            assert summary["done"] < ROWS  # found on the first files, not after the whole extraction
+        else:
+            assert res.returncode == 0, res.stderr
+            assert summary["status"] == "completed" and summary["done"] == ROWS
     finally:
         server.terminate()
         server.kill()

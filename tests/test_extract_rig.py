@@ -86,7 +86,7 @@ async def test_the_swap_runs_with_real_units(systemd_rig, rig_ssh, tmp_path_fact
                    "port": port, "command": command, "stop_timeout_s": 20.0, "load_timeout_s": 120.0},
         "drafter": {"verifier": verifier, "aux_layer_ids": AUX}})
     run_id = "ex-rig"
-    plan = build_plan(profile, run_id, AUX)
+    plan = build_plan(profile, run_id, AUX, 4)  # the tiny verifier has 4 layers: the server is asked for AUX + [4]
     switch = plan["switch"]
     assert switch["away"][0]["start"][0] == "systemd-run" and switch["home"]["stop"] == ["systemctl", "stop", name]
     plan_file = f"{rig_work}/plans/{run_id}.extract.json"

@@ -17,6 +17,7 @@ from console.control.extraction import (ExtractionPlanError, build_plan, describ
 from console.profile import ProfileError, profile_from_dict
 
 AUX = [2, 30, 58]
+LAYERS = 61  # Kimi-K2.5's decoder layers: the server is asked for AUX + [61], as speculators' launcher asks
 
 
 def profile(manager: str = "systemd", **server):
@@ -32,7 +33,7 @@ def profile(manager: str = "systemd", **server):
 def flags(storage: str) -> list[str]:
     return ["--speculative-config",
             '{"method":"extract_hidden_states","num_speculative_tokens":1,"draft_model_config":'
-            '{"hf_config":{"eagle_aux_hidden_state_layer_ids":[2,30,58]}}}',
+            '{"hf_config":{"eagle_aux_hidden_state_layer_ids":[2,30,58,61]}}}',
             "--kv-transfer-config",
             '{"kv_connector":"ExampleHiddenStatesConnector","kv_role":"kv_producer",'
             f'"kv_connector_extra_config":{{"shared_storage_path":"{storage}"}}}}']
@@ -57,7 +58,7 @@ def flat(plan: dict) -> dict:
 
 def test_systemd_plan_swaps_the_operators_unit_for_a_transient_extraction_unit():
     p = profile()
-    raw = build_plan(p, "extract-1", AUX)
+    raw = build_plan(p, "extract-1", AUX, LAYERS)
     plan = flat(raw)
     storage = "/data/eagle3/extract-staging/extract-1"
     assert plan["storage_path"] == staging_dir(p, "extract-1") == storage
@@ -83,6 +84,7 @@ def test_systemd_plan_swaps_the_operators_unit_for_a_transient_extraction_unit()
     # what the stage reads back is the same plan
     back = plan_from_dict(json.loads(json.dumps(raw)))
     assert back.extractor.start == plan["start_extractor"] and back.aux_layer_ids == AUX
+    assert back.extract_layer_ids == [*AUX, LAYERS]  # training reads the aux ids, the server writes one more
     assert back.storage_path == storage and back.switch.ready_timeout_s == 3600.0
     assert back.to_dict() == raw
 
@@ -90,17 +92,17 @@ def test_systemd_plan_swaps_the_operators_unit_for_a_transient_extraction_unit()
 def test_the_extraction_server_gets_the_profiles_environment():
     p = profile()
     p.extract.server_env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "HF_HOME": "/data/hf"}
-    start = flat(build_plan(p, "r1", AUX))["start_extractor"]
+    start = flat(build_plan(p, "r1", AUX, LAYERS))["start_extractor"]
     assert start[7:9] == ["--setenv=CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", "--setenv=HF_HOME=/data/hf"]
     assert start[9:12] == BASELINE[:3]
     tmux = profile("tmux", command=["python3", "-m", "sim.vllm_server"])
     tmux.extract.server_env = {"HF_HOME": "/data/hf"}
-    pane = shlex.split(shlex.split(flat(build_plan(tmux, "r1", AUX))["start_extractor"][2].splitlines()[-1])[-1])
+    pane = shlex.split(shlex.split(flat(build_plan(tmux, "r1", AUX, LAYERS))["start_extractor"][2].splitlines()[-1])[-1])
     assert pane[7:9] == ["env", "HF_HOME=/data/hf"]  # the wrapper runs `env K=V program ...`
 
 
 def test_sudo_reaches_every_systemctl_and_journalctl():
-    plan = flat(build_plan(profile(sudo=True), "r1", AUX))
+    plan = flat(build_plan(profile(sudo=True), "r1", AUX, LAYERS))
     for step in ("stop_baseline", "start_baseline", "start_extractor", "stop_extractor", "extractor_log_tail"):
         assert plan[step][:2] == ["sudo", "-n"], step
     assert plan["extractor_alive"][0] == "systemctl"  # is-active needs no privilege
@@ -109,7 +111,7 @@ def test_sudo_reaches_every_systemctl_and_journalctl():
 def test_tmux_plan_runs_the_extractor_in_its_own_session_with_the_servers_stop_timeout():
     cmd = ["python3", "-m", "sim.vllm_server", "--port", "18000", "--text-backend", "tinylm"]
     p = profile("tmux", command=cmd, stop_timeout_s=25.0)
-    plan = flat(build_plan(p, "r1", AUX))
+    plan = flat(build_plan(p, "r1", AUX, LAYERS))
     storage = "/data/eagle3/extract-staging/r1"
     assert plan["extractor_command"] == cmd + flags(storage)
     start = plan["start_extractor"]
@@ -126,9 +128,9 @@ def test_tmux_plan_runs_the_extractor_in_its_own_session_with_the_servers_stop_t
 
 def test_a_baseline_that_already_has_the_extraction_flags_is_refused():
     with pytest.raises(ExtractionPlanError, match=r"already has --speculative-config.*server.vllm_args"):
-        build_plan(profile(vllm_args=["--speculative-config={\"method\": \"eagle3\"}"]), "r1", AUX)
+        build_plan(profile(vllm_args=["--speculative-config={\"method\": \"eagle3\"}"]), "r1", AUX, LAYERS)
     with pytest.raises(ExtractionPlanError, match="no aux layer ids"):
-        build_plan(profile(), "r1", [])
+        build_plan(profile(), "r1", [], LAYERS)
 
 
 def test_extraction_flags_are_vllms_json():
@@ -152,9 +154,12 @@ def test_extraction_flags_are_vllms_json():
     ({"command_timeout_s": 10**9}, "command_timeout_s must be a positive number"),
     ({"storage_path": "relative/dir"}, "storage_path must be an absolute"),
     ({"aux_layer_ids": []}, "aux_layer_ids must be a non-empty list"),
+    ({"extract_layer_ids": None}, "extract_layer_ids must be a list of integers .* the console and the backend"),
+    ({"extract_layer_ids": AUX}, r"extract_layer_ids \[2, 30, 58\] must be aux_layer_ids \[2, 30, 58\] plus the "),
+    ({"extract_layer_ids": [2, 30, 61, 61]}, "must be aux_layer_ids"),
 ])
 def test_a_bad_plan_names_the_key(change, message):
-    plan = build_plan(profile(), "r1", AUX)
+    plan = build_plan(profile(), "r1", AUX, LAYERS)
     switch = plan["switch"]
     for key, value in change.items():
         if key in ("home", "away"):  # a change inside a server
@@ -240,6 +245,41 @@ def test_disk_check_refuses_what_does_not_fit_and_offers_online_training():
     assert ok.fits and ok.to_dict()["fits"] is True and ok.need_bytes == 4284 * (4 * 64 * 2 + 8) + 24 * 256
 
 
+def _verifier(tmp_path, layers: int = LAYERS):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "num_hidden_layers": layers,
+                                                      "hidden_size": 7168, "vocab_size": 163840}))
+    return str(tmp_path)
+
+
+def test_the_server_is_asked_for_the_aux_ids_and_the_final_layer_training_gets_the_aux_ids(tmp_path, capsys):
+    """vLLM writes one state per listed id; speculators reads the last as the verifier's final state: id n is
+    valid for the extraction server (and only there), the aux ids stay 0..n-1."""
+    from backend.extract.plan import check_server_layers
+    from backend.ask import main
+    from backend.verifier import (VerifierError, check_extraction_layer_ids, check_layer_ids, extraction_layer_ids,
+                                  read_verifier)
+
+    info = read_verifier(_verifier(tmp_path))
+    assert extraction_layer_ids(AUX, LAYERS) == [2, 30, 58, 61]
+    assert check_extraction_layer_ids(info, [2, 30, 58, 61]) == [2, 30, 58, 61]
+    for ids, message in (([2, 30, 58], "do not end with 61, the final layer"),
+                         ([2, 30, 62, 61], r"out of range .* valid ids are 0\.\.60"),
+                         ([2, 30, 58, 60], "do not end with 61")):
+        with pytest.raises(VerifierError, match=message):
+            check_extraction_layer_ids(info, ids)
+    with pytest.raises(VerifierError, match=r"aux layer ids \[61\] are out of range"):
+        check_layer_ids(info, [2, 30, 61])  # the final layer is no aux layer
+    plan = plan_from_dict(build_plan(profile(), "r1", AUX, LAYERS))
+    check_server_layers(plan, info)
+    (tmp_path / "v40").mkdir()
+    with pytest.raises(PlanError, match=r"layer ids \[2, 30, 58, 61\], expected \[2, 30, 58, 40\]"):
+        check_server_layers(plan, read_verifier(_verifier(tmp_path / "v40", 40)))
+    # what the console asks the host before it builds the extraction server's command line
+    assert main(["aux-layers", "--verifier", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"aux_layer_ids": [2, 30, 58], "num_layers": 61,
+                                                   "extract_layer_ids": [2, 30, 58, 61]}
+
+
 def test_the_units_command_line_keeps_systemds_expansion_and_the_added_flags_do_not():
     """A unit's ExecStart is passed as systemd stored it (its `${PORT}` expands from the same environment
     in the derived unit); the profile's words and the extraction flags are escaped (`$$`)."""
@@ -249,14 +289,14 @@ def test_the_units_command_line_keeps_systemds_expansion_and_the_added_flags_do_
                          env_files=(("/etc/default/vllm", True),), user="vllm", working_dir="!/srv/vllm",
                          source="unit vllm-kimi.service", systemd_syntax=True)
     p = profile()
-    start = flat(build_plan(p, "r$1", AUX, unit))["start_extractor"]
+    start = flat(build_plan(p, "r$1", AUX, LAYERS, unit))["start_extractor"]
     assert start[:9] == ["systemd-run", "--unit=vllm-kimi-extract", "--collect", "--quiet",
                          "--property=WorkingDirectory=-/srv/vllm", "--property=KillSignal=SIGTERM",
                          "--property=TimeoutStopSec=120", "--uid=vllm", "--property=EnvironmentFile=-/etc/default/vllm"]
     assert start[9:15] == ["--setenv=PORT=8000", "/venv/bin/vllm", "serve", "/m", "--port", "${PORT}"]
     assert start[-1].endswith('"/data/eagle3/extract-staging/r$$1"}}')
-    literal = flat(build_plan(profile(vllm_args=["--x", "$HOME"]), "r1", AUX))["start_extractor"]
+    literal = flat(build_plan(profile(vllm_args=["--x", "$HOME"]), "r1", AUX, LAYERS))["start_extractor"]
     assert "$$HOME" in literal and "$HOME" not in literal
     with pytest.raises(ExtractionPlanError, match=r"already has --speculative-config \(unit vllm-kimi.service\)"):
-        build_plan(p, "r1", AUX, ServerProgram(("vllm", "serve", "/m", "--speculative-config", "{}"),
-                                               source="unit vllm-kimi.service", systemd_syntax=True))
+        build_plan(p, "r1", AUX, LAYERS, ServerProgram(("vllm", "serve", "/m", "--speculative-config", "{}"),
+                                                       source="unit vllm-kimi.service", systemd_syntax=True))

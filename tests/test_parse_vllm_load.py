@@ -58,10 +58,30 @@ TRANSITIONS = {
         ("starting_api", "init engine (profile"),
         ("ready", "Application startup complete."),
     ],
+    # vLLM 0.33's V2 model runner (the default from 0.29): the drafter server of the seed host
+    "v0_33_v2_drafter_load.log": [
+        ("starting", "vLLM server version 0.33.0"),
+        ("loading_weights", "[model_runner.py:399] Loading model from scratch..."),
+        ("compiling", "Model loading took 71.86 GiB memory and"),
+        ("allocating_kv_cache", "Available KV cache memory: 40.12 GiB"),
+        ("capturing_cuda_graphs", "Capturing CUDA graphs (PIECEWISE)"),
+        ("starting_api", "init engine (profile"),
+        ("ready", "Application startup complete."),
+    ],
+    # vLLM 0.28's V1 model runner (Kimi-K2.5 is not among 0.28's default-V2 architectures)
+    "v0_28_v1_drafter_load.log": [
+        ("starting", "vLLM server version 0.28.0"),
+        ("loading_weights", "Starting to load model /shared/kimi-k2.5-int4"),
+        ("compiling", "Model loading took 71.86 GiB memory and"),
+        ("allocating_kv_cache", "Available KV cache memory: 40.08 GiB"),
+        ("capturing_cuda_graphs", "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)"),
+        ("starting_api", "init engine (profile"),
+        ("ready", "Application startup complete."),
+    ],
     "v0_33_load.log": [
         ("starting", "version 0.33.0"),
         ("loading_weights", "Starting to load model /models/Kimi-K2.5"),
-        ("compiling", "Model loading took 72.31 GiB and"),
+        ("compiling", "Model loading took 72.31 GiB memory and"),  # the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0)
         ("allocating_kv_cache", "Available KV cache memory: 41.77 GiB"),
         ("capturing_cuda_graphs", "Capturing CUDA graphs"),
         ("starting_api", "init engine (profile"),
@@ -119,6 +139,49 @@ def test_v0_33_facts_and_shutdown():
     assert (t.weights_gib, t.weights_seconds) == (72.31, 4004.871203)
     assert t.kv_cache_tokens == 2182642
     assert t.ready_ts is not None and t.load_started_ts == 1002.0  # the logo's version line
+
+
+@pytest.mark.parametrize("name, runner", [("v0_33_v2_drafter_load.log", "v2"), ("v0_28_v1_drafter_load.log", None)])
+def test_both_runners_facts_and_the_drafter_lines(name, runner):
+    """The V1 runner announces its drafter ("Loading drafter model..."); the V2 runner says nothing of it but
+    names the Eagle3 aux layers it hands over, right before it loads the drafter."""
+    t, _ = replay(name)
+    assert (t.phase, t.runner, t.error) == ("ready", runner, None)
+    assert (t.served_model, t.drafter_loaded, t.aux_layers) == ("kimi-k2.5-int4", True, (2, 30, 58))
+    assert t.progress == Progress(64, 64) and t.weights_gib == 71.86
+    assert t.graph_progress == Progress(35, 35)
+    assert t.kv_cache_tokens in (2096640, 2094592)
+
+
+def test_a_v2_journal_goes_through_the_weight_load_with_progress_and_eta():
+    """Mid-load, as a log file or tmux pane delivers the shard bar's redraws: the loading phase from the
+    V2 runner's own line, shard progress and its ETA; the drafter shows up with the aux layers line."""
+    from console.telemetry.eta import estimate_load
+    from console.telemetry.phase import PhaseInputs, decide
+
+    raw = lines("v0_33_v2_drafter_load.log")
+    bar = next(i for i, ln in enumerate(raw) if "checkpoint shards" in ln)
+    t = LoadTracker()
+    for i, line in enumerate(raw[:bar]):
+        t.feed(line, 1000.0 + i)
+        if "Using V2 Model Runner" in line:
+            assert (t.phase, t.runner) == ("starting", "v2")
+        if "Loading model from scratch" in line:
+            assert t.phase == "loading_weights"  # not "starting" for the whole weight load
+    t.feed("\r".join(raw[bar].split("\r")[:3]), 1000.0 + bar)  # the bar so far: 32 of 64 shards
+    assert (t.phase, t.progress, t.shard_eta_s, t.drafter_loaded) == ("loading_weights", Progress(32, 64), 640.0,
+                                                                        False)
+    decision = decide(PhaseInputs(log_phase=t.phase, log_error=None, unit_state="active", unit_result=None,
+                                  host_reachable=True))
+    assert (decision.phase, decision.estimate_load) == ("loading_weights", True)
+    est = estimate_load(elapsed_s=640.0, shards=(t.progress.done, t.progress.total), shard_eta_s=t.shard_eta_s,
+                        shards_live=True, gpus=[], expected_weights_gib=None, baseline_mib=None, previous=None)
+    assert (est.fraction, est.eta_s, est.source) == (0.5, 640.0, "shards")
+    for i, line in enumerate(raw[bar:], start=bar):
+        t.feed(line, 1000.0 + i)
+        if "Using Eagle3 auxiliary layers" in line:
+            assert (t.drafter_loaded, t.aux_layers, t.phase) == (True, (2, 30, 58), "loading_weights")
+            break
 
 
 def test_shard_eta_mid_load_and_from_rate():

@@ -9,6 +9,7 @@ from console.parsers.vllm_log import parse_clock, parse_line, split_cr
 P = "(EngineCore_DP0 pid=12321) INFO 02-12 19:35:33 [default_loader.py:291] "
 W = "(Worker_TP0_EP0 pid=9333) INFO 06-02 09:08:05 [gpu_model_runner.py:4502] "
 A = "(APIServer pid=11980) INFO 02-12 19:36:36 [api_server.py:946] "
+V2 = "(Worker_TP0 pid=31230) INFO 05-02 09:01:02 "
 
 CASES = [
     # (line, kind, {field: expected})
@@ -91,7 +92,21 @@ CASES = [
     (P + "KeyError: 'model.layers.0.mlp.gate.weight'", v.EXCEPTION, {"rank": v.RANK_EXCEPTION}),
     ("(APIServer pid=1) huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error.", v.EXCEPTION, {}),
     ("AssertionError", v.EXCEPTION, {}),
-    (W + "Using auxiliary layers from speculative config: (2, 30, 58)", v.AUX_LAYERS, {"aux_layers": (2, 30, 58)}),
+    (W + "Using auxiliary layers from speculative config: (2, 30, 58)", v.AUX_LAYERS,
+     {"aux_layers": (2, 30, 58), "text": "config"}),
+    # the V2 model runner (vllm/v1/worker/gpu_worker.py, gpu/model_runner.py, gpu/spec_decode/eagle/eagle3_utils.py)
+    (V2 + "[gpu_worker.py:513] Using V2 Model Runner", v.RUNNER, {"text": "v2", "proc": "Worker_TP0"}),
+    (V2 + "[model_runner.py:399] Loading model from scratch...", v.WEIGHTS_START, {"model": None}),
+    (V2 + "[eagle3_utils.py:36] Using Eagle3 auxiliary layers from config: (2, 30, 58, 61)", v.AUX_LAYERS,
+     {"aux_layers": (2, 30, 58, 61), "text": "config"}),
+    (V2 + "[eagle3_utils.py:39] Using Eagle3 auxiliary layers from model: (2, 30, 58)", v.AUX_LAYERS,
+     {"aux_layers": (2, 30, 58), "text": "model"}),
+    (V2 + "[model_runner.py:428] Model loading took 71.86 GiB memory and 1295.402187 seconds", v.WEIGHTS_DONE,
+     {"gib": 71.86, "seconds": 1295.402187}),
+    # 0.33 puts the compiled part's tag first
+    (V2 + "[backends.py:1187] [backbone] Dynamo bytecode transform time: 58.31 s", v.COMPILE, {"seconds": 58.31}),
+    (V2 + "[monitor.py:62] [backbone] torch.compile took 141.07 s in total", v.COMPILE, {"seconds": 141.07}),
+    (V2 + "[monitor.py:40] [backbone] Starting torch.compile", v.COMPILE, {"seconds": None}),
     ("\x1b[1;36m(EngineCore_DP0 pid=279)\x1b[0;0m INFO 12-02 15:47:51 [core.py:93] Initializing a V1 LLM "
      "engine (v0.11.2rc1+rhai0.cuda) with config: model='a'", v.ENGINE_INIT,
      {"version": "0.11.2rc1+rhai0.cuda", "proc": "EngineCore_DP0", "pid": 279}),

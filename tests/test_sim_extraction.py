@@ -17,6 +17,7 @@ from harness.sim_support import SimServer
 pytestmark = pytest.mark.timeout(180)
 
 LAYERS = [1, 2, 3]
+ASKED = [*LAYERS, 4]  # as speculators' launcher asks: the aux ids, then the tiny verifier's final layer
 SERVED = "tiny-verifier"
 
 
@@ -41,7 +42,7 @@ def storage(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def extractor(tiny, storage, tmp_path_factory):
     server = SimServer(tmp_path_factory.mktemp("extractor"), "--served-model-name", SERVED, "--text-backend",
-                       "tinylm", "--stats-interval", "60", *extraction_flags(LAYERS, storage),
+                       "tinylm", "--stats-interval", "60", *extraction_flags(ASKED, storage),
                        env=stage_env(tmp_path_factory)).start()
     try:
         server.wait_ready(timeout=90)
@@ -91,8 +92,8 @@ def test_completion_with_prompt_ids_answers_like_vllm_and_the_file_passes_specul
     data = load_file(path)
     check_hidden_states(data, ids)  # speculators' check: keys, token ids, length, finite
     assert data["token_ids"].dtype == torch.int64
-    assert tuple(data["hidden_states"].shape) == (len(ids), len(LAYERS) + 1, model.config.hidden_size)
-    torch.testing.assert_close(data["hidden_states"], hs.compute(model, ids, LAYERS))  # the real states
+    assert tuple(data["hidden_states"].shape) == (len(ids), len(ASKED), model.config.hidden_size)
+    torch.testing.assert_close(data["hidden_states"], hs.compute(model, ids, ASKED))  # the real states
 
 
 def test_speculators_client_gets_its_handle_as_generate_offline_data_does(extractor, tok):
@@ -172,10 +173,14 @@ def test_layer_ids_out_of_range_or_a_model_without_states_refuse_the_start():
 
     cfg = SimConfig(model="/m", extract_layers=(1, 2, 9))
     model = SimpleNamespace(name="tinylm", layers=4, hidden_states=lambda ids, layers: None)
-    assert startup_problem(cfg, model) == ("eagle_aux_hidden_state_layer_ids [1, 2, 9]: aux layer ids [9] are out of "
+    assert startup_problem(cfg, model) == ("eagle_aux_hidden_state_layer_ids [1, 2, 9]: layer ids [9] are out of "
                                            "range for a verifier with 4 decoder layers (valid: 0..3, the state "
-                                           "entering that layer)")
+                                           "entering that layer, or 4, the final layer's output)")
     assert startup_problem(SimConfig(model="/m", extract_layers=(0, 3)), model) is None
+    assert startup_problem(SimConfig(model="/m", extract_layers=(1, 2, 3, 4)), model) is None  # the final layer
+    # vLLM hands over one state per layer: a repeat leaves fewer states than asked for, which it refuses
+    assert startup_problem(SimConfig(model="/m", extract_layers=(1, 1, 4)), model).endswith(
+        "Expected 3 auxiliary hidden states, got 2 (a layer is listed twice)")
     assert "needs a real model: the canned text backend" in startup_problem(cfg, SimpleNamespace(name="canned"))
 
 
@@ -221,3 +226,34 @@ def test_online_training_fetches_each_sample_from_the_stand_in_and_deletes_it(ex
         assert tuple(sample["hidden_states"].shape) == (len(row), len(LAYERS) * 64)
         assert tuple(sample["verifier_last_hidden_states"].shape) == (len(row), 64)
     assert not [p for p in set(storage.iterdir()) - before if p.suffix == ".safetensors"]  # deleted after use
+
+
+def test_the_writer_asks_the_model_for_exactly_the_listed_layers_in_layer_order(tmp_path):
+    """vLLM writes one state per listed id and appends none (the final state only when id n is listed); its
+    models hand the states over in layer order whatever order the ids were listed in."""
+    import asyncio
+
+    import torch
+    from safetensors.torch import load_file
+
+    from sim.config import SimConfig
+    from sim.extraction import HiddenStatesWriter
+    from sim.loadlog import LogSink
+    from sim.versions import traits_for
+
+    asked: list[list[int]] = []
+
+    class Model:
+        def hidden_states(self, ids, layers):
+            asked.append(list(layers))
+            return torch.stack([torch.full((len(ids), 8), float(i)) for i in layers], dim=1)
+
+    cfg = SimConfig(model="/m", extract_layers=(3, 1, 2), hs_storage=str(tmp_path), hs_lock=False)
+    writer = HiddenStatesWriter(cfg, Model(), LogSink(traits_for("0.33.0"), stream=open("/dev/null", "wb")))
+    try:
+        params = asyncio.run(writer.capture("r1", [5, 6, 7], None))
+    finally:
+        writer.close()
+    assert asked == [[1, 2, 3]]
+    states = load_file(params["hidden_states_path"])["hidden_states"]
+    assert states.shape == (3, 3, 8) and states[0, :, 0].tolist() == [1.0, 2.0, 3.0]

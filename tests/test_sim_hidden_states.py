@@ -14,6 +14,7 @@ pytest.importorskip("speculators")
 from sim import hidden_states as hs  # noqa: E402
 
 LAYERS = [1, 2, 3]
+ASKED = [1, 2, 3, 4]  # what speculators asks vLLM for: the aux ids, then the final layer of the 4
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +27,13 @@ def llama():
     return LlamaForCausalLM(config).eval()
 
 
-def test_layout_is_entering_layer_states_then_pre_norm_final(llama):
+def test_exactly_the_states_asked_for_and_nothing_appended(llama):
     ids = [5, 9, 17, 3, 42, 8]
-    out = hs.compute(llama, ids, LAYERS)
-    assert out.shape == (len(ids), len(LAYERS) + 1, 32)
+    assert hs.speculators_ids(LAYERS, hs.num_layers(llama)) == ASKED
+    assert hs.compute(llama, ids, LAYERS).shape == (len(ids), len(LAYERS), 32)  # vLLM adds no final state
+    out = hs.compute(llama, ids, ASKED)
+    assert out.shape == (len(ids), len(ASKED), 32)
+    torch.testing.assert_close(hs.compute(llama, ids, [3, 1]), out[:, [2, 0]])  # in the order given
     # the state entering decoder layer L, taken independently with a pre-hook on that layer
     seen: dict[int, torch.Tensor] = {}
 
@@ -62,7 +66,7 @@ def test_saved_file_passes_speculators_loader_and_check(llama, tmp_path):
 
     rows = [[5, 9, 17, 3], [1, 2, 3, 4, 5, 6, 7]]
     for i, ids in enumerate(rows):
-        hs.save(tmp_path / hs.file_name(i), ids, hs.compute(llama, ids, LAYERS))
+        hs.save(tmp_path / hs.file_name(i), ids, hs.compute(llama, ids, ASKED))
     assert get_existing_hidden_state_indices(tmp_path) == [0, 1]
     assert find_corrupt_hidden_state_indices(tmp_path, [0, 1]) == {}
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
@@ -76,10 +80,10 @@ def test_saved_file_passes_speculators_loader_and_check(llama, tmp_path):
 
 
 def test_bad_layer_ids_and_shapes_are_clear_errors(llama, tmp_path):
-    with pytest.raises(ValueError, match=r"out of range .* 4 decoder layers \(valid: 0\.\.3"):
-        hs.compute(llama, [1, 2], [1, 4])
-    with pytest.raises(ValueError, match="no aux layer ids"):
+    with pytest.raises(ValueError, match=r"out of range .* 4 decoder layers \(valid: 0\.\.3, .* or 4, the final"):
+        hs.compute(llama, [1, 2], [1, 5])
+    with pytest.raises(ValueError, match="no layer ids"):
         hs.compute(llama, [1, 2], [])
-    with pytest.raises(ValueError, match=r"\[seq=3, K\+1, hidden\]"):
+    with pytest.raises(ValueError, match=r"\[seq=3, layers, hidden\]"):
         hs.save(tmp_path / "hs_0.safetensors", [1, 2, 3], torch.zeros(2, 4, 32))
     assert not list(tmp_path.iterdir())

@@ -19,7 +19,7 @@ COMMON = [
     "vLLM server version {v}, serving model /shared/kimi-k2.5-int4",
     "non-default args: {{",
     "Initializing a V1 LLM engine (v{v}) with config: ",
-    "Starting to load model /shared/kimi-k2.5-int4...",
+    "{weights_start}",
     "Loading safetensors checkpoint shards: 100% Completed | 4/4 [",
     "Loading weights took ",
     "Model loading took ",
@@ -56,11 +56,28 @@ def _refused(port: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize("version", ["0.10.2", "0.13.0", "0.33.0"])
-def test_load_sequence_per_version(tmp_path, version):
-    sim = SimServer(tmp_path, "--vllm-version", version, load_seconds=1.2).start()
+# the model runner's own lines, per version (vLLM's sources: /work/shared/notes/vllm-surface.md)
+V1_START = "[gpu_model_runner.py:4978] Starting to load model /shared/kimi-k2.5-int4..."
+V2_START = "[gpu_worker.py:513] Using V2 Model Runner"
+RUNNER_LINES = {
+    # the V1 runner up to 0.11 says both, then `X GiB and`; no aux layers line
+    ("0.10.2", ""): (["Starting to load model /shared/kimi-k2.5-int4...", "Loading model from scratch..."],
+                     "Model loading took 70.0000 GiB and "),
+    ("0.13.0", ""): ([V1_START], "Model loading took 70.0000 GiB memory and "),
+    # 0.33 picks the V2 runner for every model; VLLM_USE_V2_MODEL_RUNNER=0 forces the V1 one, as in vLLM
+    ("0.33.0", ""): ([V2_START, "[model_runner.py:399] Loading model from scratch..."],
+                     "[model_runner.py:428] Model loading took 70.0 GiB memory and "),
+    ("0.33.0", "0"): ([V1_START], "[gpu_model_runner.py:5088] Model loading took 70.0 GiB memory and "),
+}
+
+
+@pytest.mark.parametrize("version, forced", sorted(RUNNER_LINES))
+def test_load_sequence_per_version(tmp_path, version, forced):
+    starts, took = RUNNER_LINES[version, forced]
+    env = {"VLLM_USE_V2_MODEL_RUNNER": forced} if forced else None
+    sim = SimServer(tmp_path, "--vllm-version", version, load_seconds=1.2, env=env).start()
     try:
-        sim.wait_for("Starting to load model")
+        sim.wait_for(starts[-1])
         assert _refused(sim.port)  # bound, not listening, while loading
         sim.wait_ready()
         assert sim.get("/health").status_code == 200
@@ -70,7 +87,11 @@ def test_load_sequence_per_version(tmp_path, version):
     raw = sim.out_path.read_bytes()
     assert sim.log_path.read_bytes() == raw  # the log file gets the same bytes, \r included
     text = raw.decode()
-    _in_order(text, [m.format(v=version) for m in COMMON] + ["[shutdown]"])
+    markers = [m.format(v=version, weights_start="\n".join(starts)) for m in COMMON]
+    _in_order(text, [*markers[:3], *starts, *markers[4:], "[shutdown]"])
+    assert took in text and text.count("Model loading took") == 1
+    v2 = V2_START in starts
+    assert ("Starting to load model" in text) == (not v2) and ("Loading drafter model" not in text)
     pid = sim.proc.pid
     lines = text.split("\n")
     if version >= "0.11":
@@ -93,7 +114,6 @@ def test_load_sequence_per_version(tmp_path, version):
     one_line = re.search(r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for", text)
     assert bool(one_line) == new
     assert ("torch.compile takes " in text) == (version < "0.17")
-    assert ("GiB memory and" in text) == (not new)
 
 
 def test_gpu_memory_rises_then_falls(tmp_path):
@@ -153,7 +173,7 @@ def test_crash_during_load(tmp_path):
         sim.kill()
     out = sim.output()
     assert "50% Completed | 4/8" in out and "Application startup complete." not in out
-    _in_order(out, ["Starting to load model", "EngineCore failed to start.", "Traceback (most recent call last):",
+    _in_order(out, ["Loading model from scratch...", "EngineCore failed to start.", "Traceback (most recent call last):",
                     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
                     "RuntimeError: Engine core initialization failed. See root cause above."])
     assert read_state(str(sim.state_path)).gpus[0].memory_used_mib == 4
@@ -177,7 +197,7 @@ def test_nccl_error(tmp_path):
     out = sim.output()
     _in_order(out, ["Initializing a V1 LLM engine", "WorkerProc failed to start.", "NCCL error in:",
                     "EngineCore failed to start.", "RuntimeError: Engine core initialization failed."])
-    assert "Starting to load model" not in out
+    assert "Loading model from scratch" not in out and "Starting to load model" not in out
 
 
 def test_address_in_use_real_and_simulated(tmp_path):
@@ -198,7 +218,7 @@ def test_address_in_use_real_and_simulated(tmp_path):
     finally:
         sim.kill()
     assert "OSError: [Errno 98] Address already in use" in sim.output()
-    assert "Starting to load model" not in sim.output()
+    assert "Loading model from scratch" not in sim.output() and "Starting to load model" not in sim.output()
 
 
 def test_bad_arguments_exit_2_with_a_reason(tmp_path):

@@ -236,5 +236,5 @@ def test_spec_decode_metrics_and_log_with_drafter(drafter_server):
     assert 2.0 < 1 + accepted / drafts < 3.0
     sim.wait_for("SpecDecoding metrics: Mean acceptance length: ")
     out = sim.output()
-    assert "Using auxiliary layers from speculative config: (2, 30, 58)" in out
+    assert "Using Eagle3 auxiliary layers from config: (2, 30, 58)" in out  # vLLM 0.33's V2 runner
     assert "Engine 000: Avg prompt throughput: " in out and "Per-position acceptance rate: 0.7" in out

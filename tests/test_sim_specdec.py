@@ -119,7 +119,8 @@ def test_stepwise_draft_equals_speculators_forward(tiny_drafters, tiny):
     ids = tiny.chat_prompt(ASK, thinking=True) + tiny.encode("<think>Let me break the question into parts.")
     n = len(ids)
     with torch.inference_mode():
-        states = hidden_states.compute(tiny.model, ids, drafter.aux_layer_ids)
+        states = hidden_states.compute(tiny.model, ids, hidden_states.speculators_ids(
+            drafter.aux_layer_ids, hidden_states.num_layers(tiny.model)))
         aux = states[:, :-1].reshape(n, -1)
         ref = drafter.model(hidden_states=aux[:-1][None], input_ids=torch.tensor(ids[1:])[None],
                             document_ids=torch.zeros(1, n - 1, dtype=torch.long),
@@ -194,7 +195,8 @@ def test_server_logs_the_drafter_and_counts_for_real(spec_server, tiny, tiny_dra
     from sim.tinylm_text import Sampling
 
     out = spec_server.output()
-    assert "Loading drafter model..." in out and "Using auxiliary layers from speculative config: (1, 2, 3)" in out
+    assert "Using Eagle3 auxiliary layers from config: (1, 2, 3)" in out  # vLLM 0.33's V2 runner
+    assert "Using V2 Model Runner" in out and "Loading drafter model" not in out
     assert "SIMULATED drafter" not in out and "speculators.utils" not in out  # nothing made up, no foreign logs
     before = _counters(spec_server)
     body = {"model": "kimi", "messages": ASK, "temperature": 0, "max_tokens": 300, "return_token_ids": True}
@@ -248,6 +250,6 @@ def test_a_path_without_checkpoint_is_the_labelled_simulated_drafter(tmp_path):
         sim.wait_ready()
         out = sim.output()
         assert "SIMULATED drafter: nothing at /shared/drafter; acceptance is made up" in out
-        assert "Using auxiliary layers from speculative config: (2, 30, 58)" in out
+        assert "Using Eagle3 auxiliary layers from config: (2, 30, 58)" in out
     finally:
         sim.kill()

@@ -29,6 +29,32 @@ def test_version_traits(version, keys, nested, detail, prefix, new_line):
         keys, nested, detail, prefix, new_line)
 
 
+@pytest.mark.parametrize("version, forced, runner, took, aux", [
+    # the V1 runner: `%.4f GiB and` up to 0.11 (and no aux layers line), `%.4f GiB memory` in 0.12/0.13
+    ("0.11.0", None, "v1", "took 7.6406 GiB and 12.500000 seconds", None),
+    ("0.12.0", None, "v1", "took 7.6406 GiB memory and", "Using auxiliary layers from speculative config: (2, 30, 58)"),
+    ("0.18.0", None, "v1", "took 7.64 GiB memory and", "Using auxiliary layers from speculative config: (2, 30, 58)"),
+    # a MoE model like the seed host's gets the V1 runner up to 0.28, the V2 one from 0.29
+    ("0.28.0", None, "v1", "took 7.64 GiB memory and", "Using auxiliary layers from speculative config: (2, 30, 58)"),
+    ("0.29.0", None, "v2", "took 7.64 GiB memory and", "Using Eagle3 auxiliary layers from config: (2, 30, 58)"),
+    ("0.33.0", "", "v2", "took 7.64 GiB memory and", "Using Eagle3 auxiliary layers from config: (2, 30, 58)"),
+    # VLLM_USE_V2_MODEL_RUNNER forces either; the V2 runner said `GiB and` up to 0.27
+    ("0.33.0", "0", "v1", "took 7.64 GiB memory and", "Using auxiliary layers from speculative config: (2, 30, 58)"),
+    ("0.27.0", "1", "v2", "took 7.64 GiB and", "Using Eagle3 auxiliary layers from config: (2, 30, 58)"),
+    ("0.12.0", "true", "v2", "took 7.6406 GiB and", "Using Eagle3 auxiliary layers from config: (2, 30, 58)"),
+    ("0.11.0", "1", "v1", "took 7.6406 GiB and", None),  # no V2 runner yet
+])
+def test_model_runner_and_its_load_lines_per_version(version, forced, runner, took, aux):
+    t = traits_for(version, use_v2_runner=forced)
+    assert t.model_runner == runner
+    source, message = loadlog.model_loading_took(t, 7.640625, 12.5)
+    assert took in message and source.startswith("model_runner.py" if runner == "v2" else "gpu_model_runner.py")
+    line = loadlog.aux_layers_line(t, (2, 30, 58))
+    assert (line[1] if line else None) == aux
+    with pytest.raises(ValueError, match="VLLM_USE_V2_MODEL_RUNNER='yes': expected 0 or 1"):
+        traits_for(version, use_v2_runner="yes")
+
+
 def test_reasoning_field_override_and_bad_versions():
     assert traits_for("0.33.0", "both").reasoning_keys == ("reasoning", "reasoning_content")
     assert traits_for("0.11.0", "reasoning").reasoning_keys == ("reasoning",)

@@ -8,7 +8,9 @@
     extract                          speculators' generate-offline-data for the train and held-out rows
                                      (offline.py, one child process), watched: files counted for progress,
                                      the server's health and unit checked so a server that dies midway
-                                     ends the run at once with the reason
+                                     ends the run at once with the reason, and the first file of each
+                                     side checked for one state per layer id asked for (the aux ids and
+                                     the final layer: backend/verifier.extraction_layer_ids)
     swap back (always)               stop the extraction server and start the baseline again, also after a
                                      failure or SIGTERM; every command and its outcome goes to events.jsonl
 
@@ -26,13 +28,14 @@ from typing import Any
 
 from backend.extract import disk
 from backend.extract.config import ExtractConfig
-from backend.extract.plan import PlanError, SwapPlan, load_plan
+from backend.extract.plan import PlanError, SwapPlan, check_server_layers, load_plan
 from backend.lifecycle import StageFailed, StageRun, Stopped
 from backend.lookup import CompletedRun, InputError, completed_run
 from backend.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
 from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
-from backend.verifier import VerifierError, VerifierInfo, read_verifier, resolve_aux_layers
+from backend.verifier import (VerifierError, VerifierInfo, extraction_layer_ids, read_verifier,
+                              resolve_aux_layers)
 
 STAGE = "extract"
 LOG_FILE = "extract.log"
@@ -60,6 +63,14 @@ class Inputs:
     sides: list[Side]
     plan: SwapPlan | None
     estimate: disk.DiskEstimate | None = None
+
+    @property
+    def asked_layer_ids(self) -> list[int]:
+        """The ids the server writes one state each for: the plan's, or (a server started by hand) what
+        speculators expects, the aux ids plus the final layer."""
+        if self.plan is not None:
+            return list(self.plan.extract_layer_ids)
+        return extraction_layer_ids(self.aux_layer_ids, self.verifier.num_layers)
 
 
 def hs_indices(directory: str) -> set[int]:
@@ -120,6 +131,8 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
             if aux is not None and plan.aux_layer_ids != aux:
                 raise PlanError(f"the plan starts the extraction server with aux layer ids {plan.aux_layer_ids}, "
                                 f"the stage extracts {aux}")
+            if info is not None and aux is not None:  # (ids out of range are reported once, above)
+                check_server_layers(plan, info)
             report.add("swap_plan", True, f"extraction server {plan.extractor_unit or '?'} at {plan.endpoint}")
         except PlanError as exc:
             report.add("swap_plan", False, str(exc), "start the stage from the console, which writes the plan")
@@ -186,6 +199,7 @@ class ExtractRunner:
         self.child: asyncio.subprocess.Process | None = None
         self.max_model_len: int | None = None  # what the extraction server reports in /v1/models
         self.child_log: Any = None
+        self.width_checked: set[str] = set()  # sides whose first file's width was found right
 
     # -- events ----------------------------------------------------------------------------------------
     def emit(self, kind: str, **data: Any) -> None:
@@ -240,7 +254,7 @@ class ExtractRunner:
         inputs = self.inputs
         self.done_before = self.done()
         ctx.start(total=self.total, already_done=self.done_before, aux_layer_ids=inputs.aux_layer_ids,
-                  hidden_size=inputs.verifier.hidden_size,
+                  extract_layer_ids=inputs.asked_layer_ids, hidden_size=inputs.verifier.hidden_size,
                   estimate=inputs.estimate.to_dict() if inputs.estimate else None,
                   plan=self.plan.to_dict() if self.plan else None)
         try:
@@ -330,6 +344,7 @@ class ExtractRunner:
             except asyncio.TimeoutError:
                 pass
             self.progress("extracting")
+            self._check_widths()
             if self.stop.is_set():
                 await self._end_child()
                 raise Stopped(self.stop_reason)
@@ -380,10 +395,45 @@ class ExtractRunner:
             self.child_log.close()
             self.child_log = None
 
+    def _widths_wrong(self, shape: list[int], seq_len: int | None = None) -> str | None:
+        """Why a file of this shape is not what the server was asked for, or None when it is."""
+        asked, hidden = self.inputs.asked_layer_ids, self.inputs.verifier.hidden_size
+        expected = [len(asked), hidden] if seq_len is None else [seq_len, len(asked), hidden]
+        if (shape[1:] if seq_len is None else shape) == expected:
+            return None
+        got = shape[1] if len(shape) == 3 else None
+        what = (f"{got} hidden states per token, expected {len(asked)}" if got is not None and got != len(asked)
+                else f"hidden states of shape {shape}, expected [{seq_len if seq_len is not None else 'seq'}, "
+                     f"{len(asked)}, {hidden}]")
+        return (f"the extraction server wrote {what} (layer ids {asked} asked for: aux layers "
+                f"{self.inputs.aux_layer_ids} + the final layer {self.inputs.verifier.num_layers} of a "
+                f"{hidden}-wide verifier): was it started with those ids and this verifier? Files of another "
+                f"width cannot be trained on; remove the run's hidden states and extract again")
+
+    def _check_widths(self) -> None:
+        """The first file of each side, as soon as one is complete: a server that writes another number of
+        states (or another width) fails the run now, not after hours of extraction."""
+        from safetensors import safe_open
+
+        for side in self.inputs.sides:
+            if side.name in self.width_checked:
+                continue
+            have = sorted(hs_indices(self._outdir(side)))
+            if not have:
+                continue
+            try:
+                with safe_open(os.path.join(self._outdir(side), f"hs_{have[0]}.safetensors"), framework="pt") as f:
+                    shape = list(f.get_slice("hidden_states").get_shape())
+            except Exception:  # still being copied into place (see generate-offline-data): look again later
+                continue
+            why = self._widths_wrong(shape)
+            if why:
+                raise StageFailed(why)
+            self.width_checked.add(side.name)
+
     def _check_outputs(self) -> None:
         from safetensors import safe_open
 
-        k, hidden = len(self.inputs.aux_layer_ids), self.inputs.verifier.hidden_size
         for side in self.inputs.sides:
             out = self._outdir(side)
             have = hs_indices(out)
@@ -396,11 +446,9 @@ class ExtractRunner:
                 continue
             with safe_open(os.path.join(out, "hs_0.safetensors"), framework="pt") as f:
                 shape = list(f.get_slice("hidden_states").get_shape())
-            if shape != [side.first_len, k + 1, hidden]:
-                raise StageFailed(f"the extraction server wrote hidden states of shape {shape}, expected "
-                                  f"[{side.first_len}, {k + 1}, {hidden}] ({k} aux layers + 1 of a "
-                                  f"{hidden}-wide verifier): was it started with aux layer ids "
-                                  f"{self.inputs.aux_layer_ids} and this verifier?")
+            why = self._widths_wrong(shape, side.first_len)
+            if why:
+                raise StageFailed(why)
 
     def _clean_staging(self) -> None:
         """The connector's staging dir is this run's own: files left there (a request whose answer never
@@ -435,6 +483,7 @@ class ExtractRunner:
         summary: dict[str, Any] = {
             "stage": STAGE, "run_id": self.c.run_id, "status": status, "input_run": inputs.prepare.run_id,
             "verifier": inputs.verifier.path, "aux_layer_ids": inputs.aux_layer_ids,
+            "extract_layer_ids": inputs.asked_layer_ids,
             "hidden_size": inputs.verifier.hidden_size, "num_layers": inputs.verifier.num_layers,
             "done": self.done(), "total": self.total, "failed": 0,
             "rows": {s.name: s.rows for s in inputs.sides}, "tokens": {s.name: s.tokens for s in inputs.sides},

@@ -19,7 +19,7 @@ from typing import Any
 
 from backend import exitcodes
 from backend.lifecycle import StageFailed, StageRun, Stopped, refuse
-from backend.extract.plan import PlanError, SwapPlan, load_plan
+from backend.extract.plan import PlanError, SwapPlan, check_server_layers, load_plan
 from backend.lookup import CompletedRun, InputError, completed_run, latest_completed
 from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
@@ -274,7 +274,9 @@ class Stage:
         try:
             self.use_plan()
             inputs = Inputs(c)
-        except (InputError, VerifierError, UsageError, ConfigError, WarmStartError) as exc:
+            if self.swap_plan is not None:  # online: its server must write the states speculators reads
+                check_server_layers(self.swap_plan, inputs.info)
+        except (InputError, VerifierError, UsageError, ConfigError, PlanError, WarmStartError) as exc:
             return refuse("train", exc)
         if c.nvidia_smi:
             pf.NVIDIA_SMI = list(c.nvidia_smi)

@@ -104,11 +104,12 @@ def fetch_samples(run: CompletedRun, info: Any, c: VerifyConfig, ctx: StageRun) 
     baseline is started again before the run finishes as stopped."""
     if not c.plan or run.outputs.get("heldout_hidden_states"):
         return list(heldout_samples(run, info, c.samples, c.vllm_endpoint, c.served_model))
-    from backend.extract.plan import PlanError, load_plan
+    from backend.extract.plan import PlanError, check_server_layers, load_plan
     from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
 
     try:
         plan = load_plan(c.plan)
+        check_server_layers(plan, info)  # one state per id comes back: the last must be the final layer
     except PlanError as exc:
         raise InputError(str(exc)) from None
     lost: list[str] = []

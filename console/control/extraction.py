@@ -2,8 +2,10 @@
 
 The extraction server is the baseline's own program (units.ServerProgram: the operator's unit's command
 line, environment, user and working directory as systemd runs it; tmux: the profile's command) plus vLLM's
-two extraction flags: the `extract_hidden_states` speculative method with the aux layer
-ids, and the hidden-states KV connector writing into this run's staging directory. It runs as its own
+two extraction flags: the `extract_hidden_states` speculative method with the aux layer ids AND the
+verifier's final layer (vLLM writes exactly one state per id; speculators reads the last one as the final
+state: backend/verifier.extraction_layer_ids), and the hidden-states KV connector writing into this run's
+staging directory. It runs as its own
 program beside the baseline's name (`<server unit>-extract`): a transient systemd unit, or its own tmux
 session (units.derived_server_start_argv, stopped like a stage).
 
@@ -20,6 +22,7 @@ from typing import Any, Sequence
 
 from backend.extract.plan import EXTRACTOR, SwapPlan
 from backend.redact import redacted
+from backend.verifier import extraction_layer_ids
 from console.control.switch_plan import derived_server, switch_plan
 from console.control.units import (ServerProgram, derived_server_start_argv, profile_program, stage_log_path,
                                    stage_stop_argv, tmux_stop_argv)
@@ -53,9 +56,10 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def extraction_flags(aux_layer_ids: Sequence[int], storage: str) -> list[str]:
+def extraction_flags(layer_ids: Sequence[int], storage: str) -> list[str]:
+    """vLLM's flags for an extraction server writing one state per id in `layer_ids` into `storage`."""
     spec = {"method": EXTRACT_METHOD, "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in aux_layer_ids]}}}
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids]}}}
     kv = {"kv_connector": HS_CONNECTOR, "kv_role": "kv_producer",
           "kv_connector_extra_config": {"shared_storage_path": storage}}
     return ["--speculative-config", _json(spec), "--kv-transfer-config", _json(kv)]
@@ -73,29 +77,34 @@ def _checked_base(profile: Profile, aux_layer_ids: Sequence[int], program: Serve
     return program
 
 
-def extractor_command(profile: Profile, aux_layer_ids: Sequence[int], storage: str,
+def extractor_command(profile: Profile, layer_ids: Sequence[int], storage: str,
                       program: ServerProgram | None = None) -> list[str]:
-    """`program`: the baseline's (operator_unit.read_server_program); default the profile's command."""
-    base = _checked_base(profile, aux_layer_ids, program)
-    return [*base.argv, *extraction_flags(aux_layer_ids, storage)]
+    """`layer_ids`: what the server is asked for (the aux ids and the final layer); `program`: the baseline's
+    (operator_unit.read_server_program); default the profile's command."""
+    base = _checked_base(profile, layer_ids, program)
+    return [*base.argv, *extraction_flags(layer_ids, storage)]
 
 
-def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int],
+def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_layers: int,
                program: ServerProgram | None = None) -> dict[str, Any]:
     """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it):
     the one server switch with the extraction server away from the baseline.
+    `num_layers`: the verifier's decoder layers, whose last output the server is asked for too (vLLM writes
+    one state per listed id; speculators reads the last as the final state: backend/verifier);
     `program`: the baseline's (operator_unit.read_server_program); default the profile's command."""
     s = profile.server
     unit = extractor_unit(profile)
     storage = staging_dir(profile, run_id)
     base = _checked_base(profile, aux_layer_ids, program)
-    flags = extraction_flags(aux_layer_ids, storage)
+    asked = extraction_layer_ids(aux_layer_ids, num_layers)
+    flags = extraction_flags(asked, storage)
     start = derived_server_start_argv(profile, unit, base, flags, log_path=stage_log_path(profile, unit),
                                       env=dict(profile.extract.server_env), stop_timeout_s=s.stop_timeout_s)
     stop = stage_stop_argv(profile, unit) if s.manager == "systemd" else tmux_stop_argv(unit, s.stop_timeout_s)
     extractor = derived_server(profile, EXTRACTOR, unit, start, stop, [*base.argv, *flags])
     switch = switch_plan(profile, [extractor], ready_timeout_s=profile.extract.ready_timeout_s or s.load_timeout_s)
-    return SwapPlan(switch=switch, storage_path=storage, aux_layer_ids=[int(i) for i in aux_layer_ids]).to_dict()
+    return SwapPlan(switch=switch, storage_path=storage, aux_layer_ids=[int(i) for i in aux_layer_ids],
+                    extract_layer_ids=asked).to_dict()
 
 
 def describe_plan(plan: dict[str, Any]) -> list[str]:

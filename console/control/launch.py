@@ -453,20 +453,25 @@ class Launcher:
     async def hub_token(self) -> str | None:
         return await upload_hub_token(self.host, self.profile, self.shown)
 
-    async def aux_layer_ids(self) -> list[int]:
+    async def aux_layer_ids(self) -> tuple[list[int], int]:
+        """The aux layer ids the verifier takes and its layer count (the extraction server is asked for
+        both: backend/verifier.extraction_layer_ids)."""
         answer = await self.host_query(stage_argv.aux_layers_argv(self.profile), "aux layer ids")
         try:
-            ids = json.loads(answer)["aux_layer_ids"]
+            found = json.loads(answer)
+            ids, layers = found["aux_layer_ids"], found["num_layers"]
         except (ValueError, KeyError, TypeError):
-            ids = None
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise StageError(f"aux layer ids: the host's answer is not a list of layer ids: {clean(answer)[:200]!r}")
-        return ids
+            ids = layers = None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or \
+                not isinstance(layers, int) or isinstance(layers, bool):
+            raise StageError(f"aux layer ids: the host's answer is not a list of layer ids and a layer count: "
+                             f"{clean(answer)[:200]!r}")
+        return ids, layers
 
     async def swap_plan(self, run_id: str) -> tuple[str, list[int]]:
         """The server swap plan of a stage that takes the GPUs (uploaded), and the aux layer ids in it."""
-        ids = await self.aux_layer_ids()
-        return await self.upload_swap_plan(run_id, ids), ids
+        ids, layers = await self.aux_layer_ids()
+        return await self.upload_swap_plan(run_id, ids, layers), ids
 
     async def argv(self, stage: str, run_id: str, input_run: str | None, req: StageRequest,
                    ) -> tuple[list[str], list[str] | None]:
@@ -510,12 +515,12 @@ class Launcher:
             self.shown.append(f"(bench) note: {program.note}")
         return pair_argv(p, run_id, plan_file, fresh=req.fresh)
 
-    async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int]) -> str:
+    async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int], num_layers: int) -> str:
         try:
             program = await read_server_program(self.host, self.profile)
         except OperatorUnitError as exc:
             raise StageError(str(exc)) from None
-        plan = build_plan(self.profile, run_id, aux_layer_ids, program)
+        plan = build_plan(self.profile, run_id, aux_layer_ids, num_layers, program)
         if program.note:
             self.shown.append(f"(server swap) note: {program.note}")
         path = plan_path(self.profile, run_id)

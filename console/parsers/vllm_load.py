@@ -17,7 +17,7 @@ _TERMINAL = ("ready", "failed", "stopped")
 
 # Which phase each event kind moves the load to (forward only).
 _PHASE_OF: dict[str, str] = {
-    v.START: "starting", v.ARGS: "starting", v.ENGINE_INIT: "starting",
+    v.START: "starting", v.ARGS: "starting", v.ENGINE_INIT: "starting", v.RUNNER: "starting",
     v.WEIGHTS_START: "loading_weights", v.SHARD_PROGRESS: "loading_weights", v.WEIGHTS_READ: "loading_weights",
     # vLLM's next step after the weights is the profile run, which is where torch.compile happens
     v.WEIGHTS_DONE: "compiling", v.COMPILE: "compiling",
@@ -46,7 +46,10 @@ class LoadTracker:
 
     def _reset_load(self) -> None:
         self.progress: Progress | None = None
-        self.drafter_loaded = False  # "Loading drafter model": this load serves a drafter
+        # this load serves a drafter: the V1 runner's "Loading drafter model", or the V2 runner's Eagle3 aux
+        # layers line (it loads the drafter right after it, and logs nothing of its own)
+        self.drafter_loaded = False
+        self.runner: str | None = None  # "v2" once "Using V2 Model Runner" is seen (V1 never names itself)
         self.shard_eta_s: float | None = None
         self.graph_progress: Progress | None = None
         self.weights_gib: float | None = None
@@ -85,7 +88,7 @@ class LoadTracker:
         kind = event.kind
         if kind == v.START and self.phase not in ("unknown", "starting"):
             self._restart()  # a new API server process: whatever we knew belongs to the old one
-        elif kind in (v.ARGS, v.ENGINE_INIT, v.WEIGHTS_START) and self.phase in _TERMINAL:
+        elif kind in (v.ARGS, v.ENGINE_INIT, v.RUNNER, v.WEIGHTS_START) and self.phase in _TERMINAL:
             self._restart()
         self._record(event)
         if kind in (v.FAILURE, v.EXCEPTION):
@@ -123,8 +126,10 @@ class LoadTracker:
             self.shard_eta_s = event.remaining_s
             if self.shard_eta_s is None and event.seconds_per_item is not None:
                 self.shard_eta_s = (event.total - (event.done or 0)) * event.seconds_per_item
-        elif kind == v.WEIGHTS_START and event.message.startswith("Loading drafter model"):
+        elif kind == v.WEIGHTS_START and event.message.startswith(v.DRAFTER_START):
             self.drafter_loaded = True
+        elif kind == v.RUNNER:
+            self.runner = event.text
         elif kind == v.GRAPH_PROGRESS and event.total:
             self.graph_progress = Progress(done=event.done or 0, total=event.total)
         elif kind == v.WEIGHTS_READ:
@@ -142,6 +147,8 @@ class LoadTracker:
             self.kv_cache_tokens = event.tokens if event.tokens is not None else self.kv_cache_tokens
         elif kind == v.AUX_LAYERS:
             self.aux_layers = event.aux_layers
+            if event.message.startswith("Using Eagle3"):
+                self.drafter_loaded = True
         elif kind == v.ENGINE_STATS:
             self.engine_stats = event.engine_stats
         elif kind == v.SPEC_STATS:

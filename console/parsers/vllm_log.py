@@ -1,5 +1,11 @@
 """Recognise vLLM server log lines (0.11 .. 0.33, and the unprefixed ~0.10 shape) as typed events.
 
+Both model runners' dialects: the V1 runner (gpu_model_runner.py: `Starting to load model %s...`, `Loading
+drafter model...`, `Using auxiliary layers from speculative config: %s`) and the V2 runner (gpu_worker.py:
+`Using V2 Model Runner`; gpu/model_runner.py: `Loading model from scratch...`; gpu/spec_decode/eagle/
+eagle3_utils.py: `Using Eagle3 auxiliary layers from config: %s` / `... from model: %s`), the default from
+0.30 on. Sources and versions: /work/shared/notes/vllm-surface.md.
+
 Load progress is only visible in the log: while weights load, vLLM holds its port without listening,
 so no HTTP endpoint answers. `parse_line` is pure and total: any string in, a `LogEvent` or None out.
 `LoadTracker` (console/parsers/vllm_load.py) folds the events into a load phase.
@@ -14,6 +20,7 @@ from dataclasses import dataclass
 START = "start"  # logo / "vLLM server version" line: a new server process
 ARGS = "args"  # non-default args: served model name
 ENGINE_INIT = "engine_init"  # "Initializing a V1 LLM engine (vX)"
+RUNNER = "runner"  # "Using V2 Model Runner" (the V1 runner says nothing of itself)
 WEIGHTS_START = "weights_start"
 SHARD_PROGRESS = "shard_progress"
 WEIGHTS_READ = "weights_read"  # "Loading weights took": one checkpoint read; a drafter may follow
@@ -32,7 +39,8 @@ FAILURE = "failure"  # a hard failure marker: the load (or the running engine) i
 EXCEPTION = "exception"  # a Python `XxxError: msg` line: a root-cause candidate, not fatal by itself
 ENGINE_STATS = "engine_stats"
 SPEC_STATS = "spec_stats"
-AUX_LAYERS = "aux_layers"
+AUX_LAYERS = "aux_layers"  # text: where the ids came from ("config", "model"; V1 logs only "config")
+DRAFTER_START = "Loading drafter model"  # the V1 runner's drafter line (the V2 runner has none)
 
 # How specific a failure line is about the cause; the tracker keeps the highest (first on ties).
 RANK_ROOT_CAUSE = 5  # OOM, NCCL, port taken, not enough memory
@@ -110,13 +118,18 @@ _SERVER_VERSION = re.compile(
     r"vLLM (?:API )?server version (?P<version>\S+?),?(?:\s+serving model (?P<model>\S+))?\s*$")
 _ENGINE_INIT = re.compile(r"Initializing a V\d LLM engine \(v(?P<version>[^)\s]+)\)")
 _ENGINE_SERVED = re.compile(r"served_model_name=(?P<model>[^,\s]+)")
-_WEIGHTS_START = re.compile(r"^(?:Starting to load model (?P<model>\S+?)\.{0,3}$|Loading drafter model)")
+# V1: "Starting to load model %s..." (then, up to 0.11, "Loading model from scratch..."); V2: only the latter
+_WEIGHTS_START = re.compile(r"^(?:Starting to load model (?P<model>\S+?)\.{0,3}$|Loading drafter model"
+                            r"|Loading model from scratch)")
+_RUNNER = re.compile(r"^Using V2 Model Runner\b")
 _WEIGHTS_TOOK = re.compile(r"^Loading weights took (?P<s>[\d.]+) s")
 _MODEL_TOOK = re.compile(
     r"^Model loading took (?P<gib>[\d.]+) GiB(?: memory)? and (?P<s>[\d.]+) s")
+# newer releases put the compiled part's tag first: "[backbone] Dynamo bytecode transform time: 7.41 s"
 _COMPILE = re.compile(
-    r"^(?:Dynamo bytecode transform time: (?P<dyn>[\d.]+) s|torch\.compile (?:takes|took) (?P<tc>[\d.]+) s"
-    r"|Using cache directory: .* for vLLM's torch\.compile|Directly load the compiled graph"
+    r"^(?:\[[\w.-]+\] )?(?:Dynamo bytecode transform time: (?P<dyn>[\d.]+) s"
+    r"|torch\.compile (?:takes|took|and initial profiling/warmup run together took) (?P<tc>[\d.]+) s"
+    r"|Starting torch\.compile|Using cache directory: .* for vLLM's torch\.compile|Directly load the compiled graph"
     r"|Compiling a graph for)")
 _KV_MEM = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
 _KV_TOKENS = re.compile(r"GPU KV cache size: (?P<tokens>[\d,]+) tokens")
@@ -129,7 +142,8 @@ _SHUTDOWN = re.compile(
     r"^(?:\[shutdown\]|Shutting down FastAPI HTTP server|Waiting for application shutdown"
     r"|Application shutdown complete|Finished server process|Shutting down$)")
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception)(?::\s.*)?$")
-_AUX = re.compile(r"Using auxiliary layers from speculative config: [(\[](?P<ids>[\d,\s]*)[)\]]")
+_AUX = re.compile(r"Using (?:auxiliary layers from speculative (?P<v1>config)|Eagle3 auxiliary layers from "
+                  r"(?P<v2>config|model)): [(\[](?P<ids>[\d,\s]*)[)\]]")
 _NUM = r"([\d.]+)"
 
 # (substring, rank) checked in order; lowercase match. The most specific causes come first.
@@ -315,6 +329,8 @@ def _classify(message: str) -> tuple[str, dict] | None:  # noqa: C901 - one flat
         return ENGINE_INIT, {"version": m.group("version"), "model": served.group(1) if served else None}
     if m := _WEIGHTS_START.match(message):
         return WEIGHTS_START, {"model": m.group("model")}
+    if _RUNNER.match(message):
+        return RUNNER, {"text": "v2"}
     if m := _WEIGHTS_TOOK.match(message):
         return WEIGHTS_READ, {"seconds": _float(m.group("s"))}
     if m := _MODEL_TOOK.match(message):
@@ -348,7 +364,7 @@ def _classify(message: str) -> tuple[str, dict] | None:  # noqa: C901 - one flat
     if m := _AUX.search(message):
         ids = tuple(i for i in (_int(p.strip()) for p in m.group("ids").split(",") if p.strip())
                     if i is not None)
-        return AUX_LAYERS, {"aux_layers": ids}
+        return AUX_LAYERS, {"aux_layers": ids, "text": m.group("v1") or m.group("v2")}
     lowered = message.lower()
     for needle, rank in _FAILURES:
         if needle in lowered:

@@ -17,7 +17,7 @@ _ETA_SOURCES = {"shards": "from shard progress", "gpu_memory": "from GPU memory 
 
 def drafter_lines(d: DrafterInfo) -> list[Content]:
     """That the drafter was really loaded (its log lines) and its acceptance as the server logs it."""
-    loaded = "[green]drafter loaded[/]" if d.loaded else "[yellow]no 'Loading drafter model' line yet[/]"
+    loaded = "[green]drafter loaded[/]" if d.loaded else "[yellow]drafter load not logged yet[/]"
     aux = ", ".join(str(i) for i in d.aux_layers) if d.aux_layers else "not logged"
     out = [markup(f"server   [b]with drafter[/b] ($unit): {loaded}, auxiliary layers $aux", unit=d.unit, aux=aux)]
     st = d.log_stats
