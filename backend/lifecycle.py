@@ -252,13 +252,17 @@ class StageRun:
         error = summary.get("error") if isinstance(summary.get("error"), str) else error
         if not self.started_event:
             self.start()
-        if status == "failed" and error and not self.fatal_said:
-            self.emit("error", message=error, fatal=True)
         assert self.run_dir is not None
         try:
             self.run_dir.write_summary(summary)
         except OSError as exc:
             print(f"{self.prog}: could not write {self.run_dir.summary_path}: {exc}", file=sys.stderr)
+            if is_full_disk(exc) and status != "failed":
+                # no summary.json, no outputs anyone can look up: the run did not complete, the disk is full
+                status, error = "failed", full_disk_message(exc, self.path)
+                summary.update(status=status, error=error)
+        if status == "failed" and error and not self.fatal_said:
+            self.emit("error", message=error, fatal=True)
         self.emit("finish", status=status, summary=summary)
         if self.events is not None:
             self.events.close()
