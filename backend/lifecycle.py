@@ -13,7 +13,8 @@
                     ends before it gets one anyway, so every run reads as start ... finish
     body            the program's own work; it ends by returning, by raising `StageFailed` (or one of the
                     program's failure types), `Stopped`, or anything else (failed, with the type)
-    summary.json    ALWAYS, also after a failure or a stop: the body's `summarize(status, error)`
+    summary.json    ALWAYS, also after a failure or a stop: the body's `summarize(status, error)`; a run
+                    whose summary does not fit on a full disk fails (nothing can look its outputs up)
     finish          the finish event with the summary (compacted by the event log when the disk is full)
     exit code       backend/exitcodes.py, from the final status
 
