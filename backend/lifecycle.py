@@ -13,7 +13,8 @@
                     ends before it gets one anyway, so every run reads as start ... finish
     body            the program's own work; it ends by returning, by raising `StageFailed` (or one of the
                     program's failure types), `Stopped`, or anything else (failed, with the type)
-    summary.json    ALWAYS, also after a failure or a stop: the body's `summarize(status, error)`
+    summary.json    ALWAYS, also after a failure or a stop: the body's `summarize(status, error)`; a run
+                    whose summary does not fit on a full disk fails (nothing can look its outputs up)
     finish          the finish event with the summary (compacted by the event log when the disk is full)
     exit code       backend/exitcodes.py, from the final status
 
@@ -252,13 +253,17 @@ class StageRun:
         error = summary.get("error") if isinstance(summary.get("error"), str) else error
         if not self.started_event:
             self.start()
-        if status == "failed" and error and not self.fatal_said:
-            self.emit("error", message=error, fatal=True)
         assert self.run_dir is not None
         try:
             self.run_dir.write_summary(summary)
         except OSError as exc:
             print(f"{self.prog}: could not write {self.run_dir.summary_path}: {exc}", file=sys.stderr)
+            if is_full_disk(exc) and status != "failed":
+                # no summary.json, no outputs anyone can look up: the run did not complete, the disk is full
+                status, error = "failed", full_disk_message(exc, self.path)
+                summary.update(status=status, error=error)
+        if status == "failed" and error and not self.fatal_said:
+            self.emit("error", message=error, fatal=True)
         self.emit("finish", status=status, summary=summary)
         if self.events is not None:
             self.events.close()

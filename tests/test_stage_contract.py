@@ -191,7 +191,7 @@ def py(module: str, *args: str) -> list[str]:
 
 def make_case(program: str, scenario: str, tmp: Path, kit: dict[str, Any], request) -> Case:
     work = tmp / "work"
-    work.mkdir()
+    work.mkdir(exist_ok=True)  # the full-disk test mounts a small volume here first
     env = kit["env"]
     tiny = str(kit["tiny"]) if program in ("prepare", "extract", "train", "verify") else ""
     dead = f"http://127.0.0.1:{free_port()}"

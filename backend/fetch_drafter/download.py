@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from backend.fetch_drafter.names import folder_name
+from backend.lifecycle import is_full_disk
 
 # what a drafter needs; a repo's pictures, notebooks, code and training state (optimizer files can be
 # several times the weights) are left on the Hub
@@ -270,6 +271,8 @@ def fetch_file(listing: Listing, f: RemoteFile, target_dir: str, *, endpoint: st
             except _TooLong:
                 break  # the listed size is on disk; the hash below says whether it is the file
             except Exception as exc:
+                if is_full_disk(exc):  # the lifecycle's finish names the full volume: the partial file's
+                    raise OSError(exc.errno, exc.strerror, part) from None
                 if _status(exc) == 416 and have and attempt == 1:
                     # the server has no bytes past what is here: the listing overstated the size, or the
                     # partial file is not this file's. Start over once rather than ask the same for ever.
