@@ -20,7 +20,9 @@ def test_aux_layers_of_a_verifier(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 8, "hidden_size": 16,
                                                       "vocab_size": 100}))
     assert main(["aux-layers", "--verifier", str(tmp_path)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"aux_layer_ids": [2, 4, 5], "num_layers": 8}
+    # the server is asked for the aux ids plus the final layer (speculators reads that state last)
+    assert json.loads(capsys.readouterr().out) == {"aux_layer_ids": [2, 4, 5], "num_layers": 8,
+                                                   "extract_layer_ids": [2, 4, 5, 8]}
     assert main(["aux-layers", "--verifier", str(tmp_path), "--ids", "1,9"]) == 2
     assert "out of range" in capsys.readouterr().err
     assert main(["aux-layers", "--verifier", str(tmp_path), "--ids", "x"]) == 2

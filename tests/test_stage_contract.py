@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import pytest
 
+from sim.tinylm import DEFAULT_RECIPE
+
 from tests.drafter_support import REPO, copy_runs, prepared_work, stage_env, tiny_verifier, write_generate_run
 from tests.sim_support import free_port
 
@@ -118,7 +120,9 @@ def swap_plan(tmp: Path, baseline: Baseline, *, extractor_dies: bool = False) ->
     extractor = {"name": "extractor", "unit": "extractor", "start": ["true"] if extractor_dies else ["touch", str(flag)],
                  "stop": ["rm", "-f", str(flag)], "alive": ["test", "-e", str(flag)]}
     plan = {"version": 2, "switch": switch_of(baseline, [extractor], dead, stop_check_s=5),
-            "storage_path": str(tmp / "hs-staging"), "aux_layer_ids": LAYERS}
+            "storage_path": str(tmp / "hs-staging"), "aux_layer_ids": LAYERS,
+            # the server is asked for the aux ids plus the verifier's final layer (speculators reads it last)
+            "extract_layer_ids": [*LAYERS, DEFAULT_RECIPE.layers]}
     path = tmp / "swap-plan.json"
     path.write_text(json.dumps(plan))
     return path
