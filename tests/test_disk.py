@@ -137,13 +137,13 @@ def test_prune_on_the_demo_host_never_touches_protected_runs(tmp_path):
 
 
 def test_preflight_disk_checks_name_the_runs_whose_removal_makes_room(tmp_path, monkeypatch):
+    from backend import preflight as shared
     from backend.generate import preflight as gp
     from backend.train import preflight as tp
     work = tmp_path / "w"
     make_run(work, "old-gen", "generate", age_s=9 * DAY, payload=1 << 20)
     make_run(work, "new-gen", "generate", age_s=1 * DAY)
-    monkeypatch.setattr(gp, "free_bytes", lambda _p: 100 * 1024)
-    monkeypatch.setattr(tp, "free_bytes", lambda _p: 100 * 1024)
+    monkeypatch.setattr(shared, "free_bytes", lambda _p: 100 * 1024)  # the one disk check both stages use
     report = gp.PreflightReport()
     gp.check_disk(report, str(work / "runs" / "night"), 600 * 1024)
     assert not report.ok and "removing old-gen (" in report.checks[0].fix and "new-gen" not in report.checks[0].fix

@@ -116,7 +116,7 @@ async def test_run_generate_wait_in_a_transient_unit(systemd_rig, rig_ssh, tmp_p
         finally:
             watcher.cancel()
         assert done.returncode == 0, (done.stdout, done.stderr)
-        assert f"started {stage_unit}" in done.stdout and "done: 30/30 done" in done.stdout, done.stdout
+        assert f"started {stage_unit}" in done.stdout and "done: 30/30 records, 0 failed" in done.stdout, done.stdout
         start_cmd = next(line for line in done.stderr.splitlines() if "systemd-run" in line)
         assert f"--unit={stage_unit}" in start_cmd and "--collect" in start_cmd
         assert any(s.get("ActiveState") == "active" for s in seen_states), seen_states

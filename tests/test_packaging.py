@@ -200,7 +200,7 @@ def test_installed_wheel_runs_the_demo_outside_the_checkout(installed, dist, tmp
         assert server_pid in _pids_mentioning(str(inst.venv))  # the scan below would see it
 
         gen = ok(cli("run", "generate", "--profile", profile, "--limit", "5", "--wait", timeout=300))
-        assert "done: 5/5 done, 0 failed" in gen.stdout, gen.stdout
+        assert "done: 5/5 records, 0 failed" in gen.stdout, gen.stdout
         (run_dir,) = (demo_dir / "runs").iterdir()
         assert len((run_dir / "output.jsonl").read_text().splitlines()) == 5
         # the host got the installed backend package and nothing else, addressed by its content hash

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -162,6 +164,11 @@ def test_gpu_state_dead_pid_and_bad_file(tmp_path):
     seen = read_state(str(path))
     assert [g.memory_used_mib for g in seen.gpus] == [4, 4]
     proc = subprocess.Popen(["sleep", "30"])
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    for _ in range(200):  # a loaded machine may not have run the child's exec yet (its cmdline empty)
+        if cmdline.read_bytes().startswith(b"sleep"):
+            break
+        time.sleep(0.01)
     try:
         state.pid = proc.pid
         write_state(str(path), state)
@@ -219,6 +226,11 @@ def test_compute_apps_list_the_servers_process_on_the_gpus_it_holds(tmp_path, ca
     state.set_memory(120_000)
     query = "--query-compute-apps=gpu_uuid,pid,process_name,used_memory"
     proc = subprocess.Popen(["sleep", "30"])
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    for _ in range(200):  # a loaded machine may not have run the child's exec yet (its cmdline empty)
+        if cmdline.read_bytes().startswith(b"sleep"):
+            break
+        time.sleep(0.01)
     try:
         state.pid = proc.pid
         write_state(str(path), state)

@@ -127,7 +127,7 @@ async def switch_server(a: argparse.Namespace, profile) -> int:
 async def wait_server(session: Session, which: str, timeout: float) -> int:
     """Until the server switched to answers (0), fails (1) or `timeout` passes (2); a line per phase."""
     loop = asyncio.get_running_loop()
-    deadline, last = loop.time() + timeout, None
+    deadline, last, settle = loop.time() + timeout, None, 0
     async for snap in session.snapshots(connecting=False):
         srv = snap.server
         on_it = (srv.drafter is not None) == (which == "drafter")
@@ -136,6 +136,11 @@ async def wait_server(session: Session, which: str, timeout: float) -> int:
             print(line, flush=True)
             last = line
         if on_it and srv.phase == "ready" and not srv.error:
+            if srv.drafter is not None and not (srv.drafter.loaded and srv.drafter.aux_layers) and settle < 2:
+                # the ready line's immediate check answers before the tick that reads the log's drafter
+                # lines: give the log a tick or two before saying they are missing
+                settle += 1
+                continue
             if srv.drafter is not None:
                 d = srv.drafter
                 aux = ", ".join(map(str, d.aux_layers)) if d.aux_layers else "not logged"
