@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from backend.numbers import finite
+from backend.plans import PlanError, argv_list
 from backend.redact import redacted
 from backend.runs import read_json_object
 from backend.serverlock import LockHeld, ServerLock
@@ -124,12 +125,10 @@ class SwitchPlan:
 
 
 def _argv(where: str, data: dict[str, Any], key: str, *, required: bool) -> list[str] | None:
-    value = data.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and "\0" not in v for v in value):
-        raise SwitchPlanError(f"{where}: {key} must be a non-empty list of strings (an argv), got {str(value)[:80]}")
-    return list(value)
+    try:
+        return argv_list(data.get(key), f"{where}: {key}", required=required)  # the one argv check of a plan
+    except PlanError as exc:
+        raise SwitchPlanError(str(exc)) from None
 
 
 def _seconds(where: str, data: dict[str, Any], key: str, default: float | None) -> float:
