@@ -19,9 +19,11 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
+from backend.benchpair import STAGE as PAIR_STAGE
 from backend.serverlock import describe_holder, lock_path
 from console.control import launch
 from console.control import disk, launch
+from console.control.bench_pair import drafter_loads
 from console.control.disk import DiskReport
 from console.control import drafter_server as ds
 from console.control import switch_plan as sp
@@ -410,12 +412,13 @@ class Session:
         if stage in ("serve-drafter", "serve-baseline", "serve_drafter", "serve_baseline"):
             loads = 1
         else:
+            req = req or StageRequest(stage)
             try:
-                loads = launch.request_gpu_plan(req or StageRequest(stage), self.profile).loads
+                loads = launch.request_gpu_plan(req, self.profile).loads
             except StageError as e:
                 return clean(str(e))
-            if stage == "bench" and self.profile.bench.third_drafter:
-                loads += 1  # the published drafter loads in the drafter server's unit too
+            if stage == PAIR_STAGE:  # the GPU plan counts one drafter server start: one per K, and the published
+                loads += drafter_loads(self.profile, req.bench_k_values(self.profile)[0]) - 1
         s = self.profile.server
         return downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
 

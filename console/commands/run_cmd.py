@@ -11,11 +11,14 @@ import argparse
 import asyncio
 import sys
 
+from backend.benchpair import STAGE as PAIR_STAGE
 from console.commands.server_cmd import load_or_exit
+from console.control.bench_pair import drafter_starts_text
 from console.control import stages
 from console.control.launch import StageRequest, stage_ended, stops_baseline
 from console.control.units import stage_unit_name
 from console.parsers.text import clean_block
+from console.profile import parse_k_values
 from console.control.launch import StageError, request_gpu_plan
 from console.session import Session
 from console.telemetry.progress import StageProgress
@@ -60,6 +63,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="train (and pipeline, verify): train online on the prepare run, the extraction server "
                         "answering for each batch's hidden states in the baseline's place (no extract stage); "
                         "default: the profile's [extract] online")
+    p.add_argument("--k", dest="k_values", type=k_values, metavar="K[,K...]",
+                   help="bench: bench the drafter at each of these K (draft tokens per step) in one run, one drafter "
+                        "server start per K, and name the best (default [bench].k_values, else [drafter]."
+                        "num_speculative_tokens alone)")
     p.add_argument("--yes", action="store_true",
                    help="do not ask before a stage or switch that stops a server (extract, online training, "
                         "bench, serve-drafter, serve-baseline)")
@@ -70,16 +77,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
 
+def k_values(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(parse_k_values(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--k ")) from None
+
+
 def confirmed(a: argparse.Namespace, req: StageRequest, profile, downtime: str) -> bool:
     """Extraction and online training stop the baseline server: say so, and what it costs (`downtime`:
     Session.downtime, from the host's measured loads), and go on only when the operator agrees."""
     if not stops_baseline(req, profile) or a.yes:
         return True
-    why = {"bench": "the drafter server is benched",
-           "extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed")
+    starts = ""
+    if req.stage == PAIR_STAGE:  # each K (and a published drafter) is one more drafter server start
+        starts = drafter_starts_text(profile, req.bench_k_values(profile)[0])
+        why = f"the drafter server is benched ({starts})"
+    else:
+        why = "the hidden states are extracted" if req.stage == "extract" else "the extraction server is needed"
     return ask(f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
                f"again afterwards; it costs {downtime}. Go on? [y/N] ",
-               f"{req.stage} stops the baseline server and costs {downtime}")
+               f"{req.stage} stops the baseline server{', makes ' + starts if starts else ''} and costs {downtime}")
 
 
 def ask(question: str, refusal: str) -> bool:
@@ -170,9 +188,12 @@ async def run_stage(a: argparse.Namespace) -> int:
     stage = stages.by_cli(a.stage).name
     req = StageRequest(stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
                        limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage, online=a.online,
-                       checkpoint=a.checkpoint)
+                       checkpoint=a.checkpoint, k_values=a.k_values)
     if a.checkpoint and stage != "verify":
         print(f"error: --checkpoint is for verify, not {a.stage}", file=sys.stderr)
+        return 2
+    if a.k_values is not None and stage != PAIR_STAGE:
+        print(f"error: --k is for bench, not {a.stage}", file=sys.stderr)
         return 2
     async with Session(profile, interval=a.interval) as session:
         snap = await session.settle()

@@ -27,6 +27,7 @@ from backend.verify.report import table as verify_table
 from console.control import stage_argv
 from console.parsers.text import clean_block
 from console.telemetry import progress as views
+from console.telemetry.bench_view import best_k_of
 from console.telemetry.progress import StageProgress
 from console.profile import Profile
 from console.snapshot import RunInfo
@@ -148,13 +149,16 @@ def _chain_results(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
 
 
 def _bench_table(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
+    """The comparison's table, and with several K the best of them."""
     run = next((r for r in runs if r.run_id == view.run_id), None)
     summary: Any = (run.last_event or {}) if run is not None else {}
     if isinstance(summary.get("comparison"), dict):
         try:
-            return [clean_block(format_table(comparison_from_dict(summary["comparison"])))]
+            table = [clean_block(format_table(comparison_from_dict(summary["comparison"])))]
         except (CompareError, TypeError, ValueError):
-            pass
+            return outputs(view, runs)
+        best = best_k_of(summary)
+        return table + ([clean_block(best.line())] if best is not None else [])
     return outputs(view, runs)
 
 
