@@ -23,7 +23,7 @@ from backend.benchpair import STAGE as PAIR_STAGE
 from backend.serverlock import describe_holder, lock_path
 from console.control import launch
 from console.control import disk, launch
-from console.control.bench_pair import drafter_loads
+from console.control.bench_pair import drafter_loads, drafter_starts_text
 from console.control.disk import DiskReport
 from console.control import drafter_server as ds
 from console.control import switch_plan as sp
@@ -409,6 +409,7 @@ class Session:
         """What starting `stage` (a stage, pipeline, bench, serve-drafter or serve-baseline) costs the
         baseline, said before it is spent: how many server loads, how long each on this host
         (state/loads.jsonl, as the load ETA reads it)."""
+        starts = ""
         if stage in ("serve-drafter", "serve-baseline", "serve_drafter", "serve_baseline"):
             loads = 1
         else:
@@ -418,9 +419,11 @@ class Session:
             except StageError as e:
                 return clean(str(e))
             if stage == PAIR_STAGE:  # the GPU plan counts one drafter server start: one per K, and the published
-                loads += drafter_loads(self.profile, req.bench_k_values(self.profile)[0]) - 1
+                k_values = req.bench_k_values(self.profile)[0]
+                loads += drafter_loads(self.profile, k_values) - 1
+                starts = f"{drafter_starts_text(self.profile, k_values)} and the baseline's restart: "
         s = self.profile.server
-        return downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
+        return starts + downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
 
     async def start_stage(self, stage: str, **options) -> ActionResult:
         result, _ = await self.launch_stage(StageRequest(stage, **options))

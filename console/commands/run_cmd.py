@@ -13,7 +13,6 @@ import sys
 
 from backend.benchpair import STAGE as PAIR_STAGE
 from console.commands.server_cmd import load_or_exit
-from console.control.bench_pair import drafter_starts_text
 from console.control import stages
 from console.control.launch import StageRequest, stage_ended, stops_baseline
 from console.control.units import stage_unit_name
@@ -89,15 +88,11 @@ def confirmed(a: argparse.Namespace, req: StageRequest, profile, downtime: str) 
     Session.downtime, from the host's measured loads), and go on only when the operator agrees."""
     if not stops_baseline(req, profile) or a.yes:
         return True
-    starts = ""
-    if req.stage == PAIR_STAGE:  # each K (and a published drafter) is one more drafter server start
-        starts = drafter_starts_text(profile, req.bench_k_values(profile)[0])
-        why = f"the drafter server is benched ({starts})"
-    else:
-        why = "the hidden states are extracted" if req.stage == "extract" else "the extraction server is needed"
+    why = {PAIR_STAGE: "the drafter server is benched",
+           "extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed")
     return ask(f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
                f"again afterwards; it costs {downtime}. Go on? [y/N] ",
-               f"{req.stage} stops the baseline server{', makes ' + starts if starts else ''} and costs {downtime}")
+               f"{req.stage} stops the baseline server and costs {downtime}")
 
 
 def ask(question: str, refusal: str) -> bool:
