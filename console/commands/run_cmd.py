@@ -37,9 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a stage, a pipeline run, or a server switch: serve-drafter stops the baseline and serves "
                         "the verified drafter (--input: a verify run, or a train run a verify run verified; default "
                         "the latest completed verify run); serve-baseline stops the drafter server and starts the "
-                        "baseline again; bench benches the baseline, swaps to the drafter server, benches it, "
-                        "compares (exit 3 with --wait when the drafter is slower) and swaps back, as one detached "
-                        f"program on the host (--input: the verify run whose drafter to bench); {fetch}: "
+                        "baseline again; bench benches the baseline, swaps to the drafter server, benches it (at "
+                        "each K of --k, a drafter server start each), compares (exit 3 with --wait when the "
+                        "drafter, at its best K, is slower) and swaps back, as one detached program on the host "
+                        f"(--input: the verify run whose drafter to bench); {fetch}: "
                         "[bench].third_drafter downloaded on the host, converted when needed; stop: stop the running "
                         "run of STAGE, or the run --run-id names (--wait: until it has stopped)")
     p.add_argument("target", nargs="?", metavar="STAGE", help="run stop: the stage whose running run to stop")

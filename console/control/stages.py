@@ -27,7 +27,7 @@ from backend.verify.report import table as verify_table
 from console.control import stage_argv
 from console.parsers.text import clean_block
 from console.telemetry import progress as views
-from console.telemetry.bench_view import best_k_of
+from console.telemetry.bench_view import best_k_of, finish_summary
 from console.telemetry.progress import StageProgress
 from console.profile import Profile
 from console.snapshot import RunInfo
@@ -151,7 +151,7 @@ def _chain_results(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
 def _bench_table(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
     """The comparison's table, and with several K the best of them."""
     run = next((r for r in runs if r.run_id == view.run_id), None)
-    summary: Any = (run.last_event or {}) if run is not None else {}
+    summary = finish_summary(run.last_event) if run is not None else {}
     if isinstance(summary.get("comparison"), dict):
         try:
             table = [clean_block(format_table(comparison_from_dict(summary["comparison"])))]

@@ -79,6 +79,14 @@ def _own_rows(result: Any) -> tuple[Row, ...]:
     return tuple(rows)
 
 
+def finish_summary(event: Any) -> dict[str, Any]:
+    """A finished run's summary: the RunBook merges it into the run's last event (telemetry/runs.py); a
+    finish event as the stage wrote it holds it under "summary"."""
+    if not isinstance(event, dict):
+        return {}
+    return event["summary"] if isinstance(event.get("summary"), dict) else event
+
+
 def bench_view(run: RunInfo) -> BenchView:
     event = run.last_event or {}
     base = BenchView(run_id=run.run_id, state=run.state, done=run.done, total=run.total)
@@ -87,9 +95,7 @@ def bench_view(run: RunInfo) -> BenchView:
         base = replace(base, level=level)
     if event.get("kind") != "finish":
         return base
-    # the RunBook merges a finished run's summary into its last event (telemetry/runs.py); a finish event
-    # as the stage wrote it holds it under "summary"
-    summary = event.get("summary") if isinstance(event.get("summary"), dict) else event
+    summary = finish_summary(event)
     label = summary.get("label") if isinstance(summary.get("label"), str) else None
     error = summary.get("error") if isinstance(summary.get("error"), str) else None
     try:
