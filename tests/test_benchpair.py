@@ -104,18 +104,17 @@ def test_a_failed_bench_still_serves_the_baseline_at_the_end(tmp_path, prompts, 
         "stop drafter (running: drafter )", "start baseline (running: )"]
 
 
-def test_sigterm_stops_the_drafter_bench_and_swaps_back(tmp_path, prompts):
-    work = tmp_path / "w"
+def stopped_pair(tmp_path: Path, work: Path, bench_run: str, latency: str, make_plan) -> dict:
+    """Start the pair against a stand-in answering `latency` s per token (the baseline serving), SIGTERM
+    it once `bench_run` (a contender's bench) has begun, and return its summary; it exits 0."""
     sim = SimServer(tmp_path, "--served-model-name", MODEL, "--response-tokens", "20", "--latency-per-token",
-                    "0.2").start().wait_ready()
+                    latency).start().wait_ready()
     try:
-        plan = plan_for(tmp_path, bench_argv(work, prompts, sim.url, "p-baseline", "baseline"),
-                        bench_argv(work, prompts, sim.url, "p-drafter", "drafter", "--baseline-run", "p-baseline"),
-                        endpoint=sim.url)
+        plan = make_plan(sim.url)
         (tmp_path / "servers" / "baseline").touch()  # the baseline serves when the bench starts
         proc = pair(work, plan)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (work / "runs" / "p-drafter" / "events.jsonl").exists():
+        while time.monotonic() < deadline and not (work / "runs" / bench_run / "events.jsonl").exists():
             time.sleep(0.1)
         assert (tmp_path / "servers" / "drafter").exists()  # swapped: the drafter server is being benched
         time.sleep(0.5)
@@ -124,7 +123,14 @@ def test_sigterm_stops_the_drafter_bench_and_swaps_back(tmp_path, prompts):
     finally:
         sim.kill()
     assert proc.returncode == 0, out
-    summary = json.loads((work / "runs" / "p" / "summary.json").read_text())
+    return json.loads((work / "runs" / "p" / "summary.json").read_text())
+
+
+def test_sigterm_stops_the_drafter_bench_and_swaps_back(tmp_path, prompts):
+    work = tmp_path / "w"
+    summary = stopped_pair(tmp_path, work, "p-drafter", "0.2", lambda url: plan_for(
+        tmp_path, bench_argv(work, prompts, url, "p-baseline", "baseline"),
+        bench_argv(work, prompts, url, "p-drafter", "drafter", "--baseline-run", "p-baseline"), endpoint=url))
     assert summary["status"] == "stopped"
     assert sorted(os.listdir(tmp_path / "servers")) == ["baseline"]
     assert (tmp_path / "server-commands.log").read_text().splitlines() == [
@@ -134,22 +140,27 @@ def test_sigterm_stops_the_drafter_bench_and_swaps_back(tmp_path, prompts):
     assert finish["kind"] == "finish" and finish["status"] == "stopped"
 
 
-def test_a_third_contender_is_benched_in_the_drafters_unit_and_compared_in_one_table(tmp_path, prompts):
-    work = tmp_path / "w"
+def completed_pair(tmp_path: Path, work: Path, make_plan) -> tuple[int, str, dict]:
+    """Run the pair to its end against a stand-in (the baseline serving at the start): (exit, output,
+    summary); `make_plan(url)` writes its plan."""
     sim = SimServer(tmp_path, "--served-model-name", MODEL, "--response-tokens", "8").start().wait_ready()
     try:
-        plan = plan_for(tmp_path, bench_argv(work, prompts, sim.url, "p-baseline", "baseline"),
-                        bench_argv(work, prompts, sim.url, "p-drafter", "drafter", "--baseline-run", "p-baseline",
-                                   "--third-run", "p-third"),
-                        bench_argv(work, prompts, sim.url, "p-third", "published", "--baseline-run", "p-baseline"),
-                        endpoint=sim.url)
+        plan = make_plan(sim.url)
         (tmp_path / "servers" / "baseline").touch()
         proc = pair(work, plan)
         out, _ = proc.communicate(timeout=240)
     finally:
         sim.kill()
     assert proc.returncode in (0, 3), out
-    summary = json.loads((work / "runs" / "p" / "summary.json").read_text())
+    return proc.returncode, out, json.loads((work / "runs" / "p" / "summary.json").read_text())
+
+
+def test_a_third_contender_is_benched_in_the_drafters_unit_and_compared_in_one_table(tmp_path, prompts):
+    work = tmp_path / "w"
+    _, _, summary = completed_pair(tmp_path, work, lambda url: plan_for(
+        tmp_path, bench_argv(work, prompts, url, "p-baseline", "baseline"),
+        bench_argv(work, prompts, url, "p-drafter", "drafter", "--baseline-run", "p-baseline", "--third-run", "p-third"),
+        bench_argv(work, prompts, url, "p-third", "published", "--baseline-run", "p-baseline"), endpoint=url))
     assert summary["status"] == "completed" and summary["runs"] == {
         "baseline": "p-baseline", "third": "p-third", "drafter": "p-drafter"}
     assert [s["step"] for s in summary["steps"] if s["ok"]] == [
@@ -180,17 +191,9 @@ def k_argvs(work: Path, prompts: Path, url: str, *ks: int) -> dict[int, list[str
 
 def test_several_k_are_benched_one_drafter_start_each_and_the_best_is_named(tmp_path, prompts):
     work = tmp_path / "w"
-    sim = SimServer(tmp_path, "--served-model-name", MODEL, "--response-tokens", "8").start().wait_ready()
-    try:
-        plan = plan_for(tmp_path, bench_argv(work, prompts, sim.url, "p-baseline", "baseline"),
-                        k_argvs=k_argvs(work, prompts, sim.url, 2, 3), endpoint=sim.url)
-        (tmp_path / "servers" / "baseline").touch()
-        proc = pair(work, plan)
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        sim.kill()
-    assert proc.returncode in (0, 3), out
-    summary = json.loads((work / "runs" / "p" / "summary.json").read_text())
+    code, out, summary = completed_pair(tmp_path, work, lambda url: plan_for(
+        tmp_path, bench_argv(work, prompts, url, "p-baseline", "baseline"),
+        k_argvs=k_argvs(work, prompts, url, 2, 3), endpoint=url))
     assert summary["status"] == "completed" and summary["runs"] == {
         "baseline": "p-baseline", "drafter_k2": "p-k2", "drafter_k3": "p-k3"}
     assert [s["step"] for s in summary["steps"] if s["ok"]] == [
@@ -203,7 +206,7 @@ def test_several_k_are_benched_one_drafter_start_each_and_the_best_is_named(tmp_
     best = summary["best_k"]
     assert summary["k_values"] == [2, 3] and best["k"] == max((2, 3), key=lambda k: (ratio[f"drafter-k{k}"], -k))
     assert best["label"] == f"drafter-k{best['k']}" and best["speedup"] == round(ratio[best["label"]], 3)
-    assert summary["slower"] == best["slower"] == (ratio[best["label"]] < 1) and proc.returncode == 3 * summary["slower"]
+    assert summary["slower"] == best["slower"] == (ratio[best["label"]] < 1) and code == 3 * summary["slower"]
     assert f"best K {best['k']}" in out
     # one server at a time: the drafter's unit restarted for each K, the baseline back at the end
     assert (tmp_path / "server-commands.log").read_text().splitlines() == [
@@ -215,23 +218,9 @@ def test_several_k_are_benched_one_drafter_start_each_and_the_best_is_named(tmp_
 
 def test_sigterm_during_the_second_k_swaps_back_and_keeps_the_first_k_measured(tmp_path, prompts):
     work = tmp_path / "w"
-    sim = SimServer(tmp_path, "--served-model-name", MODEL, "--response-tokens", "20", "--latency-per-token",
-                    "0.05").start().wait_ready()
-    try:
-        plan = plan_for(tmp_path, bench_argv(work, prompts, sim.url, "p-baseline", "baseline"),
-                        k_argvs=k_argvs(work, prompts, sim.url, 2, 4), endpoint=sim.url)
-        (tmp_path / "servers" / "baseline").touch()
-        proc = pair(work, plan)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (work / "runs" / "p-k4" / "events.jsonl").exists():
-            time.sleep(0.1)
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        sim.kill()
-    assert proc.returncode == 0, out
-    summary = json.loads((work / "runs" / "p" / "summary.json").read_text())
+    summary = stopped_pair(tmp_path, work, "p-k4", "0.05", lambda url: plan_for(
+        tmp_path, bench_argv(work, prompts, url, "p-baseline", "baseline"),
+        k_argvs=k_argvs(work, prompts, url, 2, 4), endpoint=url))
     assert summary["status"] == "stopped" and summary["steps"][-1] == {"step": "back to the baseline", "ok": True}
     assert sorted(os.listdir(tmp_path / "servers")) == ["baseline"]
     assert (tmp_path / "server-commands.log").read_text().splitlines()[-2:] == [

@@ -218,9 +218,9 @@ def test_a_gone_session_is_never_mistaken_for_a_longer_named_one(tmp_path):
         subprocess.run(["tmux", "kill-server"], env=env, capture_output=True, timeout=30)
 
 
-def test_bench_pair_on_the_demo_host(demo):
-    """`run bench --wait`: one detached program benches the baseline, swaps to the drafter server, benches
-    it against the baseline, and swaps back; the table and the exit status say whether it is slower."""
+def bench_ready(demo) -> tuple[Path, str, object]:
+    """The demo host set up for a short bench (its own prompts, 4 of them, concurrency 1) of a verified
+    SIMULATED drafter: (work dir, profile path, profile)."""
     from console.profile import write_profile
 
     work, path = demo
@@ -232,6 +232,13 @@ def test_bench_pair_on_the_demo_host(demo):
         ckpt = work / "runs-ck" / "checkpoint_best"
         ckpt.mkdir(parents=True, exist_ok=True)
         finished_run(work, "verify", "verify-1", {"checkpoint": str(ckpt)})
+    return work, path, profile
+
+
+def test_bench_pair_on_the_demo_host(demo):
+    """`run bench --wait`: one detached program benches the baseline, swaps to the drafter server, benches
+    it against the baseline, and swaps back; the table and the exit status say whether it is slower."""
+    work, path, profile = bench_ready(demo)
     asked = cli("run", "bench", "--profile", path)
     assert asked.returncode == 2 and "pass --yes" in asked.stderr
     done = cli("run", "bench", "--profile", path, "--run-id", "pair", "--yes", "--wait", timeout=600)
@@ -267,17 +274,7 @@ def test_bench_of_two_k_on_the_demo_host(demo):
     started at K=2 and again at K=3 (its speculative config's num_speculative_tokens, which the stand-in's
     /metrics count per position as vLLM's do), one table of the three and the best K named; a K past the
     one the drafter was trained for is refused before any server stops."""
-    from console.profile import write_profile
-
-    work, path = demo
-    profile = load_profile(path)
-    profile.bench.dataset = str(work / "data" / "demo-prompts.jsonl")
-    profile.bench.num_prompts, profile.bench.concurrency, profile.bench.max_tokens = 4, [1], 24
-    write_profile(profile, Path(path), overwrite=True)
-    if not (work / "runs" / "verify-1").exists():  # the switch test made it; alone, make it here
-        ckpt = work / "runs-ck" / "checkpoint_best"
-        ckpt.mkdir(parents=True, exist_ok=True)
-        finished_run(work, "verify", "verify-1", {"checkpoint": str(ckpt)})
+    work, path, profile = bench_ready(demo)
     asked = cli("run", "bench", "--profile", path, "--k", "2,3", "--input", "verify-1")
     assert asked.returncode == 2 and "pass --yes" in asked.stderr
     assert "2 drafter server starts (K=2, K=3) and the baseline's restart: 3 server loads" in asked.stderr, asked.stderr
