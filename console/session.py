@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from backend.serverlock import describe_holder, lock_path
-from console.control import launch
-from console.control import disk, launch
+from console.control import disk, launch, stages
 from console.control.disk import DiskReport
 from console.control import drafter_server as ds
 from console.control import switch_plan as sp
@@ -393,7 +392,7 @@ class Session:
         return ActionResult(True, f"{what}: done", tuple(shown))
 
     def running(self, stage: str) -> list[RunInfo]:
-        return [r for r in self.collector.run_infos() if r.stage == stage and r.state == "running"]
+        return [r for r in stages.runs_of(stage, self.collector.run_infos()) if r.state == "running"]
 
     def stops_baseline(self, stage: str) -> bool:
         """Starting `stage` stops the baseline server for a while (extract; train and verify when the
@@ -488,7 +487,7 @@ class Session:
                 return ActionResult(False, f"{found[-1].stage} run {run_id} is not running ({found[-1].state})"), None
             running = found
         else:
-            running = [r for r in runs if r.stage == stage and r.state == "running"]
+            running = [r for r in stages.runs_of(stage, runs) if r.state == "running"]
             if not running:
                 return ActionResult(False, f"no running {stage} run to stop"), None
         run = running[-1]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from textual.app import App, ComposeResult
 
+from backend.bench import PAIR_STAGE
 from console.telemetry.bench_view import bench_view
 from console.telemetry.sanitize import sanitized
 from console.snapshot import RunInfo, Snapshot
@@ -24,10 +25,11 @@ NOW = 1_700_000_030.0
 
 
 def finished(sample: str, run_id: str) -> RunInfo:
+    """A finished bench pair (backend/benchpair.py): its summary is its drafter bench's, compared."""
     summary = json.loads((SAMPLES / sample).read_text())
-    event = {"ts": NOW - 5, "kind": "finish", "stage": "bench", "run_id": run_id, "status": "completed",
+    event = {"ts": NOW - 5, "kind": "finish", "stage": PAIR_STAGE, "run_id": run_id, "status": "completed",
              "summary": summary}
-    return RunInfo("bench", run_id, "done", stage_unit("bench"), summary["done"], summary["total"], 0, None, None,
+    return RunInfo(PAIR_STAGE, run_id, "done", stage_unit("bench"), summary["done"], summary["total"], 0, None, None,
                    event)
 
 
