@@ -1,7 +1,10 @@
 """The profile's [train] section: defaults, clear errors, and the flags it hands the train stage."""
 from __future__ import annotations
 
+import tomllib
+
 import pytest
+import tomli_w
 
 from backend.train.config import parse_config
 from console.profile import ProfileError, load_profile, profile_from_dict
@@ -59,7 +62,7 @@ def test_gpus_selects_gpus_by_index_and_reaches_the_stage_as_gpu_ids():
     assert args[args.index("--gpu-ids") + 1] == "4,5,6,7" and "--gpus" not in args
     assert parse_config(["--verifier", "/m", *args]).gpu_ids == [4, 5, 6, 7]
     # it survives a write and a read (profile init, demo-host start write profiles back)
-    again = profile_from_dict(__import__("tomllib").loads(p.to_toml()))
+    again = profile_from_dict(tomllib.loads(p.to_toml()))
     assert again.train.gpus == [4, 5, 6, 7]
 
 
@@ -84,9 +87,8 @@ def test_bad_gpus_are_refused_naming_file_and_key(value, shown):
 
 
 def test_the_retired_gpu_ids_key_is_refused_with_what_to_write_instead(tmp_path):
-    f = tmp_path / "old.toml"
-    f.write_text('[host]\nname = "h.example"\n[server]\nmodel_path = "/m"\n[paths]\nwork_dir = "/w"\n'
-                 "[train]\ngpus = 2\ngpu_ids = [6, 7]\n")
+    f = tmp_path / "old.toml"  # a profile written before gpus took indexes
+    f.write_text(tomli_w.dumps({**BASE, "train": {"gpus": 2, "gpu_ids": [6, 7]}}))
     with pytest.raises(ProfileError) as e:
         load_profile(f)
     assert str(e.value) == (f"{f}: train.gpu_ids: retired key: [train] gpus selects GPUs by index now: replace "
