@@ -130,3 +130,18 @@ def test_tp8_holding_all_with_trainer_gpus_by_index(gpus, count, hold, trainer_s
         online = gpu_plan(p, ONLINE_CHAIN, online=True, chain=True)
         step = online.steps[ONLINE_CHAIN.index("train")]
         assert step.holders[EXTRACTION] == ALL8 and step.holders[TRAINER] == tuple(gpus)
+
+
+def test_the_shipped_seed_profile_plans_its_pipeline():
+    """The seed host's profile (TP8 holding all eight GPUs) runs `run pipeline` as shipped: offline, the
+    baseline down once from extract through verify."""
+    from pathlib import Path
+
+    from console.control.launch import StageRequest, request_gpu_plan
+    from console.profile import load_profile
+
+    p = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "kimi-k25-int4.toml")
+    req = StageRequest("pipeline")
+    assert not req.is_online(p)
+    plan = request_gpu_plan(req, p)
+    assert plan.hold == ("extract", "verify") and plan.loads == 2
