@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.bench import STAGE as BENCH_STAGE
+from backend.bench import PAIR_STAGE, STAGE as BENCH_STAGE
 from backend.bench.compare import MAX_RESULTS, CompareError, best, compare, load_run_result
 from backend.lifecycle import StageFailed, StageRun, refuse
 from backend.lookup import InputError, completed_run, last_finish
@@ -42,7 +42,7 @@ from backend.plans import PlanError, argv_list, read_plan
 from backend.runs import Manifest, run_path, write_json_atomic
 from backend.switch import Switch, SwitchFailed, SwitchPlan, SwitchPlanError, SwitchStopped, switch_from_dict
 
-STAGE = "bench"  # the console shows the pair as its bench run (its benches are "bench" runs too)
+STAGE = PAIR_STAGE  # the console's bench row shows these runs; its benches are "bench" runs
 PLAN_FILE = "benchpair-plan.json"
 MAX_CONTENDERS = MAX_RESULTS - 1  # one comparison holds them all, beside the baseline
 

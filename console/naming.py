@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from backend.bench import PAIR_STAGE, STAGE as BENCH_STAGE
 from backend.runs import RUN_ID_PATTERN
 from console.profile import Profile, check_unit
 
 # A pipeline run's stages run in its own unit, the chain's (their events name it)
 CHAIN_STAGE = "pipeline"
+# The console starts the bench pair (its runs: PAIR_STAGE) as its bench stage, in a "bench" unit, and the
+# pair's benches run in that unit too
+UNIT_STAGE = {PAIR_STAGE: BENCH_STAGE}
 
 # Which server: the baseline (the profile's own unit) or the drafter server (its `-drafter` unit).
 SERVERS = ("baseline", "drafter")
@@ -20,6 +24,12 @@ SERVERS = ("baseline", "drafter")
 def stage_unit_name(stage: str, run_id: str) -> str:
     """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
     return f"e3-{stage}-{run_id}"
+
+
+def unit_stages(run_stage: str) -> tuple[str, ...]:
+    """The stages whose units a run of `run_stage` (its events' stage) may run in: its own (or the one the
+    console starts it as) and the chain's."""
+    return (UNIT_STAGE.get(run_stage, run_stage), CHAIN_STAGE)
 
 
 def is_stage_unit(name: object, stages: Iterable[str]) -> bool:

@@ -123,9 +123,10 @@ def check_args(v: list[str]) -> str | None:
 
 def knob(default: Any = dataclasses.MISSING, *, check: Callable[[Any], str | None] | None = None,
          min: float | None = None, max: float | None = None, choices: tuple[Any, ...] | None = None,
-         doc: str = "") -> Any:
-    """A profile key: its default, and the constraint shown in error messages."""
-    meta = {"check": check, "min": min, "max": max, "choices": choices, "doc": doc}
+         doc: str = "", expect: str | None = None) -> Any:
+    """A profile key: its default, and the constraint shown in error messages (`expect`: what every error
+    of a key with several shapes says is expected, instead of the type's name)."""
+    meta = {"check": check, "min": min, "max": max, "choices": choices, "doc": doc, "expect": expect}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -184,7 +185,10 @@ def _build(cls: type, table: Any, prefix: str, problems: list[tuple[str, str]]) 
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     for key in table:
-        if key not in known:
+        retired = RETIRED_KEYS.get(f"{prefix}.{key}")
+        if retired is not None:
+            problems.append((f"{prefix}.{key}", retired(table[key])))
+        elif key not in known:
             hint = ""
             if "key" in key or "secret" in key or "token" in key or "password" in key:
                 hint = " (secrets never go in a profile: use api_key_env or api_key_file)"
@@ -209,7 +213,7 @@ def _build(cls: type, table: Any, prefix: str, problems: list[tuple[str, str]]) 
             problems.append((key, f"expected a finite number, got {_describe(value)}"))
             continue
         if not _matches(value, tp):
-            problems.append((key, f"expected {_type_name(tp)}, got {_describe(value)}"))
+            problems.append((key, f"expected {f.metadata.get('expect') or _type_name(tp)}, got {_describe(value)}"))
             continue
         meta = f.metadata
         if isinstance(value, float) and typing.get_origin(tp) is None and tp is float:
@@ -432,6 +436,15 @@ def check_from_pretrained(v: str) -> str | None:
     return "a train or fetch_drafter run id, or an absolute checkpoint directory on the host"
 
 
+TRAIN_GPUS_EXPECTED = "a GPU count 0-1024 (0: the CPU) or a list of distinct GPU indexes 0-1023"
+
+
+def check_train_gpus(v: int | list[int]) -> str | None:
+    if isinstance(v, int):
+        return None if 0 <= v <= 1024 else TRAIN_GPUS_EXPECTED
+    return None if v and len(set(v)) == len(v) and all(0 <= i < 1024 for i in v) else TRAIN_GPUS_EXPECTED
+
+
 @dataclass
 class TrainSection:
     """The drafter's training (python -m backend.train; speculators' EAGLE-3 trainer)."""
@@ -443,12 +456,10 @@ class TrainSection:
     draft_layers: int = knob(1, min=1, max=64, doc="decoder layers of the draft")
     seq_length: int = knob(8192, min=16, max=10_000_000, doc="tokens per packed training batch")
     optimizer: str = knob("muon", choices=("muon", "adamw"))
-    gpus: int | None = knob(None, min=0, max=1024,
-                            doc="training processes (torchrun when > 1); 0 trains on the CPU; unset: all GPUs")
-    gpu_ids: list[int] = knob([], check=lambda v: None if all(0 <= i < 1024 for i in v) and len(set(v)) == len(v)
-                              else "distinct GPU indices 0..1023",
-                              doc="the GPUs training uses, by index (the stage sets CUDA_VISIBLE_DEVICES); "
-                                  "default: the first [train] gpus")
+    gpus: int | list[int] | None = knob(None, check=check_train_gpus, expect=TRAIN_GPUS_EXPECTED,
+                                        doc="the GPUs training uses: a list of indexes (e.g. [4, 5, 6, 7]: the "
+                                            "stage sets CUDA_VISIBLE_DEVICES to them, one process each), or a "
+                                            "count N = GPUs 0..N-1; 0 trains on the CPU; unset: every GPU")
     checkpoint_freq: float = knob(1.0, min=0.01, max=1000,
                                   doc="epochs between checkpoints; below 1 also saves within an epoch")
     seed: int = knob(0, min=0, max=2**31 - 1)
@@ -478,8 +489,8 @@ class TrainSection:
                 "--seed", str(self.seed)]
         if self.draft_vocab_size is not None:
             args += ["--draft-vocab-size", str(self.draft_vocab_size)]
-        if self.gpu_ids:
-            args += ["--gpu-ids", ",".join(map(str, self.gpu_ids))]
+        if isinstance(self.gpus, list):
+            args += ["--gpu-ids", ",".join(map(str, self.gpus))]
         elif self.gpus is not None:
             args += ["--gpus", str(self.gpus)]
         if self.extra_args:
@@ -614,6 +625,18 @@ class Profile:
                  if not f.metadata.get("internal")}
         return tomli_w.dumps(table)
 
+
+def _gpu_ids_retired(value: Any) -> str:
+    if value == []:
+        return "retired key: [train] gpus selects GPUs by index now (e.g. gpus = [4, 5, 6, 7]): remove gpu_ids = []"
+    valid = _matches(value, list[int]) and check_train_gpus(value) is None
+    text = repr(value) if valid and len(repr(value)) <= 60 else "[..]"
+    return f"retired key: [train] gpus selects GPUs by index now: replace gpu_ids with gpus = {text}"
+
+
+# Keys a profile may still carry from an earlier version: each gets its own message saying what to write
+# instead (never silently ignored, never a bare "unknown key").
+RETIRED_KEYS: dict[str, Callable[[Any], str]] = {"train.gpu_ids": _gpu_ids_retired}
 
 _SECTIONS = {f.name for f in dataclasses.fields(Profile) if not f.metadata.get("internal")}
 

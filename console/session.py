@@ -19,10 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
-from backend.benchpair import STAGE as PAIR_STAGE
 from backend.serverlock import describe_holder, lock_path
-from console.control import launch
-from console.control import disk, launch
+from console.control import disk, launch, stages
 from console.control.bench_pair import drafter_loads, drafter_starts_text
 from console.control.disk import DiskReport
 from console.control import drafter_server as ds
@@ -395,7 +393,7 @@ class Session:
         return ActionResult(True, f"{what}: done", tuple(shown))
 
     def running(self, stage: str) -> list[RunInfo]:
-        return [r for r in self.collector.run_infos() if r.stage == stage and r.state == "running"]
+        return [r for r in stages.runs_of(stage, self.collector.run_infos()) if r.state == "running"]
 
     def stops_baseline(self, stage: str) -> bool:
         """Starting `stage` stops the baseline server for a while (extract; train and verify when the
@@ -418,7 +416,7 @@ class Session:
                 loads = launch.request_gpu_plan(req, self.profile).loads
             except StageError as e:
                 return clean(str(e))
-            if stage == PAIR_STAGE:  # the GPU plan counts one drafter server start: one per K, and the published
+            if stages.starts_pair(stage):  # the GPU plan counts one drafter server start: one per K, and the published
                 k_values = req.bench_k_values(self.profile)[0]
                 loads += drafter_loads(self.profile, k_values) - 1
                 starts = f"{drafter_starts_text(self.profile, k_values)} and the baseline's restart: "
@@ -494,7 +492,7 @@ class Session:
                 return ActionResult(False, f"{found[-1].stage} run {run_id} is not running ({found[-1].state})"), None
             running = found
         else:
-            running = [r for r in runs if r.stage == stage and r.state == "running"]
+            running = [r for r in stages.runs_of(stage, runs) if r.state == "running"]
             if not running:
                 return ActionResult(False, f"no running {stage} run to stop"), None
         run = running[-1]

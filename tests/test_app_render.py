@@ -9,7 +9,8 @@ from harness.fake_controller import base_snapshot, generation_run, training_run
 from console.snapshot import GpuInfo, RunInfo
 from console.ui.panes.gauges import bar, duration, human_bytes, level_colour, pct, sparkline
 from console.telemetry.progress import generation_view
-from console.ui.panes.generation import TokenRate, generation_markup, pick_run
+from console.control.stages import pick_run
+from console.ui.panes.generation import TokenRate, generation_markup
 from console.ui.panes.gpus import gpu_row
 from console.ui.panes.notices import transitions
 from console.ui.panes.readiness import readiness_markup
@@ -67,6 +68,16 @@ def test_stage_rows_from_snapshot():
 def test_pick_run_prefers_running():
     runs = [RunInfo("generate", "a", "running"), RunInfo("generate", "b", "done")]
     assert pick_run(runs, "generate").run_id == "a" and pick_run(runs, "train") is None
+
+
+def test_the_bench_row_shows_the_pair_never_one_of_its_benches():
+    # the pair's benches (stage "bench") run inside it and finish before it: the row is the pair's
+    runs = [RunInfo("bench_pair", "m1", "running", unit="e3-bench-m1"),
+            RunInfo("bench", "m1-baseline", "done", unit="e3-bench-m1"),
+            RunInfo("bench", "m1-drafter", "running", unit="e3-bench-m1")]
+    assert pick_run(runs, "bench").run_id == "m1"
+    rows = {r.stage: r for r in stage_rows(replace(base_snapshot(), runs=tuple(runs)))}
+    assert rows["bench"].state == "running" and rows["bench"].unit == "e3-bench-m1"
 
 
 def test_generation_markup_and_token_rate():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from textual.app import App, ComposeResult
 
+from backend.bench import PAIR_STAGE
 from console.telemetry.bench_view import bench_view
 from console.telemetry.sanitize import sanitized
 from console.snapshot import RunInfo, Snapshot
@@ -24,10 +25,11 @@ NOW = 1_700_000_030.0
 
 
 def finished(sample: str, run_id: str) -> RunInfo:
+    """A finished bench pair (backend/benchpair.py): its summary is its drafter bench's, compared."""
     summary = json.loads((SAMPLES / sample).read_text())
-    event = {"ts": NOW - 5, "kind": "finish", "stage": "bench", "run_id": run_id, "status": "completed",
+    event = {"ts": NOW - 5, "kind": "finish", "stage": PAIR_STAGE, "run_id": run_id, "status": "completed",
              "summary": summary}
-    return RunInfo("bench", run_id, "done", stage_unit("bench"), summary["done"], summary["total"], 0, None, None,
+    return RunInfo(PAIR_STAGE, run_id, "done", stage_unit("bench"), summary["done"], summary["total"], 0, None, None,
                    event)
 
 
@@ -115,7 +117,8 @@ def test_a_bench_of_several_k_names_the_best():
     assert said in content.plain and "do not serve it" not in content.plain  # K=2's slower row is only marked
     assert next(line for line in content.markup.splitlines() if said in line).startswith("[b green]")
     # `run bench --wait` prints the table and the best K under it
-    printed = stages.get(PAIR_STAGE).results(stages.view_of(dataclasses.replace(run, stage=PAIR_STAGE), [run]), [run])
+    run = dataclasses.replace(run, stage=PAIR_STAGE)
+    printed = stages.of_run(PAIR_STAGE).results(stages.view_of(run, [run]), [run])
     assert "drafter-k2" in printed[0] and "0.90x SLOWER" in printed[0] and printed[1] == said
     lost = bench_markup(bench_view(several_k({**best, "slower": True}))).markup
     assert "[b red]best K: 3" in lost and "SLOWER than the baseline at some level, do not serve it" in lost

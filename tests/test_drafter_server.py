@@ -199,6 +199,7 @@ def _spec_of(argv: list[str]) -> dict:
 
 def test_a_bench_of_several_k_starts_the_drafter_server_once_per_k():
     from backend.benchpair import STAGE as PAIR_STAGE
+    from console.control import stages
     from console.control.bench_pair import drafter_loads, drafter_starts_text, pair_plan
     from console.session import Session
 
@@ -226,7 +227,7 @@ def test_a_bench_of_several_k_starts_the_drafter_server_once_per_k():
     # the cost, said before it is spent: a drafter server start per K (and the published one), the baseline back
     assert drafter_loads(p, [2, 4]) == 3 and drafter_loads(p) == 2
     assert drafter_starts_text(p, [2, 4]) == "3 drafter server starts (K=2, K=4, the published drafter)"
-    said = Session(p).downtime(PAIR_STAGE)  # the profile's [bench].k_values
+    said = Session(p).downtime(stages.of_run(PAIR_STAGE).name)  # the profile's [bench].k_values
     assert said.startswith("3 drafter server starts (K=2, K=4, the published drafter) and the baseline's "
                            "restart: 4 server loads"), said
     with pytest.raises(ValueError, match=r"K values \[2, 2\]: expected at most 8 distinct K values"):

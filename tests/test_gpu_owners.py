@@ -77,14 +77,15 @@ def test_the_host_shape_from_the_profile():
     assert host_shape(profile({"gpus": 1})) == HostShape(8, ALL8, (0,))  # the seed host
     assert host_shape(profile({})) == HostShape(8, ALL8, ALL8)  # unset: every GPU
     assert host_shape(profile({"gpus": 0})) == HostShape(8, ALL8, ())  # the CPU
-    assert host_shape(profile({"gpu_ids": [6, 7]}, tp=4, count=8)) == HostShape(8, (0, 1, 2, 3), (6, 7))
+    assert host_shape(profile({"gpus": [6, 7]}, tp=4, count=8)) == HostShape(8, (0, 1, 2, 3), (6, 7))
+    assert host_shape(profile({"gpus": [9]})) == HostShape(10, ALL8, (9,))  # no [gpus] count: at least GPU 9
     assert host_shape(profile({"gpus": 2}, tp=1)).trainer == (0,)  # a 1-GPU host: the first of what there is
 
 
 def test_train_gpus_by_index_reach_the_stage_which_sets_cuda_visible_devices():
     from backend.train.config import ConfigError, parse_config
 
-    p = profile({"gpu_ids": [6, 7]}, tp=4, count=8)
+    p = profile({"gpus": [6, 7]}, tp=4, count=8)
     args = p.train.stage_args()
     assert args[args.index("--gpu-ids") + 1] == "6,7" and "--gpus" not in args
     c = parse_config(["--work-dir", "/w", "--run-id", "r", "--verifier", "/v", *args])
@@ -100,3 +101,47 @@ def test_train_gpus_by_index_reach_the_stage_which_sets_cuda_visible_devices():
     out = subprocess.run([sys.executable, "-c", code, "--work-dir", "/w", "--run-id", "r", "--verifier", "/v",
                           "--gpu-ids", "6,7"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["6,7", "2"], out.stderr
+
+
+# [train] gpus by index on a host whose TP8 baseline holds GPUs 0-7: overlapping indexes share the server's
+# GPUs (the chain keeps the baseline down, online is refused naming them); indexes off the server's (a
+# 16-GPU host) leave it serving while training runs, and online has room.
+@pytest.mark.parametrize("gpus, count, hold, trainer_step", [
+    ([6, 7], 8, ("extract", "verify"), "train: trainer on GPU 6,7"),
+    ([7, 8], 16, ("extract", "verify"), "train: trainer on GPU 7,8"),
+    ([8, 9, 10, 11], 16, None, "train: baseline on GPU 0,1,2,3,4,5,6,7, trainer on GPU 8,9,10,11"),
+])
+def test_tp8_holding_all_with_trainer_gpus_by_index(gpus, count, hold, trainer_step):
+    from console.control.gpu_plan import gpu_plan
+
+    p = profile({"gpus": gpus}, tp=8, count=count)
+    assert host_shape(p) == HostShape(count, ALL8, tuple(gpus))
+    plan = gpu_plan(p, CHAIN, online=False, chain=True)
+    assert plan.hold == hold
+    assert trainer_step in plan.describe()
+    train = plan.steps[CHAIN.index("train")]
+    assert train.baseline_down is (hold is not None) and train.holders[TRAINER] == tuple(gpus)
+    if hold:
+        shared = ",".join(str(i) for i in gpus if i < 8)
+        with pytest.raises(OwnershipError, match=rf"both would use GPU {shared} .*\[train\] gpus asks for "
+                                                 rf"GPU {','.join(map(str, gpus))}"):
+            gpu_plan(p, ONLINE_CHAIN, online=True, chain=True)
+    else:
+        online = gpu_plan(p, ONLINE_CHAIN, online=True, chain=True)
+        step = online.steps[ONLINE_CHAIN.index("train")]
+        assert step.holders[EXTRACTION] == ALL8 and step.holders[TRAINER] == tuple(gpus)
+
+
+def test_the_shipped_seed_profile_plans_its_pipeline():
+    """The seed host's profile (TP8 holding all eight GPUs) runs `run pipeline` as shipped: offline, the
+    baseline down once from extract through verify."""
+    from pathlib import Path
+
+    from console.control.launch import StageRequest, request_gpu_plan
+    from console.profile import load_profile
+
+    p = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "kimi-k25-int4.toml")
+    req = StageRequest("pipeline")
+    assert not req.is_online(p)
+    plan = request_gpu_plan(req, p)
+    assert plan.hold == ("extract", "verify") and plan.loads == 2

@@ -41,6 +41,16 @@ def test_train_and_verify_take_the_drafters_draft_tokens():
     assert verify[verify.index("--speculative-tokens") + 1] == "4" and "--input-run" not in verify
 
 
+@pytest.mark.parametrize("gpus, flag, value", [([4, 5, 6, 7], "--gpu-ids", "4,5,6,7"), (2, "--gpus", "2")])
+def test_train_gpus_reach_the_train_stage_by_index_or_as_a_count(gpus, flag, value):
+    p = profile_from_dict({"host": {"name": "gpu-host.example"}, "server": {"model_path": "/models/kimi"},
+                           "paths": {"work_dir": "/data/eagle3"}, "train": {"gpus": gpus}})
+    argv = stage_argv.train_argv(p, "t1", "x1")
+    assert argv[argv.index(flag) + 1] == value and {"--gpus", "--gpu-ids"} & set(argv) == {flag}
+    config = parse_config(argv[3:])
+    assert (config.gpu_ids, config.gpus) == ((gpus, None) if flag == "--gpu-ids" else (None, gpus))
+
+
 def test_the_default_input_and_aux_layers_are_asked_of_the_host():
     assert stage_argv.latest_argv(PROFILE, "extract")[-4:] == ["--work-dir", "/data/eagle3", "--stage", "extract"]
     assert stage_argv.aux_layers_argv(PROFILE)[-2:] == ["--ids", ""]

@@ -1,10 +1,13 @@
 """The profile's [train] section: defaults, clear errors, and the flags it hands the train stage."""
 from __future__ import annotations
 
+import tomllib
+
 import pytest
+import tomli_w
 
 from backend.train.config import parse_config
-from console.profile import ProfileError, profile_from_dict
+from console.profile import ProfileError, load_profile, profile_from_dict
 
 BASE = {"host": {"name": "gpu-host.example"}, "server": {"model_path": "/models/kimi"}, "paths": {"work_dir": "/w"}}
 
@@ -29,7 +32,8 @@ def test_every_bad_key_is_named_at_once():
                          file="p.toml")
     text = str(e.value)
     for expected in ("p.toml: train.optimizer: expected one of 'muon', 'adamw'",
-                     "train.gpus: expected a number from 0 to 1024", "train.epochs: expected an integer",
+                     "train.gpus: expected a GPU count 0-1024 (0: the CPU) or a list of distinct GPU indexes "
+                     "0-1023, got -1", "train.epochs: expected an integer",
                      "train.extra_args: expected speculators flags the stage does not set itself (--save-path",
                      "train.learning_rat: unknown key"):
         assert expected in text
@@ -49,3 +53,49 @@ def test_warm_start_acceptance_and_vocabulary_keys_reach_the_stage():
     with pytest.raises(ProfileError) as e:
         profile_from_dict({**BASE, "train": {"from_pretrained": "../x y"}}, file="p.toml")
     assert "train.from_pretrained: expected a train or fetch_drafter run id" in str(e.value)
+
+
+def test_gpus_selects_gpus_by_index_and_reaches_the_stage_as_gpu_ids():
+    p = profile_from_dict({**BASE, "train": {"gpus": [4, 5, 6, 7]}})
+    assert p.train.gpus == [4, 5, 6, 7]
+    args = p.train.stage_args()
+    assert args[args.index("--gpu-ids") + 1] == "4,5,6,7" and "--gpus" not in args
+    assert parse_config(["--verifier", "/m", *args]).gpu_ids == [4, 5, 6, 7]
+    # it survives a write and a read (profile init, demo-host start write profiles back)
+    again = profile_from_dict(tomllib.loads(p.to_toml()))
+    assert again.train.gpus == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("count", [0, 1, 8])
+def test_a_count_is_still_a_count(count):
+    """gpus = N: the first N GPUs as before (0: the CPU); no index list reaches the stage."""
+    args = profile_from_dict({**BASE, "train": {"gpus": count}}).train.stage_args()
+    assert args[args.index("--gpus") + 1] == str(count) and "--gpu-ids" not in args
+    c = parse_config(["--verifier", "/m", *args])
+    assert (c.gpus, c.gpu_ids) == (count, None)
+
+
+@pytest.mark.parametrize("value, shown", [
+    ([1, 1], "[1, 1]"), ([-1, 2], "[-1, 2]"), ([1024], "[1024]"), ([], "[]"), (True, "True"), ([True], "[True]"),
+    ("4,5,6,7", "'4,5,6,7'"), (["4"], "['4']"), (1025, "1025"), (-1, "-1"), (1.5, "1.5"),
+])
+def test_bad_gpus_are_refused_naming_file_and_key(value, shown):
+    with pytest.raises(ProfileError) as e:
+        profile_from_dict({**BASE, "train": {"gpus": value}}, file="p.toml")
+    assert str(e.value) == ("p.toml: train.gpus: expected a GPU count 0-1024 (0: the CPU) or a list of distinct "
+                            f"GPU indexes 0-1023, got {shown}")
+
+
+def test_the_retired_gpu_ids_key_is_refused_with_what_to_write_instead(tmp_path):
+    f = tmp_path / "old.toml"  # a profile written before gpus took indexes
+    f.write_text(tomli_w.dumps({**BASE, "train": {"gpus": 2, "gpu_ids": [6, 7]}}))
+    with pytest.raises(ProfileError) as e:
+        load_profile(f)
+    assert str(e.value) == (f"{f}: train.gpu_ids: retired key: [train] gpus selects GPUs by index now: replace "
+                            "gpu_ids with gpus = [6, 7]")
+    with pytest.raises(ProfileError) as e:  # the empty default an earlier `profile init` wrote: still named
+        profile_from_dict({**BASE, "train": {"gpu_ids": []}}, file="p.toml")
+    assert "p.toml: train.gpu_ids: retired key" in str(e.value) and "remove gpu_ids = []" in str(e.value)
+    with pytest.raises(ProfileError) as e:  # a bad value: no copy of it offered as the thing to write
+        profile_from_dict({**BASE, "train": {"gpu_ids": [1, 1]}}, file="p.toml")
+    assert "replace gpu_ids with gpus = [..]" in str(e.value)

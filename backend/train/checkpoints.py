@@ -4,11 +4,19 @@ speculators saves `<save>/<epoch>/` (config.json, model.safetensors, optimizer a
 training_state.json) and a `checkpoint_best` symlink to the epoch with the lowest validation loss. The
 stage adds `<save>/verifier.json`, the verifier's fingerprint (backend/train/verifier.py), so a save
 root, or a checkpoint, trained against another verifier is refused instead of resumed or verified.
+
+speculators writes each save in place over `<save>/<epoch>/` (a mid-epoch save and the epoch's end
+save share that directory), so a kill -9 during a save would leave the only copy of that epoch torn
+(config.json half written) and the run could not resume. The stage's trainer writes every save into
+`<save>/.saving/<epoch>/` and commits it with two renames (`commit_staged`); `recover_interrupted_save`,
+run before each start, finishes or undoes a commit a kill interrupted, so a restart always finds either
+the previous checkpoint or the new one whole.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 from backend.runs import read_json_object, write_json_atomic
@@ -16,6 +24,8 @@ from backend.train.verifier import VerifierInfo
 
 VERIFIER_FILE = "verifier.json"
 BEST_LINK = "checkpoint_best"
+STAGING_DIR = ".saving"  # a save being written: <save>/.saving/<epoch>/ (speculators skips non-numeric names)
+REPLACED_PREFIX = ".replaced-"  # the checkpoint a commit replaces, for the instant between its two renames
 
 
 class CheckpointError(ValueError):
@@ -29,6 +39,54 @@ def epoch_dirs(save_path: str) -> list[int]:
         return []
     return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(save_path, n))
                   and not os.path.islink(os.path.join(save_path, n)))
+
+
+def staged_dir(save_path: str, epoch: int) -> str:
+    return os.path.join(save_path, STAGING_DIR, str(epoch))
+
+
+def commit_staged(save_path: str, epoch: int) -> str:
+    """Put the staged save of `epoch` in place of `<save>/<epoch>/`. A kill at any instant leaves the old
+    checkpoint whole (under its own name or `.replaced-<epoch>`) or the new one in place."""
+    staged, final = staged_dir(save_path, epoch), os.path.join(save_path, str(epoch))
+    replaced = os.path.join(save_path, f"{REPLACED_PREFIX}{epoch}")
+    if os.path.isdir(final):
+        if os.path.isdir(replaced):
+            shutil.rmtree(replaced)
+        os.rename(final, replaced)
+    os.rename(staged, final)
+    shutil.rmtree(replaced, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(staged))  # tidy when empty; another rank's leftovers stay for recovery
+    except OSError:
+        pass
+    return final
+
+
+def recover_interrupted_save(save_path: str) -> list[str]:
+    """Finish or undo a save a kill interrupted; returns one line per repair (empty: nothing to do)."""
+    try:
+        names = sorted(os.listdir(save_path))
+    except OSError:
+        return []
+    done = []
+    for name in names:
+        epoch = name[len(REPLACED_PREFIX):]
+        if not (name.startswith(REPLACED_PREFIX) and epoch.isdigit()):
+            continue
+        old, final = os.path.join(save_path, name), os.path.join(save_path, epoch)
+        if os.path.isdir(final):  # the new checkpoint landed; the old one was about to go
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(old, final)
+            done.append(f"checkpoint {epoch}: the save that was replacing it was cut off; the previous one is back")
+    staging = os.path.join(save_path, STAGING_DIR)
+    if os.path.isdir(staging):
+        partial = sorted(os.listdir(staging))
+        shutil.rmtree(staging)
+        if partial:
+            done.append(f"dropped a save cut off while it was written ({', '.join(partial)} in {STAGING_DIR}/)")
+    return done
 
 
 def best_checkpoint(save_path: str) -> str | None:

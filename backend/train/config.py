@@ -183,8 +183,8 @@ _HELP = {
                   "command without the query): the GPU check reads the table the console's telemetry reads",
     "simulated_gpus": "simulated GPUs (the demo host): the GPUs are counted and checked in --nvidia-smi's table, "
                       "training computes on the CPU",
-    "gpu_ids": "the GPUs to train on, by index (e.g. 6,7): the stage sets CUDA_VISIBLE_DEVICES to them and "
-               "starts one process each",
+    "gpu_ids": "the GPUs to train on, by index (e.g. 6,7; the console passes a profile's [train] gpus list "
+               "here): the stage sets CUDA_VISIBLE_DEVICES to them and starts one process each",
     "checkpoint_freq": "epochs between checkpoints; below 1 also saves within an epoch (e.g. 0.25)",
     "vllm_endpoint": "online training: an extraction server's URL ending in /v1; hidden states are fetched "
                      "per batch and deleted after use",

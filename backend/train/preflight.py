@@ -108,7 +108,7 @@ def check_gpus(report: PreflightReport, wanted: int, available: int) -> None:
         return
     if available < wanted:
         report.add("gpus", False, f"{wanted} GPUs requested, {available} visible to {sys.executable}",
-                   "lower [train] gpus in the profile, or check CUDA_VISIBLE_DEVICES and the driver")
+                   "ask for fewer GPUs in the profile's [train] gpus, or check CUDA_VISIBLE_DEVICES and the driver")
         return
     if shutil.which(NVIDIA_SMI[0]) is None:
         report.add("gpus", True, f"{wanted} GPUs visible (nvidia-smi not found: cannot check who holds them)")
@@ -131,7 +131,8 @@ def check_gpus(report: PreflightReport, wanted: int, available: int) -> None:
     report.add("gpus", False, f"GPUs in use by other processes: {names}",
                ("a vLLM server holds them: stop it first (the console's server pane: x; or "
                 "`systemctl stop <unit>`), train, then start it again" if vllm else
-                "stop those processes (or lower [train] gpus), then start training again"))
+                "stop those processes (or give [train] gpus other GPUs, e.g. gpus = [6, 7]), then start "
+                "training again"))
 
 
 def checkpoint_bytes(params: int, trainable: int, saves: int) -> int:

@@ -316,6 +316,9 @@ class Stage:
             if not report.ok:
                 self.outcome["preflight"] = report.to_dict()
                 raise StageFailed(f"preflight failed: {report.failures()}")
+        for repair in ck.recover_interrupted_save(save_path):  # under the run's lock: no live save to touch
+            print(f"train: {repair}", file=sys.stderr)
+            self.emit("progress", phase="recovered", message=repair)
         ck.mark_save_root(save_path, inputs.info)
         vocab = vocab_files(c, inputs, run_dir.path)
         staged = None

@@ -11,23 +11,31 @@ A subclass, not a patch: the worker constructs it where speculators' own `train`
   step in flight, agreed by all ranks, and saves a mid-epoch checkpoint in speculators' own resumable
   layout (`<save>/<epoch>/` + training_state.json with the local step), so starting the run again
   resumes at the next step and no step is trained (or reported) twice.
+- Saves: every checkpoint is written beside its epoch directory and committed by rename
+  (backend/train/checkpoints.py), because speculators overwrites `<save>/<epoch>/` in place and a kill -9
+  mid-save would tear the only copy.
 - Events: checkpoints saved, the best checkpoint, and where a restart resumes (`Reporter`).
 - Selection: after each epoch whose checkpoint was saved, `selector(epoch, step, model, val_loss)` (rank
   0: backend/train/selection.py measures held-out acceptance) says whether to stop early; every rank
-  agrees on its answer.
+  agrees on its answer. A restart at an epoch boundary first measures the epoch saved last if a kill
+  came between its save and its measurement, so every saved epoch is in the choice.
 `run_training` is speculators' epoch loop (train, save, validate, update best) with these hooks.
 """
 from __future__ import annotations
 
+import json
 import logging
-import os
+import shutil
 import signal
-from typing import Any, Callable, Protocol
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
 from speculators.train.trainer import Trainer
 
+from backend.train import checkpoints as ck
 from backend.train.adapters import autocast_device_type, host_device
 
 log = logging.getLogger("speculators")
@@ -100,25 +108,62 @@ class HostTrainer(Trainer):
         return self._epoch_base + (self.global_step - self._epoch_start_step)
 
     # -- checkpoints --
+    @contextmanager
+    def _staged(self) -> Iterator[Path]:
+        """speculators' checkpointer writes under `<save>/.saving/` while this is open; yields `<save>`."""
+        root = self.checkpointer.path
+        self.checkpointer.path = root / ck.STAGING_DIR
+        try:
+            yield root
+        finally:
+            self.checkpointer.path = root
+
+    def _commit(self, root: Path, epoch: int, local_step: int) -> bool:
+        """Put the staged save in place (rank 0) and name it as speculators does (`epoch0_step5 -> 0`);
+        every rank learns whether there was a save to commit."""
+        saved = False
+        if self._is_main():
+            staged = Path(ck.staged_dir(str(root), epoch))
+            saved = staged.is_dir()
+            if saved:
+                command = root / self.checkpointer.TRAIN_COMMAND_FILENAME
+                if command.exists():
+                    shutil.copy2(command, staged / command.name)
+                for link in (root / ck.STAGING_DIR).glob(f"epoch{epoch}_*"):
+                    link.unlink()
+                ck.commit_staged(str(root), epoch)
+                for old in root.glob(f"epoch{epoch}_*"):
+                    if old.is_symlink():
+                        old.unlink()
+                (root / f"epoch{epoch}_{f'step{local_step}' if local_step > 0 else 'end'}").symlink_to(str(epoch))
+        if self.is_distributed:
+            flag = torch.tensor([1.0 if saved else 0.0], device=self.local_rank)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            saved = bool(flag.item())
+        return saved
+
     def _save_resumable(self, epoch: int, local_step: int, kind: str) -> None:
         """speculators' checkpoint layout for `epoch` with its mid-epoch training state, always saved
         (speculators' maybe_save_checkpoint skips epochs outside checkpoint_freq)."""
-        self.checkpointer.save_checkpoint(self.model, self.optimizers, epoch)
-        if self.schedulers:
-            self.checkpointer.save_scheduler_state_dict(self.schedulers, epoch)
-        self._save_training_state(epoch, local_step)
+        with self._staged() as root:
+            self.checkpointer.save_checkpoint(self.model, self.optimizers, epoch)
+            if self.schedulers:
+                self.checkpointer.save_scheduler_state_dict(self.schedulers, epoch)
+            self._save_training_state(epoch, local_step)
+        self._commit(root, epoch, local_step)
         self._saved_at = self.global_step
         if self.reporter and self._is_main():
-            self.reporter.checkpoint(str(self.checkpointer.path / str(epoch)), kind, epoch, self.global_step - 1)
+            self.reporter.checkpoint(str(root / str(epoch)), kind, epoch, self.global_step - 1)
 
     def maybe_save_checkpoint(self, epoch: int | str, local_step: int = 0) -> None:
-        path = self.checkpointer.model_path(epoch)
-        before = _mtime(path)
-        super().maybe_save_checkpoint(epoch, local_step=local_step)
-        if _mtime(path) != before:
+        if not isinstance(epoch, int):  # speculators' own "interrupted" save: never taken here (request_stop)
+            return super().maybe_save_checkpoint(epoch, local_step=local_step)
+        with self._staged() as root:
+            super().maybe_save_checkpoint(epoch, local_step=local_step)
+        if self._commit(root, epoch, local_step):
             self._saved_at = self.global_step
-            if self.reporter and self._is_main() and isinstance(epoch, int):
-                self.reporter.checkpoint(str(path.parent), "mid_epoch" if local_step else "epoch", epoch,
+            if self.reporter and self._is_main():
+                self.reporter.checkpoint(str(root / str(epoch)), "mid_epoch" if local_step else "epoch", epoch,
                                          self.global_step - 1)
 
     def maybe_update_best(self, epoch: int, val_metrics: dict | None) -> None:
@@ -127,13 +172,15 @@ class HostTrainer(Trainer):
         if self.best_val_loss != before and self.reporter and self._is_main():
             self.reporter.best(str(self.checkpointer.path / str(epoch)), epoch, float(self.best_val_loss))
 
-    def _select(self, epoch: int, val_metrics: dict | None) -> bool:
-        """Measure the epoch's checkpoint (rank 0) and agree on whether to stop early."""
+    def _select(self, epoch: int, val_metrics: dict | None, catch_up: bool = False) -> bool:
+        """Measure the epoch's checkpoint (rank 0) and agree on whether to stop early. `catch_up`: the
+        model was just loaded from that checkpoint, and is measured only if it never was."""
         stop = False
         if self.selector is not None and self._is_main():
             loss = val_metrics.get("loss_epoch") if isinstance(val_metrics, dict) else None
             model = getattr(self.model, "module", self.model)  # DDP wraps the draft
-            stop = bool(self.selector(epoch, self.global_step, model, float(loss) if loss is not None else None))
+            measure = getattr(self.selector, "catch_up", self.selector) if catch_up else self.selector
+            stop = bool(measure(epoch, self.global_step, model, float(loss) if loss is not None else None))
         if self.is_distributed:
             flag = torch.tensor([1.0 if stop else 0.0], device=self.local_rank)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -154,11 +201,30 @@ class HostTrainer(Trainer):
             self.reporter.plan(total, steps, n_epochs)
         return steps
 
+    def _resumed_at_epoch_end(self) -> int | None:
+        """The epoch whose end-of-epoch checkpoint this run resumed from, if it did."""
+        prev = self.checkpointer.previous_epoch
+        if prev == -1 or not self.resume_from_checkpoint or getattr(self, "_resume_local_step", 0):
+            return None
+        return prev if self.current_epoch == prev + 1 else None
+
+    def _saved_val_metrics(self, epoch: int) -> dict | None:
+        try:
+            data = json.loads(self.checkpointer.val_metrics_path(epoch).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
     def run_training(self) -> None:
         handlers = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         n_epochs = self.config.num_epochs
         steps = len(self.train_loader)
         try:
+            last = self._resumed_at_epoch_end()
+            if last is not None and self._select(last, self._saved_val_metrics(last), catch_up=True):
+                self.stopped_early = True
+                log.info(f"stopping early after epoch {last + 1}: held-out acceptance has not improved")
+                return
             for epoch in range(self.current_epoch, n_epochs):
                 self._epoch = epoch
                 self._epoch_base = getattr(self, "_resume_local_step", 0) if epoch == self.current_epoch else 0
@@ -199,9 +265,3 @@ class HostTrainer(Trainer):
             for sig, old in handlers.items():
                 signal.signal(sig, old)
 
-
-def _mtime(path: os.PathLike[str]) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None

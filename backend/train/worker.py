@@ -89,6 +89,12 @@ class Selector:
               f"(best: epoch {choice.epoch + 1 if choice.epoch is not None else '-'})", file=sys.stderr)
         return choice.stop
 
+    def catch_up(self, epoch: int, step: int, model: Any, val_loss: float | None) -> bool:
+        """On a restart from `epoch`'s end: measure it unless it was (a kill came between save and measure)."""
+        if any(r.epoch == epoch for r in self.state.history):
+            return self.state.choice().stop
+        return self(epoch, step, model, val_loss)
+
 
 def trainer_config(args: argparse.Namespace, train_kwargs: dict, val_kwargs: dict, dtype: Any) -> Any:
     """speculators' TrainerConfig from the resolved flags, as speculators.train.cli.main builds it

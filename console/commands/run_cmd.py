@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import sys
 
-from backend.benchpair import STAGE as PAIR_STAGE
 from console.commands.server_cmd import load_or_exit
 from console.control import stages
 from console.control.launch import StageRequest, stage_ended, stops_baseline
@@ -89,8 +88,8 @@ def confirmed(a: argparse.Namespace, req: StageRequest, profile, downtime: str) 
     Session.downtime, from the host's measured loads), and go on only when the operator agrees."""
     if not stops_baseline(req, profile) or a.yes:
         return True
-    why = {PAIR_STAGE: "the drafter server is benched",
-           "extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed")
+    why = ("the drafter server is benched" if stages.starts_pair(req.stage) else
+           {"extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed"))
     return ask(f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
                f"again afterwards; it costs {downtime}. Go on? [y/N] ",
                f"{req.stage} stops the baseline server and costs {downtime}")
@@ -188,7 +187,7 @@ async def run_stage(a: argparse.Namespace) -> int:
     if a.checkpoint and stage != "verify":
         print(f"error: --checkpoint is for verify, not {a.stage}", file=sys.stderr)
         return 2
-    if a.k_values is not None and stage != PAIR_STAGE:
+    if a.k_values is not None and not stages.starts_pair(stage):
         print(f"error: --k is for bench, not {a.stage}", file=sys.stderr)
         return 2
     async with Session(profile, interval=a.interval) as session:

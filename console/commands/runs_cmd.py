@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import asdict
 
+from backend.bench import PAIR_STAGE
 from backend.generate.preflight import human_bytes
 from backend.lookup import STAGES
 from backend.runs import RUN_ID_PATTERN
@@ -28,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                       "completed run of a stage); lists them and asks first")
     p.add_argument("--profile", required=True)
     p.add_argument("--older-than", help="only runs untouched for this long: 90s, 30m, 12h, 7d, 2w")
-    p.add_argument("--stage", choices=STAGES + ("pipeline", "bench", "fetch_drafter"))
+    p.add_argument("--stage", choices=STAGES + ("pipeline", "bench", PAIR_STAGE, "fetch_drafter"))
     p.add_argument("--archived", action="store_true", help="only the runs --fresh moved aside")
     p.add_argument("--yes", action="store_true", help="do not ask (scripts)")
     p.set_defaults(func=cmd_prune)

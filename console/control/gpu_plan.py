@@ -20,17 +20,21 @@ def server_gpus(profile: Profile) -> tuple[int, ...]:
 
 
 def trainer_gpus(profile: Profile, host_gpus: int) -> tuple[int, ...]:
-    """[train] gpu_ids when given; else the first [train] gpus (unset: every GPU; 0: the CPU)."""
-    t = profile.train
-    if t.gpu_ids:
-        return tuple(t.gpu_ids)
-    count = host_gpus if t.gpus is None else t.gpus
+    """[train] gpus: a list names the GPUs by index; a count N is GPUs 0..N-1 (at most the host's; 0: the
+    CPU); unset: every GPU."""
+    gpus = profile.train.gpus
+    if isinstance(gpus, list):
+        return tuple(gpus)
+    count = host_gpus if gpus is None else gpus
     return tuple(range(min(count, host_gpus)))
 
 
 def host_shape(profile: Profile) -> HostShape:
+    """The host's GPU count is [gpus] count when stated; else what the server and the trainer's indexes
+    imply (at least)."""
     server = server_gpus(profile)
-    count = profile.gpus.count or max([len(server), *(i + 1 for i in profile.train.gpu_ids)])
+    named = profile.train.gpus if isinstance(profile.train.gpus, list) else []
+    count = profile.gpus.count or max([len(server), *(i + 1 for i in named)])
     return HostShape(gpus=count, server=server, trainer=trainer_gpus(profile, count))
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Literal, Protocol, Sequence
 
 from backend.fetch_drafter import STAGE as FETCH_DRAFTER
+from backend.bench import PAIR_STAGE
 from backend.bench.compare import CompareError, comparison_from_dict, format_table
 from backend.verify.report import table as verify_table
 from console.control import stage_argv
@@ -62,6 +63,7 @@ class Stage:
     name: str
     label: str
     kind: Literal["server", "run", "chain"] = "run"
+    run_stage: str | None = None  # the stage its program's runs carry, when not `name` (the bench pair's)
     cli: str | None = None
     input_stage: str | None = None
     online_input: str | None = None
@@ -73,6 +75,11 @@ class Stage:
     beside_chain: bool = False
     view: View = views.counted("items")
     results: Callable[[StageProgress, Sequence[RunInfo]], list[str]] = outputs
+
+    @property
+    def runs_stage(self) -> str:
+        """The stage its runs' events and run directories carry."""
+        return self.run_stage or self.name
 
     def progress(self, run: RunInfo, runs: Sequence[RunInfo] = ()) -> StageProgress:
         return self.view(run, runs)
@@ -179,7 +186,7 @@ TABLE: tuple[Stage, ...] = (
     Stage("serve_drafter", "serve+drafter", kind="server"),
     Stage(FETCH_DRAFTER, "fetch drafter", cli="fetch-drafter", build=_fetch_drafter, beside_chain=True,
           view=views.bytes_view),
-    Stage("bench", "bench", cli="bench", build=_bench, takes_gpus="always", view=views.pair_view,
+    Stage("bench", "bench", run_stage=PAIR_STAGE, cli="bench", build=_bench, takes_gpus="always", view=views.pair_view,
           results=_bench_table),
     Stage("pipeline", "pipeline", kind="chain", cli="pipeline", build=_pipeline, view=views.chain_view,
           results=_chain_results),
@@ -212,12 +219,42 @@ def by_cli(cli: str) -> Stage:
     raise UnknownStage(cli)
 
 
+def of_run(run_stage: str) -> Stage:
+    """The row whose program writes runs of `run_stage` (else the row of that name: the pair's benches
+    are shown as benches)."""
+    for s in TABLE:
+        if s.runs_stage == run_stage:
+            return s
+    return get(run_stage)
+
+
 def view_of(run: RunInfo, runs: Sequence[RunInfo] = ()) -> StageProgress:
     """A run's typed progress, by its stage's row (a stage this console does not know: plain counts)."""
     try:
-        return get(run.stage).progress(run, runs)
+        return of_run(run.stage).progress(run, runs)
     except UnknownStage:
         return views.counted("items")(run, runs)
+
+
+def starts_pair(name: str) -> bool:
+    """Whether the row `name` starts the bench pair (backend/benchpair.py: its K values, its drafter loads)."""
+    try:
+        return get(name).runs_stage == PAIR_STAGE
+    except UnknownStage:
+        return False
+
+
+def runs_of(name: str, runs: Sequence[RunInfo]) -> list[RunInfo]:
+    """The runs the row `name` started (by the stage their events carry)."""
+    stage = get(name).runs_stage
+    return [r for r in runs if r.stage == stage]
+
+
+def pick_run(runs: Sequence[RunInfo], name: str) -> RunInfo | None:
+    """The row's running run if any, else the last one listed (the newest)."""
+    mine = runs_of(name, runs)
+    running = [r for r in mine if r.state == "running"]
+    return (running or mine or [None])[-1]
 
 
 def cli_names() -> tuple[str, ...]:

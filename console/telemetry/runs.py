@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from backend.events import Event, read_events
 from backend.numbers import count, finite
-from console.naming import CHAIN_STAGE, is_stage_unit, stage_unit_name
+from console.naming import UNIT_STAGE, is_stage_unit, stage_unit_name, unit_stages
 from console.snapshot import RunInfo
 from console.telemetry.probe import EventsRead, RunFile
 from console.telemetry.train_view import TrainSeries
@@ -55,7 +55,7 @@ class RunTrack:
     @property
     def unit(self) -> str:
         # the unit its start event named (a pipeline's stages run in the chain's), else its own
-        return self.started_in or stage_unit_name(self.stage, self.run_id)
+        return self.started_in or stage_unit_name(UNIT_STAGE.get(self.stage, self.stage), self.run_id)
 
     def apply(self, ev: Event) -> None:
         self.stage = ev.stage or self.stage
@@ -74,7 +74,7 @@ class RunTrack:
             # only a unit this project names is believed: a foreign or hostile writer naming another unit
             # would have the console ask it whether the run lives, and `stop` stop it
             # a unit of its own stage or of the chain it runs in; any other name is not believed
-            self.started_in = unit if is_stage_unit(unit, (self.stage, CHAIN_STAGE)) else None
+            self.started_in = unit if is_stage_unit(unit, unit_stages(self.stage)) else None
             if "done" in ev.data:  # the counters as the run found them on disk (a resume starts from there)
                 self.progress = {k: v for k, v in d.items() if k != "manifest"}
         elif ev.kind == "progress":

@@ -9,7 +9,7 @@ from textual.content import Content
 from console.telemetry.bench_view import BenchView, Row, bench_view
 from console.snapshot import Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
-from console.ui.panes.generation import pick_run
+from console.control.stages import pick_run
 
 LABEL_WIDTH = 14
 

@@ -5,16 +5,10 @@ from textual.app import ComposeResult
 from textual.content import Content
 
 from console.telemetry.progress import GenerationProgress, generation_view
+from console.control.stages import pick_run
 from console.snapshot import RunInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, human_bytes, num, pct
-
-
-def pick_run(runs: list[RunInfo], stage: str) -> RunInfo | None:
-    """The running run of `stage` if any, else the last one listed (the newest)."""
-    mine = [r for r in runs if r.stage == stage]
-    running = [r for r in mine if r.state == "running"]
-    return (running or mine or [None])[-1]
 
 
 class TokenRate:

@@ -13,7 +13,6 @@ from textual.widgets.option_list import Option
 from console.control import stages
 from console.snapshot import Snapshot
 from console.ui.panes.base import Pane, markup
-from console.ui.panes.generation import pick_run
 from console.ui.panes.messages import StageSelected
 
 # "?" is kept for what the console cannot tell (stale: no finish and no unit); a stop is a known end
@@ -46,7 +45,7 @@ def stage_rows(snapshot: Snapshot) -> list[StageRow]:
                 state = "idle"
             rows.append(StageRow(stage, state, svc.unit, str(srv.phase)))
             continue
-        run = pick_run(snapshot.runs, stage)
+        run = stages.pick_run(snapshot.runs, stage)
         if run is None:
             rows.append(StageRow(stage, "idle", None))
         else:

@@ -20,7 +20,7 @@ from console.telemetry.progress import TrainPoint, TrainProgress, train_view, ve
 from console.snapshot import RunInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
 from console.ui.panes.gauges import bar, duration, num
-from console.ui.panes.generation import pick_run
+from console.control.stages import pick_run
 
 PLOT_INTERVAL_S = 5.0  # redrawing the curve is the costliest repaint here; a loss curve needs no 1 Hz
 MAX_POINTS = 2000  # bounded history; at one step a second that is over half an hour of curve
