@@ -328,7 +328,7 @@ def results(view: StageProgress, runs: tuple[RunInfo, ...]) -> list[str]:
     """What a finished run has to say, by its stage's result reader (verify: its table; bench: the
     comparison; else the outputs it leaves for the next stage)."""
     try:
-        reader = stages.get(view.stage).results
+        reader = stages.of_run(view.stage).results  # by the stage its run carries (the pair: bench_pair)
     except stages.UnknownStage:
         reader = stages.outputs
     return [clean_block(text) for text in reader(view, runs)]
