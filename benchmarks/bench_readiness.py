@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,18 +38,9 @@ sys.path.insert(0, str(ROOT))
 from console import demo  # noqa: E402
 from console.commands.server_cmd import server_action  # noqa: E402
 from console.profile import Profile, load_profile  # noqa: E402
+from harness.sim_support import first_listen  # noqa: E402
 
 TARGET_MS = 250
-
-
-def first_listen(port: int, stop: threading.Event, out: list[float]) -> None:
-    while not stop.is_set():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.05):
-                out.append(time.monotonic())
-                return
-        except OSError:
-            time.sleep(0.002)
 
 
 class Watch:
@@ -135,9 +125,6 @@ def over_systemd(work: Path, load_seconds: float) -> Iterator[Profile]:
     from harness.rig.sim_unit import install_unit
     from harness.rig.systemd_host import SystemdRig
 
-    if os.geteuid() != 0:
-        raise SystemExit("--over systemd boots the systemd rig, which needs root (namespaces, chroot, "
-                         "mounts); run as root, or measure the local tmux demo with --over tmux")
     rig = SystemdRig(work / "rig")
     try:
         try:
@@ -170,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.trials < 1 or a.interval <= 0 or a.load_seconds <= 0:
         ap.error("--trials must be at least 1, --interval and --load-seconds above 0")
+    if a.over == "systemd" and os.geteuid() != 0:
+        raise SystemExit("--over systemd boots the systemd rig, which needs root (namespaces, chroot, "
+                         "mounts): run it as root, or measure the local tmux demo with --over tmux")
 
     load_before = os.getloadavg()[0]  # the machine's own load, before the benchmark adds to it
     work = Path(tempfile.mkdtemp(prefix="e3-bench-ready-"))
