@@ -1,6 +1,6 @@
 """benchmarks/bench_readiness.py's arguments, on a stock install (no pytest, nothing from tests/): which
 measurement (the systemd rig over SSH by default, or the local tmux demo) and the refusals. The
-measurement itself boots the rig and is run by hand (README, "Benchmarks")."""
+measurement itself boots the rig and is run by hand (README: readiness through a forwarded port)."""
 from __future__ import annotations
 
 import runpy
