@@ -9,7 +9,8 @@ so the console asks rather than guess from what it has seen):
         extraction server is asked for): the extraction server's command line needs them
     python -m backend.ask servable --work-dir W [--run RUN] [--third]
         the verified checkpoint the drafter server may load (backend/servable.py), as JSON
-        {"run_id", "stage", "checkpoint"}
+        {"run_id", "stage", "checkpoint", "trained_k"} (trained_k: the K its config.json says it was
+        trained for, null when it does not say; a bench of several K stays within it)
 
 An answer that cannot be given (no such run, a verifier that does not fit) is one line on stderr, exit 2
 (backend/exitcodes.py).
@@ -24,7 +25,8 @@ from dataclasses import asdict
 
 from backend import exitcodes
 from backend.lookup import STAGES, latest_completed
-from backend.runs import RunDirError
+from backend.runs import RunDirError, read_json_object
+from backend.verify.checks import _speculative_tokens
 from backend.verifier import VerifierError, extraction_layer_ids, read_verifier, resolve_aux_layers
 
 
@@ -49,7 +51,12 @@ def servable(a: argparse.Namespace) -> str:
     found = third(a.work_dir) if a.third else choose(a.work_dir, a.run)
     if not os.path.isdir(found.checkpoint):
         raise RunDirError(f"the checkpoint {found.checkpoint} of run {found.run_id} is no longer on this host")
-    return json.dumps(asdict(found))
+    try:
+        config = read_json_object(os.path.join(found.checkpoint, "config.json"), ValueError, "")
+        trained_k = _speculative_tokens(config)
+    except ValueError:
+        trained_k = None  # a checkpoint the verify run vouched for, whose K it does not say: no bound
+    return json.dumps({**asdict(found), "trained_k": trained_k})
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,26 +1,26 @@
 """The bench, baseline against drafter, as one detached program that survives the console closing.
 
 `python -m backend.benchpair --work-dir W --run-id R --plan PLAN.json`; the plan (written by the console,
-console/control/bench_pair.py) holds the two bench command lines (`python -m backend.bench`, run ids
-`R-baseline` and `R-drafter`, the second with `--baseline-run R-baseline`) and the one server switch's
-plan (backend/switch.py: the baseline home, the drafter server away), which runs every change of server
-and holds the host's server lock for the whole pair. Steps:
+console/control/bench_pair.py) holds the baseline's bench command line (`python -m backend.bench`, run id
+`R-baseline`), its contenders in the order they are benched (each a server of the switch, a bench command
+line compared with the baseline's, a title for its steps), and the one server switch's plan
+(backend/switch.py: the baseline home, the contenders' servers away), which runs every change of server
+and holds the host's server lock for the whole pair. The contenders: our drafter (`R-drafter`), or the
+same drafter at several K (`R-k2`, `R-k3`: one drafter server start each, `num_speculative_tokens` = K),
+and a published drafter (`R-third`, in the drafter server's unit) when the profile names one. Steps:
 
     1. the baseline serves: the drafter server stopped (seen down) if it runs, the baseline started if it
        does not, and answering
     2. bench the baseline
-    3. switch: stop the baseline (seen down), start the drafter server, wait until it answers
-    4. bench the drafter server (compared with step 2)
-    5. always, also after a failure or SIGTERM: stop the drafter server, start the baseline again
+    3. for each contender: switch (stop the server running, seen down; start the contender's, wait until
+       it answers), then bench it (compared with step 2)
+    4. always, also after a failure or SIGTERM: stop the drafter server, start the baseline again
 
-With a third contender in the plan (`third`: a published drafter's bench, and a `third` server in the
-switch: the drafter server's unit loading that checkpoint), it is benched between 2 and 3, and
-the drafter's bench compares with both (`--third-run`): one table of the three.
-
-The run directory R holds its events (progress per step) and a summary with the drafter bench's
-comparison, so the console shows it as a bench run. Exit codes (backend/exitcodes.py): 0 done, 3 done
-and the drafter is slower, 1 failed, 2 bad plan or run directory; a stop (SIGTERM) ends as stopped, exit 0,
-after step 5.
+The run directory R holds its events (progress per step) and a summary with one comparison of every
+contender benched against the baseline, and with several K the best of them (`best_k`: the highest mean
+speed-up over the concurrency levels), so the console shows it as a bench run. Exit codes
+(backend/exitcodes.py): 0 done, 3 done and our drafter (at its best K) is slower at some level, 1 failed,
+2 bad plan or run directory; a stop (SIGTERM) ends as stopped, exit 0, after step 4.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.bench import PAIR_STAGE, STAGE as BENCH_STAGE
+from backend.bench.compare import MAX_RESULTS, CompareError, best, compare, load_run_result
 from backend.lifecycle import StageFailed, StageRun, refuse
 from backend.lookup import InputError, completed_run, last_finish
 from backend.plans import PlanError, argv_list, read_plan
@@ -43,30 +44,62 @@ from backend.switch import Switch, SwitchFailed, SwitchPlan, SwitchPlanError, Sw
 
 STAGE = PAIR_STAGE  # the console's bench row shows these runs; its benches are "bench" runs
 PLAN_FILE = "benchpair-plan.json"
-STEPS = ("baseline serving", "bench baseline", "swap to the drafter", "bench drafter", "back to the baseline")
-THIRD_STEPS = ("baseline serving", "bench baseline", "swap to the published drafter", "bench published drafter",
-               "swap to the drafter", "bench drafter", "back to the baseline")
+MAX_CONTENDERS = MAX_RESULTS - 1  # one comparison holds them all, beside the baseline
 
 
 @dataclass(frozen=True)
 class Bench:
+    """One bench of the pair: the switch's server it measures, its command line, and (a contender) the
+    title its steps carry, its K, and whether it is ours (a K of our drafter) or a published drafter."""
+    server: str
     run_id: str
     argv: list[str]
+    title: str = "baseline"
+    k: int | None = None
+    ours: bool = False
 
 
 @dataclass(frozen=True)
 class PairPlan:
-    """The benches (baseline, drafter, and an optional third: a published drafter) and the one server
-    switch that puts each server on the GPUs (backend/switch.py; the third runs in the drafter's unit)."""
+    """The baseline's bench, the contenders' in order, and the one server switch that puts each server on
+    the GPUs (backend/switch.py; every contender runs in the drafter server's unit)."""
     switch: SwitchPlan
-    benches: dict[str, Bench]
+    baseline: Bench
+    contenders: tuple[Bench, ...]
     checkpoint: str | None = None
     third_checkpoint: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # as written, kept in the run dir
 
     @property
-    def has_third(self) -> bool:
-        return "third" in self.benches
+    def steps(self) -> tuple[str, ...]:
+        return ("baseline serving", "bench baseline",
+                *(step for c in self.contenders for step in (f"swap to the {c.title}", f"bench {c.title}")),
+                "back to the baseline")
+
+    @property
+    def ours(self) -> tuple[Bench, ...]:
+        return tuple(c for c in self.contenders if c.ours)
+
+
+def _bench(where: str, data: Any, switch: SwitchPlan, *, contender: bool) -> Bench:
+    if not (isinstance(data, dict) and isinstance(data.get("run_id"), str) and isinstance(data.get("server"), str)):
+        raise PlanError(f"{where} must be {{\"server\": str, \"run_id\": str, \"argv\": [str, ...]"
+                        + (', "title": str, "k": int or null, "ours": bool' if contender else "") + "}")
+    try:
+        switch.server(data["server"])
+    except KeyError:
+        raise PlanError(f"{where}: the switch has no {data['server']!r} server to bench") from None
+    argv = argv_list(data.get("argv"), f"{where}.argv")
+    if not contender:
+        return Bench(data["server"], data["run_id"], argv)
+    title, k, ours = data.get("title"), data.get("k"), data.get("ours")
+    if not isinstance(title, str) or not title or len(title) > 60:
+        raise PlanError(f"{where}.title must be a short text (the steps' names), got {title!r}")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise PlanError(f"{where}.k must be a positive integer or null, got {k!r}")
+    if not isinstance(ours, bool):
+        raise PlanError(f"{where}.ours must be true or false, got {ours!r}")
+    return Bench(data["server"], data["run_id"], argv, title, k, ours)
 
 
 def load_plan(path: str) -> PairPlan:
@@ -75,17 +108,18 @@ def load_plan(path: str) -> PairPlan:
         switch = switch_from_dict(data.get("switch"), path)
     except SwitchPlanError as exc:
         raise PlanError(str(exc)) from None
-    benches: dict[str, Bench] = {}
-    for key in ("baseline", "drafter", *(("third",) if "third" in data else ())):
-        b = data.get(key)
-        if not (isinstance(b, dict) and isinstance(b.get("run_id"), str)):
-            raise PlanError(f"{path}: {key!r} must be {{\"run_id\": str, \"argv\": [str, ...]}}")
-        benches[key] = Bench(b["run_id"], argv_list(b.get("argv"), f"{path}: {key}.argv"))
-        try:
-            switch.server(key)
-        except KeyError:
-            raise PlanError(f"{path}: the switch has no {key!r} server to bench") from None
-    return PairPlan(switch=switch, benches=benches, checkpoint=data.get("checkpoint"),
+    baseline = _bench(f"{path}: baseline", data.get("baseline"), switch, contender=False)
+    raw = data.get("contenders")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_CONTENDERS:
+        raise PlanError(f"{path}: contenders must be a list of 1 to {MAX_CONTENDERS} benches")
+    contenders = tuple(_bench(f"{path}: contenders[{i}]", c, switch, contender=True) for i, c in enumerate(raw))
+    for what, values in (("run_id", [baseline.run_id, *(c.run_id for c in contenders)]),
+                         ("server", [c.server for c in contenders]), ("title", [c.title for c in contenders])):
+        if len(set(values)) != len(values):
+            raise PlanError(f"{path}: the benches' {what}s repeat ({', '.join(values)})")
+    if not any(c.ours for c in contenders):
+        raise PlanError(f"{path}: no contender is ours (\"ours\": true): nothing to compare the baseline with")
+    return PairPlan(switch=switch, baseline=baseline, contenders=contenders, checkpoint=data.get("checkpoint"),
                     third_checkpoint=data.get("third_checkpoint"), raw=data)
 
 
@@ -95,7 +129,7 @@ class BenchPair:
         self.child: subprocess.Popen | None = None
         self.ctx: StageRun | None = None
         self.steps: list[dict[str, Any]] = []
-        self.step_names = THIRD_STEPS if plan.has_third else STEPS
+        self.step_names = plan.steps
         self.switch = Switch(plan.switch, holder=f"bench run {run_id}", progress=self._switch_progress,
                              emit=self._switch_emit, stopped=lambda: self.stopping)
 
@@ -141,13 +175,13 @@ class BenchPair:
             return "the baseline server could not be started again: start it by hand"
         return None
 
-    def bench(self, which: str) -> tuple[str | None, dict[str, Any] | None, int]:
-        spec = self.plan.benches[which]
+    def bench(self, spec: Bench) -> str | None:
+        which = spec.title
         self.say(f"bench {which} ({spec.run_id}): {' '.join(spec.argv)}")
         try:
             self.child = subprocess.Popen(spec.argv)
         except OSError as exc:
-            return f"bench {which} could not start: {exc.strerror}", None, 1
+            return f"bench {which} could not start: {exc.strerror}"
         code = self.child.wait()
         self.child = None
         finish = last_finish(run_path(self.work_dir, spec.run_id)) or {}
@@ -156,8 +190,8 @@ class BenchPair:
             completed_run(self.work_dir, spec.run_id, BENCH_STAGE)
         except InputError as exc:
             why = (summary or {}).get("error") or f"exit {code}; {exc}"
-            return f"bench {which} ({spec.run_id}) {finish.get('status') or 'failed'}: {why}", summary, code
-        return None, summary, code
+            return f"bench {which} ({spec.run_id}) {finish.get('status') or 'failed'}: {why}"
+        return None
 
     def step(self, index: int, error: str | None = None, **extra: Any) -> None:
         assert self.ctx is not None
@@ -167,9 +201,10 @@ class BenchPair:
                       **({"error": error} if error else {}))
 
     def run(self, fresh: bool = False) -> int:
-        self.contenders = ["third", "drafter"] if self.plan.has_third else ["drafter"]
-        self.runs = {which: self.plan.benches[which].run_id for which in ("baseline", *self.contenders)}
-        identity = {**self.runs, "checkpoint": self.plan.checkpoint}
+        plan = self.plan
+        self.runs = {b.server: b.run_id for b in (plan.baseline, *plan.contenders)}
+        identity = {**self.runs, "checkpoint": plan.checkpoint,
+                    **({"k_values": [c.k for c in plan.ours]} if len(plan.ours) > 1 else {})}
         ctx = self.ctx = StageRun(STAGE, self.run_id, work_dir=self.work_dir, fresh=fresh, mode="flag", prog="benchpair",
                                   manifest=Manifest(stage=STAGE, run_id=self.run_id, identity=identity))
         ctx.on_stop(self._forward)
@@ -178,8 +213,7 @@ class BenchPair:
         self.started = time.monotonic()
         self.error: str | None = None
         self.back: str | None = None
-        self.drafted: dict[str, Any] | None = None
-        self.slower = False
+        self.benched: list[Bench] = []
         return ctx.run(self._body)
 
     def _body(self, ctx: StageRun) -> None:
@@ -187,23 +221,21 @@ class BenchPair:
         ctx.start(total=len(self.step_names), steps=list(self.step_names), pair=True)
         error = None
         try:
-            error = self.serve("baseline")
+            error = self.serve(self.plan.baseline.server)
             self.step(0, error)
             if error is None and not self.stopping:
-                error, _, _ = self.bench("baseline")
+                error = self.bench(self.plan.baseline)
                 self.step(1, error)
-            for i, which in enumerate(self.contenders):
+            for i, contender in enumerate(self.plan.contenders):
                 if error is not None or self.stopping:
                     break
-                error = self.serve(which)
+                error = self.serve(contender.server)
                 self.step(2 + 2 * i, error)
                 if error is None and not self.stopping:
-                    error, result, code = self.bench(which)
-                    if which == "drafter":
-                        self.drafted, self.slower = result, code == 3 or bool((result or {}).get("slower"))
-                        self.step(3 + 2 * i, error, slower=self.slower)
-                    else:
-                        self.step(3 + 2 * i, error)
+                    error = self.bench(contender)
+                    self.step(3 + 2 * i, error)
+                    if error is None:
+                        self.benched.append(contender)
         finally:
             self.error = error
             self.back = self.serve_baseline_again()  # always: also after a failure or a stop
@@ -211,19 +243,48 @@ class BenchPair:
         if not self.stopping and (error or self.back):
             raise StageFailed("; ".join(e for e in (error, self.back) if e))
 
+    def _comparison(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """One comparison of every contender benched (ours first, as each bench compares itself) against
+        the baseline, and of ours the best by mean speed-up."""
+        done = sorted(self.benched, key=lambda c: not c.ours)
+        if not done:
+            return {}, None
+        try:
+            results = {b.run_id: load_run_result(self.work_dir, b.run_id) for b in (self.plan.baseline, *done)}
+            cmp = compare(list(results.values()), results[self.plan.baseline.run_id].label)
+        except (InputError, CompareError) as exc:
+            self.say(f"no comparison: {exc}")
+            return {}, None
+        ours = [c for c in done if c.ours]
+        top = best(cmp, [results[c.run_id].label for c in ours])
+        winner = next((c for c in ours if top is not None and results[c.run_id].label == top.label), None)
+        found = None if top is None or winner is None else {
+            "k": winner.k, "label": top.label, "run_id": winner.run_id, "speedup": round(top.speedup, 3),
+            "acceptance_length": None if top.acceptance_length is None else round(top.acceptance_length, 3),
+            "slower": top.slower}
+        return cmp.to_dict(), found
+
     def _summarize(self, status: str, error: str | None) -> dict[str, Any]:
+        comparison, top = self._comparison()
+        slower = bool(top and top["slower"])
         summary: dict[str, Any] = {
             "stage": STAGE, "run_id": self.run_id, "status": status, "pair": True, "label": "drafter",
             "runs": self.runs, "checkpoint": self.plan.checkpoint,
             "third_checkpoint": self.plan.third_checkpoint, "steps": self.steps,
-            "slower": self.slower, "switch": self.switch.record.to_dict(),
+            "slower": slower, "switch": self.switch.record.to_dict(),
             "elapsed_s": round(time.monotonic() - self.started, 1)}
-        if self.drafted and isinstance(self.drafted.get("comparison"), dict):
-            summary["comparison"] = self.drafted["comparison"]
+        if comparison:
+            summary["comparison"] = comparison
+        if len(self.plan.ours) > 1:  # several K of our drafter: which paid best
+            summary["k_values"] = [c.k for c in self.plan.ours]
+            if top is not None:
+                summary["best_k"] = top
         errors = "; ".join(e for e in (self.error, self.back) if e)
         if errors or error:
             summary["error"] = errors or error
-        self.say(f"{status}" + (": the drafter is SLOWER than the baseline" if self.slower else "")
+        best_said = (f"; best K {top['k']}: {top['speedup']:.2f}x mean speed-up" if "best_k" in summary and top
+                     else "")
+        self.say(f"{status}" + (": the drafter is SLOWER than the baseline" if slower else "") + best_said
                  + (f" ({summary['error']})" if summary.get("error") else ""))
         return summary
 

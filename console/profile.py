@@ -21,6 +21,7 @@ from typing import Any, Callable
 import tomli_w
 
 from backend.fetch_drafter.names import endpoint_problem, repo_id_problem, revision_problem
+from backend.verify.report import K_MAX
 
 # --- value checks -----------------------------------------------------------------------------------
 
@@ -369,7 +370,7 @@ class DrafterSection:
                                     doc="verifier layers whose input states the drafter reads, in vLLM's "
                                         "convention (id L = the state entering layer L); [] = vLLM's default "
                                         "(2, n//2, n-3)")
-    num_speculative_tokens: int = knob(3, min=1, max=32)
+    num_speculative_tokens: int = knob(3, min=1, max=K_MAX)
     trust_remote_code: bool = knob(False, doc="the verifier's config/tokenizer need their own code (Kimi)")
 
 
@@ -513,6 +514,28 @@ def check_levels(v: list[int]) -> str | None:
     return None
 
 
+K_VALUES_MAX = 8  # each K of a bench is one more drafter server load (~22 min on the seed host)
+
+
+def check_k_values(v: list[int]) -> str | None:
+    """[bench].k_values and `run bench --k`: the K values one bench run compares."""
+    if len(v) > K_VALUES_MAX or any(k < 1 or k > K_MAX for k in v) or len(set(v)) != len(v):
+        return f"at most {K_VALUES_MAX} distinct K values (draft tokens per step) from 1 to {K_MAX}"
+    return None
+
+
+def parse_k_values(text: str) -> list[int]:
+    """`--k 2,3,4` as a list, checked as [bench].k_values is (ValueError says what is wrong)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--k {text!r}: expected K values separated by commas, e.g. 2,3,4") from None
+    problem = check_k_values(values) if values else "no K value"
+    if problem:
+        raise ValueError(f"--k {text!r}: expected {problem}")
+    return values
+
+
 @dataclass
 class ServeDrafterSection:
     """Serving with the drafter: the profile's vLLM command plus --speculative-config (method eagle3, the
@@ -543,6 +566,10 @@ class BenchSection:
                                       "generation records the prompts come from (the workload's own)")
     temperature: float = knob(0.0, min=0, max=5)
     seed: int = knob(0, min=0, max=2**31 - 1, doc="picks the prompts; request i samples with seed + i")
+    k_values: list[int] = knob([], check=check_k_values,
+                               doc="bench the drafter at each of these K (draft tokens per step) in one run, one "
+                                   "drafter server load per K, and name the best; [] = [drafter] "
+                                   "num_speculative_tokens alone (`run bench --k` overrides)")
     client: str = knob("auto", choices=("auto", "vllm", "ours"),
                        doc="vllm: `vllm bench serve` on the host; ours: the built-in client; auto: vllm when "
                            "installed")

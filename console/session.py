@@ -21,6 +21,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 from backend.serverlock import describe_holder, lock_path
 from console.control import disk, launch, stages
+from console.control.bench_pair import drafter_loads, drafter_starts_text
 from console.control.disk import DiskReport
 from console.control import drafter_server as ds
 from console.control import switch_plan as sp
@@ -457,17 +458,21 @@ class Session:
         """What starting `stage` (a stage, pipeline, bench, serve-drafter or serve-baseline) costs the
         baseline, said before it is spent: how many server loads, how long each on this host
         (state/loads.jsonl, as the load ETA reads it)."""
+        starts = ""
         if stage in ("serve-drafter", "serve-baseline", "serve_drafter", "serve_baseline"):
             loads = 1
         else:
+            req = req or StageRequest(stage)
             try:
-                loads = launch.request_gpu_plan(req or StageRequest(stage), self.profile).loads
+                loads = launch.request_gpu_plan(req, self.profile).loads
             except StageError as e:
                 return clean(str(e))
-            if stage == "bench" and self.profile.bench.third_drafter:
-                loads += 1  # the published drafter loads in the drafter server's unit too
+            if stages.starts_pair(stage):  # the GPU plan counts one drafter server start: one per K, and the published
+                k_values = req.bench_k_values(self.profile)[0]
+                loads += drafter_loads(self.profile, k_values) - 1
+                starts = f"{drafter_starts_text(self.profile, k_values)} and the baseline's restart: "
         s = self.profile.server
-        return downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
+        return starts + downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
 
     async def start_stage(self, stage: str, **options) -> ActionResult:
         result, _ = await self.launch_stage(StageRequest(stage, **options))

@@ -67,8 +67,10 @@ class SimConfig:
     def chunk_tokens(self) -> int:
         if self.stream_tokens_per_chunk:
             return self.stream_tokens_per_chunk
-        # with a drafter vLLM emits 1 + accepted tokens per step, so deltas come in small groups
-        return max(1, round(1 + sum(self.acceptance))) if self.drafter_mode == "simulated" else 1
+        # with a drafter vLLM emits 1 + accepted tokens per step, so deltas come in small groups; only the K
+        # positions it drafts (num_speculative_tokens) can be accepted, whatever rates are made up past them
+        made_up = self.acceptance[:self.num_speculative_tokens]
+        return max(1, round(1 + sum(made_up))) if self.drafter_mode == "simulated" else 1
 
 
 def _floats(text: str) -> tuple[float, ...]:

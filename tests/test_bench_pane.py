@@ -84,6 +84,61 @@ def test_hostile_labels_shown_literally_and_garbage_summaries_said(label):
     assert broken.error and "unreadable bench summary" in broken.error and not broken.rows
 
 
+def several_k(best: dict | None) -> RunInfo:
+    """The demo drafter's bench as a run of two K: the drafter's rows as drafter-k2 (slower at level 2) and
+    drafter-k3, the best named as backend/benchpair.py names it."""
+    run = finished("demo_bench_summary.json", "ks")
+    summary = json.loads(json.dumps(run.last_event["summary"]))
+    rows = []
+    for row in summary["comparison"]["rows"]:
+        if row["label"] == "baseline":
+            rows.append(row)
+            continue
+        slow = row["concurrency"] == 2
+        rows += [{**row, "label": "drafter-k2", "ratio": 0.9 if slow else 1.2, "slower": slow},
+                 {**row, "label": "drafter-k3"}]
+    summary["comparison"].update(rows=rows, labels=["baseline", "drafter-k2", "drafter-k3"], slower=True)
+    summary.update(pair=True, k_values=[2, 3], **({"best_k": best} if best is not None else {}))
+    return dataclasses.replace(run, last_event={**run.last_event, "summary": summary})
+
+
+def test_a_bench_of_several_k_names_the_best():
+    from backend.benchpair import STAGE as PAIR_STAGE
+    from console.control import stages
+
+    best = {"k": 3, "label": "drafter-k3", "run_id": "ks-k3", "speedup": 1.386, "acceptance_length": 3.867,
+            "slower": False}
+    run = several_k(best)
+    view = bench_view(run)
+    assert [r.label for r in view.rows] == ["baseline", "drafter-k2", "drafter-k3"] * 2
+    assert (view.best.k, view.best.label, view.best.slower) == (3, "drafter-k3", False)
+    content = bench_markup(view)
+    said = "best K: 3 (drafter-k3, 1.39x mean speed-up over the levels, acceptance length 3.87)"
+    assert said in content.plain and "do not serve it" not in content.plain  # K=2's slower row is only marked
+    assert next(line for line in content.markup.splitlines() if said in line).startswith("[b green]")
+    # `run bench --wait` prints the table and the best K under it
+    run = dataclasses.replace(run, stage=PAIR_STAGE)
+    printed = stages.of_run(PAIR_STAGE).results(stages.view_of(run, [run]), [run])
+    assert "drafter-k2" in printed[0] and "0.90x SLOWER" in printed[0] and printed[1] == said
+    lost = bench_markup(bench_view(several_k({**best, "slower": True}))).markup
+    assert "[b red]best K: 3" in lost and "SLOWER than the baseline at some level, do not serve it" in lost
+
+
+@pytest.mark.parametrize("best", [{"k": 99, "label": "x", "speedup": 1.0}, {"k": 2, "label": "x", "speedup": "1"},
+                                  {"k": True, "label": "x", "speedup": 1.0}, {"k": 2, "label": 5, "speedup": 1.0},
+                                  "drafter-k2"])
+def test_an_odd_best_k_is_not_shown(best):
+    view = bench_view(several_k(best))
+    assert view.best is None and view.error is None and len(view.rows) == 6
+    assert "best K" not in bench_markup(view).plain
+
+
+def test_a_hostile_best_k_label_is_shown_literally():
+    label = "[@click=app.quit]q[/]"
+    view = bench_view(several_k({"k": 2, "label": label, "speedup": 1.2}))
+    assert f"best K: 2 ({label}, 1.20x" in bench_markup(view).plain
+
+
 class PaneApp(App[None]):
     """The bench pane alone, bound like the console binds it."""
 

@@ -173,7 +173,8 @@ def test_the_bench_plan_names_the_published_drafter_as_third():
                    "command": ["python3", "-m", "sim.vllm_server"]},
         "paths": {"work_dir": "/tmp/demo"}, "bench": {"dataset": "/data/p.jsonl"}})
     plain = pair_plan(p, "b1", "/ck")
-    assert "third" not in plain and "--third-run" not in plain["drafter"]["argv"]
+    assert [c["server"] for c in plain["contenders"]] == ["drafter"]
+    assert "third_checkpoint" not in plain and "--third-run" not in plain["contenders"][0]["argv"]
     plan = pair_plan(p, "b1", "/ck", third_checkpoint="/published")
     # the published drafter runs in the drafter server's own unit, with its checkpoint; ours is compared to both
     away = {s["name"]: s for s in plan["switch"]["away"]}
@@ -182,6 +183,75 @@ def test_the_bench_plan_names_the_published_drafter_as_third():
     assert away["drafter"]["start"] == drafter_start_command(p, "/ck").argv
     assert away["third"]["unit"] == away["drafter"]["unit"] == "demo-vllm-drafter"
     assert plan["switch"]["home"]["unit"] == "demo-vllm"
-    assert plan["third"]["run_id"] == "b1-third" and plan["third"]["argv"][-2:] == ["--baseline-run", "b1-baseline"]
-    argv = plan["drafter"]["argv"]
+    third, drafter = plan["contenders"]
+    assert (third["server"], third["ours"], drafter["server"], drafter["ours"]) == ("third", False, "drafter", True)
+    assert third["run_id"] == "b1-third" and third["argv"][-2:] == ["--baseline-run", "b1-baseline"]
+    argv = drafter["argv"]
     assert argv[argv.index("--third-run") + 1] == "b1-third" and argv[argv.index("--baseline-run") + 1] == "b1-baseline"
+
+
+def _spec_of(argv: list[str]) -> dict:
+    """The --speculative-config a drafter server's command line carries (its JSON may sit in a shell script)."""
+    text = " ".join(argv)
+    start = text.index('{"method"')
+    return json.JSONDecoder().raw_decode(text[start:].replace('\\"', '"'))[0]
+
+
+def test_a_bench_of_several_k_starts_the_drafter_server_once_per_k():
+    from backend.benchpair import STAGE as PAIR_STAGE
+    from console.control import stages
+    from console.control.bench_pair import drafter_loads, drafter_starts_text, pair_plan
+    from console.session import Session
+
+    p = profile_from_dict({
+        "host": {"name": "localhost", "transport": "local"},
+        "server": {"model_path": "/m", "manager": "tmux", "unit": "demo-vllm", "port": 18000,
+                   "command": ["python3", "-m", "sim.vllm_server"]},
+        "paths": {"work_dir": "/tmp/demo"},
+        "bench": {"dataset": "/data/p.jsonl", "k_values": [2, 4], "third_drafter": "org/published-eagle3"}})
+    plan = pair_plan(p, "b1", "/ck", k_values=[2, 4], third_checkpoint="/published")
+    # benched in order through the one switch: the published drafter, then ours at each K, one start each
+    assert [(c["server"], c["run_id"], c["title"], c["k"], c["ours"]) for c in plan["contenders"]] == [
+        ("third", "b1-third", "published drafter", 3, False),
+        ("drafter_k2", "b1-k2", "drafter (K=2)", 2, True), ("drafter_k4", "b1-k4", "drafter (K=4)", 4, True)]
+    away = {s["name"]: s for s in plan["switch"]["away"]}
+    assert list(away) == ["third", "drafter_k2", "drafter_k4"]
+    assert {s["unit"] for s in away.values()} == {"demo-vllm-drafter"}
+    for k in (2, 4):
+        assert _spec_of(away[f"drafter_k{k}"]["command"])["num_speculative_tokens"] == k
+        assert away[f"drafter_k{k}"]["start"] == drafter_start_command(p, "/ck", k=k).argv
+        argv = plan["contenders"][1 + (k == 4)]["argv"]
+        assert argv[argv.index("--label") + 1] == f"drafter-k{k}"
+        assert argv[argv.index("--baseline-run") + 1] == "b1-baseline" and "--third-run" in argv
+    assert _spec_of(away["third"]["command"])["num_speculative_tokens"] == 3  # the profile's K
+    # the cost, said before it is spent: a drafter server start per K (and the published one), the baseline back
+    assert drafter_loads(p, [2, 4]) == 3 and drafter_loads(p) == 2
+    assert drafter_starts_text(p, [2, 4]) == "3 drafter server starts (K=2, K=4, the published drafter)"
+    said = Session(p).downtime(stages.of_run(PAIR_STAGE).name)  # the profile's [bench].k_values
+    assert said.startswith("3 drafter server starts (K=2, K=4, the published drafter) and the baseline's "
+                           "restart: 4 server loads"), said
+    with pytest.raises(ValueError, match=r"K values \[2, 2\]: expected at most 8 distinct K values"):
+        pair_plan(p, "b1", "/ck", k_values=[2, 2])
+
+
+def test_k_values_are_checked_where_they_are_asked_for(tmp_path):
+    from console.control.bench_pair import check_against_trained
+    from console.profile import ProfileError, parse_k_values
+
+    base = {"host": {"name": "localhost", "transport": "local"}, "server": {"model_path": "/m"},
+            "paths": {"work_dir": "/tmp/demo"}}
+    for bad in ([0, 2], [2, 2], [33], list(range(1, 10))):
+        with pytest.raises(ProfileError, match=r"^k\.toml: bench\.k_values: expected at most 8 distinct K values "
+                                               r"\(draft tokens per step\) from 1 to 32, got"):
+            profile_from_dict({**base, "bench": {"k_values": bad}}, file="k.toml")
+    assert parse_k_values("2,3,4") == [2, 3, 4]
+    for text, says in (("2,x", "expected K values separated by commas"), ("3,3", "at most 8 distinct"),
+                       ("", "separated by commas"), ("0", "from 1 to 32")):
+        with pytest.raises(ValueError, match=says):
+            parse_k_values(text)
+    # past the K the drafter was trained for: refused, naming where they were asked and the bound
+    check_against_trained([2, 3], 3, "/ck", "--k")
+    check_against_trained([5], None, "/ck", "--k")  # a checkpoint that does not say: vLLM's bound only
+    with pytest.raises(ValueError, match=r"^p\.toml: bench\.k_values \[2, 4, 5\]: the drafter /ck was trained for "
+                                         r"K=3 .*bench K values 1\.\.3, not 4, 5$"):
+        check_against_trained([2, 4, 5], 3, "/ck", "p.toml: bench.k_values")

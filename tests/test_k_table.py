@@ -33,6 +33,25 @@ def test_the_draft_cost_comes_from_a_bench_at_the_lowest_concurrency():
     assert kt.draft_cost_from_bench(comparison, 3) == pytest.approx(0.2 / 3)
     assert kt.draft_cost_from_bench({"rows": comparison["rows"][:1]}, 3) is None
     assert kt.draft_cost_from_bench({}, 3) is None
+    assert kt.served_k(comparison) is None  # no acceptance rate: the bench cannot say its K
+
+
+def test_the_draft_cost_is_taken_at_the_k_the_bench_served():
+    """A bench of several K (`run bench --k 2,3`) served the drafter at K=2 first: its row's own counters
+    say so (draft tokens = K x drafts), and c divides by that K, not the trained one."""
+    # K=2: 100 drafts, 200 draft tokens, 120 accepted -> length 2.2, rate 0.6
+    comparison = {"rows": [
+        {"concurrency": 1, "label": "baseline", "ratio": None, "median_tpot_ms": 10.0, "acceptance_length": None},
+        {"concurrency": 1, "label": "drafter-k2", "ratio": 1.8, "median_tpot_ms": 5.0, "acceptance_length": 2.2,
+         "acceptance_rate": 0.6},
+        {"concurrency": 1, "label": "drafter-k3", "ratio": 1.9, "median_tpot_ms": 4.5, "acceptance_length": 2.5,
+         "acceptance_rate": 0.5}]}
+    assert kt.served_k(comparison) == 2
+    # one step: 5 ms x 2.2 tokens = 11 ms = T_v (10 ms) + 2 T_d  ->  c = 0.1 / 2
+    assert kt.draft_cost_from_bench(comparison, kt.served_k(comparison)) == pytest.approx(0.05)
+    nothing = {"rows": [comparison["rows"][0], {**comparison["rows"][1], "acceptance_length": 1.0,
+                                                "acceptance_rate": 0.0}]}
+    assert kt.served_k(nothing) is None
 
 
 def test_verify_prints_the_table_with_its_recommendation():

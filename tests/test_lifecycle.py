@@ -189,8 +189,9 @@ def test_every_program_ends_with_a_finish_on_a_full_disk(tmp_path, small_disk, p
         drafter = {"name": "drafter", "unit": "drafter", "start": ["true"], "stop": ["true"], "alive": ["false"]}
         plan = {"switch": {"version": 1, "home": home, "away": [drafter], "ready_timeout_s": 30,
                            "endpoint": answering}}
-        plan["baseline"] = {"run_id": "p-baseline", "argv": _fill_then(filler)}
-        plan["drafter"] = {"run_id": "p-drafter", "argv": ["true"]}
+        plan["baseline"] = {"server": "baseline", "run_id": "p-baseline", "argv": _fill_then(filler)}
+        plan["contenders"] = [{"server": "drafter", "run_id": "p-drafter", "argv": ["true"], "title": "drafter",
+                               "k": 3, "ours": True}]
         argv = ["backend.benchpair", "--run-id", "p"]
         run = work / "runs" / "p"
     (tmp_path / "plan.json").write_text(json.dumps(plan))

@@ -218,9 +218,9 @@ def test_a_gone_session_is_never_mistaken_for_a_longer_named_one(tmp_path):
         subprocess.run(["tmux", "kill-server"], env=env, capture_output=True, timeout=30)
 
 
-def test_bench_pair_on_the_demo_host(demo):
-    """`run bench --wait`: one detached program benches the baseline, swaps to the drafter server, benches
-    it against the baseline, and swaps back; the table and the exit status say whether it is slower."""
+def bench_ready(demo) -> tuple[Path, str, object]:
+    """The demo host set up for a short bench (its own prompts, 4 of them, concurrency 1) of a verified
+    SIMULATED drafter: (work dir, profile path, profile)."""
     from console.profile import write_profile
 
     work, path = demo
@@ -232,6 +232,13 @@ def test_bench_pair_on_the_demo_host(demo):
         ckpt = work / "runs-ck" / "checkpoint_best"
         ckpt.mkdir(parents=True, exist_ok=True)
         finished_run(work, "verify", "verify-1", {"checkpoint": str(ckpt)})
+    return work, path, profile
+
+
+def test_bench_pair_on_the_demo_host(demo):
+    """`run bench --wait`: one detached program benches the baseline, swaps to the drafter server, benches
+    it against the baseline, and swaps back; the table and the exit status say whether it is slower."""
+    work, path, profile = bench_ready(demo)
     asked = cli("run", "bench", "--profile", path)
     assert asked.returncode == 2 and "pass --yes" in asked.stderr
     done = cli("run", "bench", "--profile", path, "--run-id", "pair", "--yes", "--wait", timeout=600)
@@ -260,6 +267,55 @@ def test_bench_pair_on_the_demo_host(demo):
     assert view.state == "done" and view.baseline == "baseline" and view.error is None
     assert [(r.concurrency, r.label) for r in view.rows] == [(1, "baseline"), (1, "drafter")]
     assert view.slower == summary["slower"] and status["server"]["drafter"] is None
+
+
+def test_bench_of_two_k_on_the_demo_host(demo):
+    """`run bench --k 2,3 --wait`: one detached program benches the baseline, then the drafter server
+    started at K=2 and again at K=3 (its speculative config's num_speculative_tokens, which the stand-in's
+    /metrics count per position as vLLM's do), one table of the three and the best K named; a K past the
+    one the drafter was trained for is refused before any server stops."""
+    work, path, profile = bench_ready(demo)
+    asked = cli("run", "bench", "--profile", path, "--k", "2,3", "--input", "verify-1")
+    assert asked.returncode == 2 and "pass --yes" in asked.stderr
+    assert "2 drafter server starts (K=2, K=3) and the baseline's restart: 3 server loads" in asked.stderr, asked.stderr
+    # a drafter trained for K=3 (its config.json says so) is not benched at K=4
+    trained3 = work / "runs-ck" / "trained-k3"
+    trained3.mkdir(parents=True, exist_ok=True)
+    (trained3 / "config.json").write_text(json.dumps({"speculators_config": {"proposal_methods": [
+        {"proposal_type": "greedy", "speculative_tokens": 3}]}}))
+    finished_run(work, "verify", "verify-k3", {"checkpoint": str(trained3)})
+    over = cli("run", "bench", "--profile", path, "--k", "2,4", "--input", "verify-k3", "--yes")
+    assert over.returncode == 1 and "--k [2, 4]: the drafter" in over.stderr and "trained for K=3" in over.stderr
+    assert not (work / "runs" / "ks").exists() and session_argv(work, f"{profile.server.unit}-drafter") is None
+
+    done = cli("run", "bench", "--profile", path, "--k", "2,3", "--input", "verify-1", "--run-id", "ks", "--yes",
+               "--wait", timeout=600)
+    summary = json.loads((work / "runs" / "ks" / "summary.json").read_text())
+    assert done.returncode == (3 if summary["slower"] else 0), done.stdout[-3000:] + done.stderr[-3000:]
+    assert summary["status"] == "completed" and summary["runs"] == {
+        "baseline": "ks-baseline", "drafter_k2": "ks-k2", "drafter_k3": "ks-k3"}
+    assert [s["step"] for s in summary["steps"] if s["ok"]] == [
+        "baseline serving", "bench baseline", "swap to the drafter (K=2)", "bench drafter (K=2)",
+        "swap to the drafter (K=3)", "bench drafter (K=3)", "back to the baseline"]
+    # each K really served: the drafter server's /metrics counted K draft positions per step
+    for k in (2, 3):
+        bench = json.loads((work / "runs" / f"ks-k{k}" / "summary.json").read_text())
+        acc = bench["result"]["levels"][0]["acceptance"]
+        assert len(acc["per_position"]) == k and acc["draft_tokens"] == k * acc["drafts"], acc
+    assert summary["comparison"]["labels"] == ["baseline", "drafter-k2", "drafter-k3"]
+    best = summary["best_k"]
+    assert best["k"] in (2, 3) and f"best K: {best['k']} (drafter-k{best['k']}" in done.stdout, done.stdout[-2000:]
+    assert session_argv(work, f"{profile.server.unit}-drafter") is None
+    assert session_argv(work, profile.server.unit) == server_command(profile)[2:]
+    # the bench pane's view: one table of the three, the best K named
+    from console.snapshot import RunInfo
+    from console.telemetry.bench_view import bench_view
+    from console.ui.panes.bench import bench_markup
+
+    status = json.loads(cli("status", "--profile", path, "--json").stdout)
+    view = bench_view(next(RunInfo(**r) for r in status["runs"] if r["run_id"] == "ks"))
+    assert [r.label for r in view.rows] == ["baseline", "drafter-k2", "drafter-k3"] and view.best.k == best["k"]
+    assert f"best K: {best['k']}" in bench_markup(view).plain
 
 
 # ---- the trained drafter, for real on the demo host -----------------------------------------------------------

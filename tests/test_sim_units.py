@@ -125,6 +125,19 @@ def test_chunk_spans_cover_tokens_without_crossing_the_boundary():
     assert all(len(set(out.kinds[s:e])) == 1 and e - s <= 3 for s, e in spans)
 
 
+def test_a_simulated_drafter_emits_only_the_k_positions_it_drafts(tmp_path):
+    """vLLM drafts num_speculative_tokens positions per step and no more: the made-up rates past K never
+    reach a stream's chunk size, and K beyond the rates given is served (vLLM takes any K >= 1 for eagle3)."""
+    from sim.config import parse_args
+
+    def cfg(k: int):
+        spec = json.dumps({"method": "eagle3", "model": str(tmp_path / "ck"), "num_speculative_tokens": k})
+        return parse_args(["--model", "m", "--speculative-config", spec, "--acceptance", "0.9,0.9,0.9"])
+
+    assert [(c.num_speculative_tokens, c.chunk_tokens()) for c in map(cfg, (1, 2, 3, 5))] == [
+        (1, 2), (2, 3), (3, 4), (5, 4)]
+
+
 def test_error_bodies():
     assert chat.error_body("m", "NotFoundError", 404, nested=True) == {
         "error": {"message": "m", "type": "NotFoundError", "param": None, "code": 404}}

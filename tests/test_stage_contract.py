@@ -307,26 +307,28 @@ def make_case(program: str, scenario: str, tmp: Path, kit: dict[str, Any], reque
                     ready=lambda evs: any(e.get("current") == "generate" for e in evs), env=env)
 
     if program == "benchpair":
-        # the baseline's bench completes (a bench run written as backend.bench writes one); the drafter's bench
-        # runs until stopped (stop) or fails at once (fail): either way the baseline must serve again
+        # two K of our drafter, as `run bench --k 2,3` plans them: the baseline's bench completes (a bench run
+        # written as backend.bench writes one); the K=2 drafter server never answers (the endpoint is the
+        # baseline's), so a stop finds the pair waiting in its swap; a failure: it cannot start. Either way
+        # the drafter server is stopped and the baseline serves again
         done = ("from tests.train_support import completed_run; import sys; "
                 "completed_run(__import__('pathlib').Path(sys.argv[1]), 'bench', 'bp-baseline', {})")
-        drafter = [sys.executable, "-c", "import time; time.sleep(120)"] if scenario == "stop" else ["false"]
-        # the drafter server: a flag file its unit's commands touch, remove and test; it never answers (the
-        # endpoint is the baseline's), so a stop finds the pair waiting in the swap; a failure: it cannot start
-        flag = tmp / "drafter.up"
-        drafter_server = {"name": "drafter", "unit": "drafter",
-                          "start": ["false"] if scenario == "fail" else ["touch", str(flag)],
-                          "stop": ["rm", "-f", str(flag)], "alive": ["test", "-e", str(flag)]}
-        pair = {"baseline": {"run_id": "bp-baseline", "argv": [sys.executable, "-c", done, str(work)]},
-                "drafter": {"run_id": "bp-drafter", "argv": drafter},
-                "switch": switch_of(baseline, [drafter_server], f"http://127.0.0.1:{baseline.port}", stop_check_s=5)}
+        flag = tmp / "drafter.up"  # the drafter server's unit runs while its flag is there
+        servers = [{"name": f"drafter_k{k}", "unit": "drafter",
+                    "start": ["false"] if scenario == "fail" else ["touch", str(flag)],
+                    "stop": ["rm", "-f", str(flag)], "alive": ["test", "-e", str(flag)]} for k in (2, 3)]
+        contenders = [{"server": f"drafter_k{k}", "run_id": f"bp-k{k}", "argv": ["false"],
+                       "title": f"drafter (K={k})", "k": k, "ours": True} for k in (2, 3)]
+        pair = {"baseline": {"server": "baseline", "run_id": "bp-baseline",
+                             "argv": [sys.executable, "-c", done, str(work)]},
+                "contenders": contenders,
+                "switch": switch_of(baseline, servers, f"http://127.0.0.1:{baseline.port}", stop_check_s=5)}
         if scenario == "bad":
             del pair["switch"]
         plan_file = tmp / "pair-plan.json"
         plan_file.write_text(json.dumps(pair))
         return Case(py("backend.benchpair", "--work-dir", str(work), "--run-id", "bp", "--plan", str(plan_file)),
-                    work, "bp", ready=lambda evs: any(e.get("current") == "swap to the drafter" for e in evs),
+                    work, "bp", ready=lambda evs: any(e.get("current") == "swap to the drafter (K=2)" for e in evs),
                     baseline=baseline, env=env)
     raise AssertionError(program)
 

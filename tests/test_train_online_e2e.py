@@ -110,6 +110,35 @@ def test_verify_of_an_online_run_fetches_the_heldout_states_under_the_swap(demo,
     assert_baseline_back(profile)
 
 
+def test_run_stop_on_an_online_verify_in_the_middle_of_its_swap_brings_the_baseline_back(demo, online_train):
+    """`run stop verify --wait` while the verify's swap has the baseline down and the extraction server
+    loading: exit 0 once stopped, the run ends as stopped, and the switch back still runs."""
+    import time
+
+    runs, profile = demo
+    assert online_train[1].returncode == 0, "the online train run this verifies failed (see the tests before)"
+    started = cli("run", "verify", "--online", "--profile", profile, "--input", "on-train", "--run-id",
+                  "on-verify-stop", "--yes")
+    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+    run_dir = runs / "on-verify-stop"
+    deadline = time.monotonic() + 180
+    while not any(e.get("swap", {}).get("step") == "stop_baseline" and e["swap"].get("ok")
+                  for e in (events(run_dir) if (run_dir / "events.jsonl").exists() else [])):
+        assert time.monotonic() < deadline, "the verify never took the baseline down"
+        time.sleep(0.2)
+    stop = cli("run", "stop", "verify", "--profile", profile, "--wait")
+    assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
+    assert "stopped e3-verify-on-verify-stop" in stop.stdout and "stopped" in stop.stdout.splitlines()[-1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped", summary
+    steps = [e["swap"] for e in events(run_dir) if e.get("swap")]
+    assert steps[0]["step"] == "stop_baseline"
+    assert (steps[-1]["step"], steps[-1]["ok"]) == ("start_baseline", True)  # the switch back, after the stop
+    report = json.loads((run_dir / "verify.json").read_text())  # the checks it got through, said as stopped
+    assert report["status"] == "stopped" and not report.get("acceptance"), report
+    assert_baseline_back(profile)
+
+
 def test_an_extraction_server_that_dies_during_online_training_fails_it_with_why_and_the_baseline_comes_back(
         tmp_path_factory, tmp_path):
     """The train stage's own swap (python -m backend.train --plan), as the console starts it on a tmux host:

@@ -1,10 +1,12 @@
-"""Baseline against one or two drafters, per concurrency level: the speed-up and what bought it.
+"""Baseline against one or more drafters, per concurrency level: the speed-up and what bought it.
 
 `compare(results)` is pure: the first result (or the one labelled `baseline`) is the reference; every
-other result gets, at each concurrency level measured by both, the ratio of its output tokens per second
-to the baseline's, its acceptance (rate and mean acceptance length), and `slower` when the ratio is below
-1. `format_table` prints it; `python -m backend.bench.compare --work-dir W RUN RUN [RUN]` does both for
-finished bench runs and exits 3 when a drafter is slower (the bench stage's own exit code for it).
+other result (a drafter, the same drafter at another K, a published one) gets, at each concurrency level
+measured by both, the ratio of its output tokens per second to the baseline's, its acceptance (rate and
+mean acceptance length), and `slower` when the ratio is below 1. `best(cmp, labels)` names the contender
+with the highest mean speed-up over the levels (the bench pair's best K). `format_table` prints it;
+`python -m backend.bench.compare --work-dir W RUN RUN [RUN...]` does both for finished bench runs and exits
+3 when a drafter is slower (the bench stage's own exit code for it).
 
 The comparison's dict form is flat rows (one per level and contender) so it travels in a finish event's
 summary and reads back without deep nesting.
@@ -24,7 +26,9 @@ from backend.bench.results import BenchResult, BenchResultError
 
 EXIT_SLOWER = exitcodes.SLOWER  # the bench measured fine, and a drafter made generation slower
 BASELINE = "baseline"
-MAX_ROWS = 64
+MAX_RESULTS = 12  # the baseline and up to 11 contenders (the bench pair: several K and a published drafter)
+MAX_LEVELS = 16  # as many concurrency levels as a profile may ask for
+MAX_ROWS = MAX_RESULTS * MAX_LEVELS
 MAX_LABEL = 40
 
 
@@ -67,9 +71,9 @@ class CompareError(ValueError):
 
 
 def compare(results: Sequence[BenchResult], baseline: str | None = None) -> Comparison:
-    """Compare two or three labelled results level by level (see the module docstring)."""
-    if not 2 <= len(results) <= 3:
-        raise CompareError(f"compare two or three results (a baseline and one or two drafters), got {len(results)}")
+    """Compare labelled results level by level (see the module docstring)."""
+    if not 2 <= len(results) <= MAX_RESULTS:
+        raise CompareError(f"compare two to {MAX_RESULTS} results (a baseline and the drafters), got {len(results)}")
     labels = [r.label for r in results]
     if len(set(labels)) != len(labels):
         raise CompareError(f"each result needs its own label, got {labels}")
@@ -104,6 +108,32 @@ def _row(c: int, label: str, lv: Any, ratio: float | None) -> Row:
                acceptance_rate=acc.rate if acc else None, failed=lv.failed)
 
 
+@dataclass(frozen=True)
+class Best:
+    """The contender with the highest mean speed-up (geometric, over the levels it was measured at)."""
+    label: str
+    speedup: float
+    acceptance_length: float | None  # its mean over the levels that report one
+    slower: bool  # slower than the baseline at some level
+
+
+def best(cmp: Comparison, labels: Sequence[str]) -> Best | None:
+    """Of `labels` (rows of `cmp`), the best by mean speed-up; ties go to the earlier label. None when
+    none of them has a measured level."""
+    found: Best | None = None
+    for label in labels:
+        rows = [r for r in cmp.rows if r.label == label and r.ratio is not None]
+        ratios = [r.ratio for r in rows if r.ratio is not None and r.ratio > 0 and math.isfinite(r.ratio)]
+        if not ratios:
+            continue
+        mean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        lengths = [r.acceptance_length for r in rows if r.acceptance_length is not None]
+        here = Best(label, mean, sum(lengths) / len(lengths) if lengths else None, any(r.slower for r in rows))
+        if found is None or here.speedup > found.speedup:
+            found = here
+    return found
+
+
 def comparison_from_dict(data: Any) -> Comparison:
     """A comparison read back from JSON that may come from anywhere: types checked, sizes bounded."""
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
@@ -120,7 +150,7 @@ def comparison_from_dict(data: Any) -> Comparison:
                         acceptance_rate=_opt(raw.get("acceptance_rate")), failed=_int(raw.get("failed"))))
     labels = data.get("labels") if isinstance(data.get("labels"), list) else []
     missing = data.get("missing") if isinstance(data.get("missing"), list) else []
-    return Comparison(baseline=_label(data.get("baseline")), labels=tuple(_label(x) for x in labels[:3]),
+    return Comparison(baseline=_label(data.get("baseline")), labels=tuple(_label(x) for x in labels[:MAX_RESULTS]),
                       rows=tuple(rows), missing=tuple(str(m)[:200] for m in missing[:MAX_ROWS]))
 
 
@@ -181,7 +211,7 @@ def load_run_result(work_dir: str, run_id: str) -> BenchResult:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m backend.bench.compare",
-                                description="Compare finished bench runs: a baseline and one or two drafters.")
+                                description="Compare finished bench runs: a baseline and the drafters.")
     p.add_argument("--work-dir", required=True)
     p.add_argument("--baseline", help="the label of the reference (default: 'baseline', else the first run)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")

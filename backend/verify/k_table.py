@@ -17,8 +17,9 @@ verifier step itself loses by checking K'+1 tokens instead of one (small while d
 memory, not compute); a bench with the drafter measures the rest.
 
 c comes from a bench (`draft_cost_from_bench`: the baseline's and the drafter's median time per output
-token at the lowest concurrency, and the drafter's acceptance length there), else an assumption that the
-report states.
+token at the lowest concurrency, and the drafter's acceptance length there, at the K that bench served,
+`served_k`: a bench of several K serves others than the trained one), else an assumption that the report
+states.
 """
 from __future__ import annotations
 
@@ -66,18 +67,35 @@ def k_table(per_position: list[float], draft_cost: float, cost_source: str) -> K
     return KTable(rows=rows, draft_cost=draft_cost, cost_source=cost_source, recommended=recommended)
 
 
+def _lowest_level(comparison: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the baseline's row, the first drafter's row with an acceptance) at the lowest concurrency level."""
+    rows = [r for r in comparison.get("rows") or [] if isinstance(r, dict)]
+    levels = sorted({r.get("concurrency") for r in rows if isinstance(r.get("concurrency"), int)})
+    if not levels:
+        return None, None
+    at = [r for r in rows if r.get("concurrency") == levels[0]]
+    base = next((r for r in at if r.get("ratio") is None), None)
+    drafted = next((r for r in at if r.get("ratio") is not None and _pos(r.get("acceptance_length"))), None)
+    return base, drafted
+
+
+def served_k(comparison: dict[str, Any]) -> int | None:
+    """The K the drafter of draft_cost_from_bench's row was served with, from its own counters: vLLM drafts
+    K tokens per step, so draft tokens = K · drafts, and rate = accepted / draft tokens, length = 1 +
+    accepted / drafts give K = (length - 1) / rate. None when it accepted nothing (no way to tell)."""
+    _, drafted = _lowest_level(comparison)
+    if drafted is None or not _pos(drafted.get("acceptance_rate")) or not drafted["acceptance_length"] > 1:
+        return None
+    k = (drafted["acceptance_length"] - 1) / drafted["acceptance_rate"]
+    return round(k) if k >= 0.5 else None
+
+
 def draft_cost_from_bench(comparison: dict[str, Any], k: int) -> float | None:
     """c from a bench comparison (backend/bench/compare.py's dict) of the baseline and a drafter served with
     `k` draft tokens: per step the drafter spends tpot_d · L ms for L tokens, and T_v + k·T_d = tpot_d · L with
     T_v = tpot_baseline, so c = (tpot_d · L / tpot_b - 1) / k. None when the bench lacks a figure."""
-    rows = [r for r in comparison.get("rows") or [] if isinstance(r, dict)]
-    levels = sorted({r.get("concurrency") for r in rows if isinstance(r.get("concurrency"), int)})
-    if not levels or k < 1:
-        return None
-    at = [r for r in rows if r.get("concurrency") == levels[0]]
-    base = next((r for r in at if r.get("ratio") is None), None)
-    drafted = next((r for r in at if r.get("ratio") is not None and _pos(r.get("acceptance_length"))), None)
-    if base is None or drafted is None or not _pos(base.get("median_tpot_ms")) or not _pos(
+    base, drafted = _lowest_level(comparison)
+    if k < 1 or base is None or drafted is None or not _pos(base.get("median_tpot_ms")) or not _pos(
             drafted.get("median_tpot_ms")):
         return None
     step = drafted["median_tpot_ms"] * drafted["acceptance_length"]

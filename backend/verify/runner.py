@@ -210,11 +210,12 @@ def k_evidence(per_position: list[float], k: int, c: VerifyConfig) -> Any:
         return kt.k_table(per_position, c.draft_cost, "as given (--draft-cost)")
     try:
         bench = latest_completed(c.work_dir, "bench", lambda r: isinstance(r.summary.get("comparison"), dict))
-        cost = kt.draft_cost_from_bench(bench.summary["comparison"], k)
+        served = kt.served_k(bench.summary["comparison"]) or k  # a bench of several K served others
+        cost = kt.draft_cost_from_bench(bench.summary["comparison"], served)
     except (InputError, OSError):
         cost, bench = None, None
     if cost is not None and bench is not None:
-        return kt.k_table(per_position, round(cost, 4), f"measured by bench run {bench.run_id} at k={k}")
+        return kt.k_table(per_position, round(cost, 4), f"measured by bench run {bench.run_id} at k={served}")
     return kt.k_table(per_position, kt.ASSUMED_DRAFT_COST, "assumed: no bench with the drafter yet")
 
 

@@ -16,6 +16,7 @@ from console.control import stages
 from console.control.launch import StageRequest, stage_ended, stops_baseline
 from console.control.units import stage_unit_name
 from console.parsers.text import clean_block
+from console.profile import parse_k_values
 from console.control.launch import StageError, request_gpu_plan
 from console.session import Session
 from console.telemetry.progress import StageProgress
@@ -35,9 +36,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a stage, a pipeline run, or a server switch: serve-drafter stops the baseline and serves "
                         "the verified drafter (--input: a verify run, or a train run a verify run verified; default "
                         "the latest completed verify run); serve-baseline stops the drafter server and starts the "
-                        "baseline again; bench benches the baseline, swaps to the drafter server, benches it, "
-                        "compares (exit 3 with --wait when the drafter is slower) and swaps back, as one detached "
-                        f"program on the host (--input: the verify run whose drafter to bench); {fetch}: "
+                        "baseline again; bench benches the baseline, swaps to the drafter server, benches it (at "
+                        "each K of --k, a drafter server start each), compares (exit 3 with --wait when the "
+                        "drafter, at its best K, is slower) and swaps back, as one detached program on the host "
+                        f"(--input: the verify run whose drafter to bench); {fetch}: "
                         "[bench].third_drafter downloaded on the host, converted when needed; stop: stop the running "
                         "run of STAGE, or the run --run-id names (--wait: until it has stopped)")
     p.add_argument("target", nargs="?", metavar="STAGE", help="run stop: the stage whose running run to stop")
@@ -60,6 +62,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="train (and pipeline, verify): train online on the prepare run, the extraction server "
                         "answering for each batch's hidden states in the baseline's place (no extract stage); "
                         "default: the profile's [extract] online")
+    p.add_argument("--k", dest="k_values", type=k_values, metavar="K[,K...]",
+                   help="bench: bench the drafter at each of these K (draft tokens per step) in one run, one drafter "
+                        "server start per K, and name the best (default [bench].k_values, else [drafter]."
+                        "num_speculative_tokens alone)")
     p.add_argument("--yes", action="store_true",
                    help="do not ask before a stage or switch that stops a server (extract, online training, "
                         "bench, serve-drafter, serve-baseline)")
@@ -70,13 +76,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
 
+def k_values(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(parse_k_values(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--k ")) from None
+
+
 def confirmed(a: argparse.Namespace, req: StageRequest, profile, downtime: str) -> bool:
     """Extraction and online training stop the baseline server: say so, and what it costs (`downtime`:
     Session.downtime, from the host's measured loads), and go on only when the operator agrees."""
     if not stops_baseline(req, profile) or a.yes:
         return True
-    why = {"bench": "the drafter server is benched",
-           "extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed")
+    why = ("the drafter server is benched" if stages.starts_pair(req.stage) else
+           {"extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed"))
     return ask(f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
                f"again afterwards; it costs {downtime}. Go on? [y/N] ",
                f"{req.stage} stops the baseline server and costs {downtime}")
@@ -170,9 +183,12 @@ async def run_stage(a: argparse.Namespace) -> int:
     stage = stages.by_cli(a.stage).name
     req = StageRequest(stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
                        limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage, online=a.online,
-                       checkpoint=a.checkpoint)
+                       checkpoint=a.checkpoint, k_values=a.k_values)
     if a.checkpoint and stage != "verify":
         print(f"error: --checkpoint is for verify, not {a.stage}", file=sys.stderr)
+        return 2
+    if a.k_values is not None and not stages.starts_pair(stage):
+        print(f"error: --k is for bench, not {a.stage}", file=sys.stderr)
         return 2
     async with Session(profile, interval=a.interval) as session:
         snap = await session.settle()
@@ -312,7 +328,7 @@ def results(view: StageProgress, runs: tuple[RunInfo, ...]) -> list[str]:
     """What a finished run has to say, by its stage's result reader (verify: its table; bench: the
     comparison; else the outputs it leaves for the next stage)."""
     try:
-        reader = stages.get(view.stage).results
+        reader = stages.of_run(view.stage).results  # by the stage its run carries (the pair: bench_pair)
     except stages.UnknownStage:
         reader = stages.outputs
     return [clean_block(text) for text in reader(view, runs)]

@@ -84,7 +84,7 @@ def target_tp(argv: list[str]) -> int:
     return 1
 
 
-def _drafter_flags(profile: Profile, checkpoint: str, program: ServerProgram) -> list[str]:
+def _drafter_flags(profile: Profile, checkpoint: str, program: ServerProgram, k: int | None = None) -> list[str]:
     err = check_path(checkpoint)
     if err:
         raise DrafterServerError(f"drafter checkpoint {checkpoint!r}: expected {err}")
@@ -99,26 +99,29 @@ def _drafter_flags(profile: Profile, checkpoint: str, program: ServerProgram) ->
     if draft_tp not in (1, tp):
         raise DrafterServerError(f"serve_drafter.draft_tensor_parallel_size {draft_tp}: vLLM takes 1 or the "
                                  f"target's tensor-parallel size ({tp})")
-    spec = speculative_config(checkpoint, profile.drafter.num_speculative_tokens, draft_tp)
+    spec = speculative_config(checkpoint, k or profile.drafter.num_speculative_tokens, draft_tp)
     return ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
 
 
-def drafter_command(profile: Profile, checkpoint: str, program: ServerProgram | None = None) -> list[str]:
+def drafter_command(profile: Profile, checkpoint: str, program: ServerProgram | None = None, *,
+                    k: int | None = None) -> list[str]:
     """The drafter server's command line (see the module docstring). `program`: the baseline's
-    (operator_unit.read_server_program); default the profile's command."""
+    (operator_unit.read_server_program); default the profile's command. `k`: draft tokens per step
+    instead of [drafter].num_speculative_tokens (the bench of several K)."""
     program = program or profile_program(profile)
-    return [*program.argv, *_drafter_flags(profile, checkpoint, program)]
+    return [*program.argv, *_drafter_flags(profile, checkpoint, program, k)]
 
 
 def drafter_start_command(profile: Profile, checkpoint: str, env: Mapping[str, str] | None = None, *,
-                          no_expand_option: bool = False, program: ServerProgram | None = None) -> HostCommand:
+                          no_expand_option: bool = False, program: ServerProgram | None = None,
+                          k: int | None = None) -> HostCommand:
     """Start the drafter server with the baseline's environment and user (`env` on top). The unit's
     command line keeps systemd's `$VAR` expansion, so `no_expand_option` is not used here: the drafter's
-    own flags are escaped instead (units.derived_server_start_argv)."""
+    own flags are escaped instead (units.derived_server_start_argv). `k`: as drafter_command's."""
     del no_expand_option
     unit = drafter_unit(profile)
     program = program or profile_program(profile)
-    flags = _drafter_flags(profile, checkpoint, program)
+    flags = _drafter_flags(profile, checkpoint, program, k)
     argv = derived_server_start_argv(profile, unit, program, flags, log_path=drafter_log_path(profile), env=env)
     if profile.server.manager == "systemd":
         shown = shlex.join(redacted(argv))

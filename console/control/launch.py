@@ -32,7 +32,7 @@ from backend.gpu_owners import GpuPlan, OwnershipError
 from backend.serverlock import lock_path
 from console.control import stage_argv, stages
 from console.control import drafter_server as ds
-from console.control.bench_pair import pair_argv, pair_plan
+from console.control.bench_pair import check_against_trained, pair_argv, pair_plan
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.gpu_plan import gpu_plan
 from console.control.switch_plan import switch_plan
@@ -342,10 +342,18 @@ class StageRequest:
     to_stage: str | None = None  # pipeline
     online: bool | None = None  # train (and pipeline): hidden states fetched during training; None: the profile's
     checkpoint: str | None = None  # verify: another drafter's checkpoint on the host (a fetched one)
+    k_values: tuple[int, ...] | None = None  # bench: our drafter at each K; None: the profile's [bench].k_values
 
     def is_online(self, profile: Profile | None = None) -> bool:
         """Online training: the request says so, else the profile's [extract] online."""
         return self.online if self.online is not None else bool(profile and profile.extract.online)
+
+    def bench_k_values(self, profile: Profile) -> tuple[tuple[int, ...], str]:
+        """The K values a bench compares (empty: the profile's one K) and where they were asked for (the
+        flag, or the profile's file and key), for a refusal that names it."""
+        if self.k_values is not None:
+            return tuple(self.k_values), "--k"
+        return tuple(profile.bench.k_values), f"{profile.source or 'the profile'}: bench.k_values"
 
 
 def pipeline_range(req: StageRequest, profile: Profile | None = None) -> list[str]:
@@ -489,6 +497,14 @@ class Launcher:
         its command line returned. `req.input_run`: the verify (or train) run whose checkpoint to bench."""
         p = self.profile
         found = json.loads(await self.host_query(ds.servable_argv(p, req.input_run), "no drafter to bench"))
+        k_values, asked_in = req.bench_k_values(p)
+        trained_k = found.get("trained_k")
+        if k_values:
+            try:
+                check_against_trained(k_values, trained_k if isinstance(trained_k, int) else None,
+                                      str(found["checkpoint"]), asked_in)
+            except ValueError as exc:
+                raise StageError(clean(str(exc))) from None
         third = None
         if p.bench.third_drafter:  # the profile names a published drafter: it is benched in the same table
             third = json.loads(await self.host_query(ds.servable_argv(p, third=True),
@@ -503,14 +519,15 @@ class Launcher:
             program = await read_server_program(self.host, p)
             plan = pair_plan(p, run_id, str(found["checkpoint"]), input_run=prompts_run, api_key_path=key,
                              no_expand_option=no_expand, third_checkpoint=third and str(third["checkpoint"]),
-                             program=program)
+                             program=program, k_values=k_values)
         except (ds.DrafterServerError, OperatorUnitError, ValueError) as exc:
             raise StageError(str(exc)) from None
         plan_file = f"{p.paths.work_dir}/plans/{run_id}.json"
         await self.host.run(["mkdir", "-p", f"{p.paths.work_dir}/plans"], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), plan_file)
         self.shown.append(clean(f"(bench) drafter {found['checkpoint']} (verified by {found['run_id']})"))
-        self.shown.extend(f"(bench {k}) {shlex.join(plan[k]['argv'])}" for k in ("baseline", "drafter"))
+        self.shown.extend(f"(bench {b.get('title', 'baseline')}) {shlex.join(b['argv'])}"
+                          for b in (plan["baseline"], *plan["contenders"]))
         if program.note:
             self.shown.append(f"(bench) note: {program.note}")
         return pair_argv(p, run_id, plan_file, fresh=req.fresh)

@@ -28,6 +28,7 @@ from backend.verify.report import table as verify_table
 from console.control import stage_argv
 from console.parsers.text import clean_block
 from console.telemetry import progress as views
+from console.telemetry.bench_view import best_k_of, finish_summary
 from console.telemetry.progress import StageProgress
 from console.profile import Profile
 from console.snapshot import RunInfo
@@ -155,13 +156,16 @@ def _chain_results(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
 
 
 def _bench_table(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
+    """The comparison's table, and with several K the best of them."""
     run = next((r for r in runs if r.run_id == view.run_id), None)
-    summary: Any = (run.last_event or {}) if run is not None else {}
+    summary = finish_summary(run.last_event) if run is not None else {}
     if isinstance(summary.get("comparison"), dict):
         try:
-            return [clean_block(format_table(comparison_from_dict(summary["comparison"])))]
+            table = [clean_block(format_table(comparison_from_dict(summary["comparison"])))]
         except (CompareError, TypeError, ValueError):
-            pass
+            return outputs(view, runs)
+        best = best_k_of(summary)
+        return table + ([clean_block(best.line())] if best is not None else [])
     return outputs(view, runs)
 
 
@@ -230,6 +234,14 @@ def view_of(run: RunInfo, runs: Sequence[RunInfo] = ()) -> StageProgress:
         return of_run(run.stage).progress(run, runs)
     except UnknownStage:
         return views.counted("items")(run, runs)
+
+
+def starts_pair(name: str) -> bool:
+    """Whether the row `name` starts the bench pair (backend/benchpair.py: its K values, its drafter loads)."""
+    try:
+        return get(name).runs_stage == PAIR_STAGE
+    except UnknownStage:
+        return False
 
 
 def runs_of(name: str, runs: Sequence[RunInfo]) -> list[RunInfo]:

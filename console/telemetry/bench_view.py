@@ -10,9 +10,38 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from backend.bench.compare import MAX_ROWS, CompareError, Row, comparison_from_dict
+from backend.bench.compare import MAX_LABEL, MAX_ROWS, CompareError, Row, comparison_from_dict
 from backend.bench.results import BenchResultError, LevelResult
+from backend.numbers import count, finite
+from backend.verify.report import K_MAX
 from console.snapshot import RunInfo
+
+
+@dataclass(frozen=True)
+class BestK:
+    """A bench of several K: the one with the highest mean speed-up over the levels (backend/benchpair.py)."""
+    k: int
+    label: str
+    speedup: float
+    acceptance_length: float | None
+    slower: bool
+
+    def line(self) -> str:
+        acc = f", acceptance length {self.acceptance_length:.2f}" if self.acceptance_length is not None else ""
+        verdict = ": SLOWER than the baseline at some level, do not serve it" if self.slower else ""
+        return f"best K: {self.k} ({self.label}, {self.speedup:.2f}x mean speed-up over the levels{acc}){verdict}"
+
+
+def best_k_of(summary: Any) -> BestK | None:
+    """The summary's best_k, read as host data (types checked, sizes bounded); None when absent or odd."""
+    raw = summary.get("best_k") if isinstance(summary, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    k, speedup, label = count(raw.get("k")), finite(raw.get("speedup")), raw.get("label")
+    if not 1 <= k <= K_MAX or speedup is None or not isinstance(label, str):
+        return None
+    return BestK(k=k, label=label[:MAX_LABEL], speedup=speedup, acceptance_length=finite(raw.get("acceptance_length")),
+                 slower=raw.get("slower") is True)
 
 
 @dataclass(frozen=True)
@@ -27,6 +56,7 @@ class BenchView:
     total: int = 0
     level: int | None = None  # the concurrency level being measured
     error: str | None = None
+    best: BestK | None = None  # several K benched: the best of them
 
     @property
     def slower(self) -> bool:
@@ -49,6 +79,14 @@ def _own_rows(result: Any) -> tuple[Row, ...]:
     return tuple(rows)
 
 
+def finish_summary(event: Any) -> dict[str, Any]:
+    """A finished run's summary: the RunBook merges it into the run's last event (telemetry/runs.py); a
+    finish event as the stage wrote it holds it under "summary"."""
+    if not isinstance(event, dict):
+        return {}
+    return event["summary"] if isinstance(event.get("summary"), dict) else event
+
+
 def bench_view(run: RunInfo) -> BenchView:
     event = run.last_event or {}
     base = BenchView(run_id=run.run_id, state=run.state, done=run.done, total=run.total)
@@ -57,16 +95,14 @@ def bench_view(run: RunInfo) -> BenchView:
         base = replace(base, level=level)
     if event.get("kind") != "finish":
         return base
-    # the RunBook merges a finished run's summary into its last event (telemetry/runs.py); a finish event
-    # as the stage wrote it holds it under "summary"
-    summary = event.get("summary") if isinstance(event.get("summary"), dict) else event
+    summary = finish_summary(event)
     label = summary.get("label") if isinstance(summary.get("label"), str) else None
     error = summary.get("error") if isinstance(summary.get("error"), str) else None
     try:
         if isinstance(summary.get("comparison"), dict):
             cmp = comparison_from_dict(summary["comparison"])
             return replace(base, label=label, baseline=cmp.baseline, rows=cmp.rows, missing=cmp.missing,
-                           error=error)
+                           error=error, best=best_k_of(summary))
         return replace(base, label=label, rows=_own_rows(summary.get("result")), error=error)
     except (CompareError, BenchResultError, TypeError, ValueError) as exc:
         return replace(base, label=label, error=f"unreadable bench summary: {exc}")

@@ -1,5 +1,6 @@
 """The bench: baseline and drafter side by side per concurrency level, with the drafter's acceptance; a
-drafter that makes generation slower in red. Hidden until the host has a bench run."""
+drafter that makes generation slower in red; a bench of several K names the best. Hidden until the host
+has a bench run."""
 from __future__ import annotations
 
 from textual.app import ComposeResult
@@ -47,7 +48,9 @@ def bench_markup(view: BenchView) -> Content:
                      f"{'TTFT p50':>8} {'acc len':>7} {'accept':>6}[/]")
         parts.extend(row_markup(r) for r in view.rows)
     parts.extend(markup("[dim]$note[/]", note=m) for m in view.missing)
-    if view.slower:
+    if view.best is not None:  # several K: the verdict is the best K's (a K that lost is marked in its rows)
+        parts.append(markup(f"[b {'red' if view.best.slower else 'green'}]$best[/]", best=view.best.line()))
+    elif view.slower:
         parts.append("[b red]the drafter is slower than the baseline where marked: do not serve it[/]")
     if view.error:
         parts.append(markup("[red]$error[/]", error=view.error))
