@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -163,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = os.getloadavg()[0]  # the machine's own load, before the benchmark adds to it
     work = Path(tempfile.mkdtemp(prefix="e3-bench-ready-"))
-    with (over_systemd if a.over == "systemd" else over_tmux)(work, a.load_seconds) as profile:
-        in_order = [x * 1000 for x in measure(profile, a.trials, a.interval)]
+    try:
+        with (over_systemd if a.over == "systemd" else over_tmux)(work, a.load_seconds) as profile:
+            in_order = [x * 1000 for x in measure(profile, a.trials, a.interval)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     ms = sorted(in_order)
     where = "over SSH, systemd unit in the booted rig" if a.over == "systemd" else "local, tmux"
     print(f"readiness latency over {len(ms)} trials ({where}; listen -> `status --watch` ready, "
