@@ -35,7 +35,7 @@ from console.host.base import AuthenticationFailed, HostError, HostKeyError
 from console.host.factory import host_for_profile
 from console.parsers.journal import journal_follow_argv, parse_journal_json
 from console.parsers.text import clean, clean_block
-from console.parsers.vllm_log import STARTUP_COMPLETE, parse_line
+from console.parsers.vllm_log import APP_STARTING, HTTP_START, ROUTES, STARTUP_COMPLETE, parse_line
 from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
 from console.telemetry.eta import downtime_text
@@ -117,9 +117,19 @@ class Controller(Protocol):
     async def close(self) -> None: ...
 
 
-def is_ready_line(line: str) -> bool:
+# How long to keep asking /health and /v1/models after a server log line, and how often. From the API
+# server's start (`Starting vLLM server on`, its routes, uvicorn's startup lines) the port listens within
+# moments; after `Application startup complete.`, within milliseconds. Ask from the start: journald posts
+# new entries to followers at most every 250 ms (journald-server.c, POST_CHANGE_TIMER_INTERVAL_USEC), so
+# over the journal stream the ready line itself can come a quarter of a second after it was written.
+ASK_WINDOW_S = {HTTP_START: 3.0, ROUTES: 3.0, APP_STARTING: 3.0, STARTUP_COMPLETE: 1.0}
+ASK_GAP_S = 0.02
+
+
+def ask_window(line: str) -> float | None:
+    """Seconds to keep asking whether the server answers after this line of its log; None: no news."""
     event = parse_line(line)
-    return event is not None and event.kind == STARTUP_COMPLETE
+    return ASK_WINDOW_S.get(event.kind) if event is not None else None
 
 
 class Session:
@@ -142,10 +152,12 @@ class Session:
         self._subscribers: set[asyncio.Queue] = set()
         self._refresh: asyncio.Task | None = None
         self._waiting_since: float | None = None
-        # set by the server's log stream on `Application startup complete.`: the loop checks HTTP at
-        # once instead of at its next tick (readiness within one round trip of the server being ready)
         self.history = History()  # the panes' strips: GPU memory and utilization, token rates
-        self._ready_line = asyncio.Event()
+        # the server's log says its API is starting or ready: ask HTTP at once and until it answers
+        # (beside the ticks), so readiness comes within a round trip of the server listening
+        self._ask_until: float | None = None  # monotonic
+        self._asker: asyncio.Task | None = None
+        self._answered = asyncio.Event()  # an ask found the port answering: the loop yields at once
         self._ready_watch: asyncio.Task | None = None
         self._ready_watch_path: str | None = None
 
@@ -163,28 +175,66 @@ class Session:
             yield self.collector.snapshot(error="connecting...")
         while True:
             started = time.monotonic()
-            snap = await self.tick()
+            # a probe takes a round trip and the host's own time (100-500 ms over SSH): an answer to
+            # the ready ask that comes meanwhile is shown at once, not after it
+            tick = asyncio.ensure_future(self.tick())
+            answered = False
+            try:
+                while await self._answered_before(tick):
+                    answered = True
+                    yield self._answered_snapshot()
+            finally:
+                if not tick.done():
+                    tick.cancel()  # the refresh itself goes on (Session.tick keeps it for the next tick)
+            snap = tick.result()
+            if answered and snap.host.not_answering_since is None:
+                snap = self.collector.snapshot()  # with the ask's answer: newer than the probe's
             self._ensure_ready_watch()
             self.history.add(snap)
             yield snap
             if self.final_error:
                 return
             pause = self.interval if snap.host.reachable else 2 * self.interval
-            while await self._ready_line_before(started + pause):
-                snap = await self.collector.check_ready_now()
-                self.history.add(snap)
-                yield snap
+            while await self._answered_before(started + pause):
+                yield self._answered_snapshot()
 
-    async def _ready_line_before(self, until: float) -> bool:
-        """Sleep until `until` (monotonic); True, early, when the server's ready line arrives."""
-        remaining = until - time.monotonic()
-        if remaining > 0 and not self._ready_line.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._ready_line.wait(), remaining)
-        if self._ready_line.is_set():
-            self._ready_line.clear()
+    def _answered_snapshot(self) -> Snapshot:
+        snap = self.collector.snapshot()  # the next tick records the load (a write on the host: not here)
+        self.history.add(snap)
+        return snap
+
+    async def _answered_before(self, until: asyncio.Future | float) -> bool:
+        """Wait for the tick (a future) or until a monotonic time; True, early, when a ready ask answered."""
+        if not self._answered.is_set():
+            waiter = asyncio.ensure_future(self._answered.wait())
+            try:
+                if isinstance(until, asyncio.Future):
+                    await asyncio.wait({until, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    await asyncio.wait({waiter}, timeout=max(0.0, until - time.monotonic()))
+            finally:
+                waiter.cancel()
+        if self._answered.is_set():
+            self._answered.clear()
             return True
         return False
+
+    def _server_said(self, line: str) -> None:
+        """A line of the followed server's current run: if it says the API is starting or ready, ask."""
+        window = ask_window(line)
+        if window is None:
+            return
+        self._ask_until = max(self._ask_until or 0.0, time.monotonic() + window)
+        if self._asker is None or self._asker.done():
+            self._asker = asyncio.create_task(self._ask_until_answered())
+
+    async def _ask_until_answered(self) -> None:
+        while self._ask_until is not None and time.monotonic() < self._ask_until:
+            if await self.collector.ask_ready():
+                self._answered.set()
+                break
+            await asyncio.sleep(ASK_GAP_S)
+        self._ask_until = None
 
     def _ensure_ready_watch(self) -> None:
         """tmux manager: the probe reads the server's log once a tick, so a `tail -F` of it (while the
@@ -203,11 +253,12 @@ class Session:
         delay = 0.5
         while self.final_error is None:
             with contextlib.suppress(HostError):
-                async for raw in self.host.stream(["tail", "-n", "0", "-F", "--", path]):
+                # -s: GNU tail polls (once a second by default) instead of using inotify when the
+                # file is missing as it starts, as the log is before the server's first start
+                async for raw in self.host.stream(["tail", "-n", "0", "-F", "-s", "0.05", "--", path]):
                     delay = 0.5
                     for line in raw.split("\r"):
-                        if is_ready_line(line):
-                            self._ready_line.set()
+                        self._server_said(line)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 
@@ -275,10 +326,10 @@ class Session:
         """The followed server unit's one journal stream: every entry goes to the load tracker and to
         each view following the server's log."""
         async for entry in self._follow_unit(unit, lambda: self.collector.log.cursor):
-            before = self.collector.tracker.phase
-            if self.collector.log.feed_entry(entry) is not None:  # None: a duplicate
-                if before != "ready" and self.collector.tracker.phase == "ready":
-                    self._ready_line.set()
+            fed = self.collector.log.feed_entry(entry)
+            if fed:  # a line of the unit's current run (False: an earlier run's; None: a duplicate)
+                self._server_said(entry.message)
+            if fed is not None:
                 line = JournalLine(clean(entry.message), unit, entry.ts)
                 for q in self._subscribers:
                     if q.full():
@@ -652,12 +703,12 @@ class Session:
         return ActionResult(text.startswith("ok"), clean_block(text), ("POST /v1/chat/completions",))
 
     async def close(self) -> None:
-        for task in (self._server_stream, self._refresh, self._ready_watch):
+        for task in (self._server_stream, self._refresh, self._ready_watch, self._asker):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        self._server_stream = self._refresh = self._ready_watch = None
+        self._server_stream = self._refresh = self._ready_watch = self._asker = None
         await self.collector.close()
         with contextlib.suppress(Exception):
             await self.host.close()

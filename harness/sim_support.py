@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def first_listen(port: int, stop: threading.Event, out: list[float]) -> None:
+    """Append the monotonic time the port first accepts a connection (a 2 ms connect loop: the stand-in,
+    like vLLM, binds at once but listens only when loaded); run it on a thread, `stop` ends it early."""
+    while not stop.is_set():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.05):
+                out.append(time.monotonic())
+                return
+        except OSError:
+            time.sleep(0.002)
 
 
 class SimServer:

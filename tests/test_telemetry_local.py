@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,13 @@ from backend.events import EventLog
 from console.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
 from console.profile import profile_from_dict
 from console import demo
+from console.session import Session
 from console.telemetry.collector import Collector
 from console.commands.server_cmd import watch_key, server_action
 from console.host.factory import host_for_profile
 from console.host.local import LocalHost
 from console.control.units import tmux_start_argv
-from harness.sim_support import PYTHON
+from harness.sim_support import PYTHON, first_listen
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -239,20 +241,9 @@ async def test_gpus_command_missing(tmp_path):
 async def test_ready_line_is_checked_at_once_not_at_the_next_tick(demo_host):
     """With a 5 s interval, polling alone would say ready 2.5 s (on average) after the server listens;
     the ready line in the server's log makes the session ask /health and /v1/models at once."""
-    import socket
-    from console.session import Session
     profile = demo.prepare(demo_host, speed=5)  # a 4 s load
     listened: list[float] = []
     stop = threading.Event()
-
-    def first_listen() -> None:
-        while not stop.is_set():
-            try:
-                with socket.create_connection(("127.0.0.1", profile.server.port), timeout=0.05):
-                    listened.append(time.monotonic())
-                    return
-            except OSError:
-                time.sleep(0.002)
 
     async with Session(profile, interval=5.0) as session:
         snaps = session.snapshots(connecting=False)
@@ -260,7 +251,7 @@ async def test_ready_line_is_checked_at_once_not_at_the_next_tick(demo_host):
         assert first.server.phase == "stopped"
         rc, _, out = await server_action(profile, "start-server")
         assert rc == 0, out
-        threading.Thread(target=first_listen, daemon=True).start()
+        threading.Thread(target=first_listen, args=(profile.server.port, stop, listened), daemon=True).start()
         try:
             ready_at = None
             deadline = time.monotonic() + 40
@@ -276,3 +267,66 @@ async def test_ready_line_is_checked_at_once_not_at_the_next_tick(demo_host):
     delay = ready_at - listened[0]
     assert delay < 1.0, f"ready {delay:.2f} s after the server listened (interval 5 s)"
     assert snap.server.model_id == profile.server.model_id
+
+
+async def test_ready_is_said_while_a_probe_is_still_under_way(demo_host):
+    """A probe costs a round trip and the host's own time (100-500 ms over SSH); here every probe hangs
+    once one has seen the server running (its GPU query waits on a gate file): the server log's API-start
+    lines make the session ask beside it, so ready comes within moments of the server listening, not
+    when the probe ends. The log does not exist when its `tail -F` starts (GNU tail then polls: -s)."""
+    profile = demo.prepare(demo_host, speed=5)  # a 4 s load
+    gate = demo_host / "gate"
+    profile.gpus.command = ["sh", "-c", 'while [ -e "$0" ]; do sleep 0.05; done; exec "$@"', str(gate),
+                            *profile.gpus.command]
+    stop, listened = threading.Event(), []
+    async with Session(profile, interval=0.2, deadline=120) as session:
+        snaps = session.snapshots(connecting=False)
+        assert (await snaps.__anext__()).server.phase == "stopped"
+        rc, _, out = await server_action(profile, "start-server")
+        assert rc == 0, out
+        threading.Thread(target=first_listen, args=(profile.server.port, stop, listened), daemon=True).start()
+        try:
+            snap = await asyncio.wait_for(snaps.__anext__(), 30)
+            while snap.service.active_state != "active":
+                snap = await asyncio.wait_for(snaps.__anext__(), 30)
+            assert snap.server.phase not in ("ready", "failed"), snap.server
+            gate.touch()
+            while snap.server.phase != "ready":
+                snap = await asyncio.wait_for(snaps.__anext__(), 30)
+            ready_at = time.monotonic()
+            assert gate.exists() and session._refresh is not None  # the probe is still hanging
+            gate.unlink()
+            after = [await asyncio.wait_for(snaps.__anext__(), 30) for _ in range(3)]
+        finally:
+            stop.set()
+            await snaps.aclose()
+    assert listened and ready_at - listened[0] < 0.6, f"ready {ready_at - listened[0]:.2f} s after the server listened"
+    assert snap.server.model_id == profile.server.model_id
+    assert [s.server.phase for s in after] == ["ready"] * 3  # the probe that hung did not take it back
+
+
+async def test_a_probe_asked_before_the_ready_ask_never_takes_ready_back(tmp_path, answering):
+    """The probe's "not listening" was asked when it started; a ready ask that asked later found the port
+    answering. Whichever answer comes last, the newer question's stands (the probe here is held until
+    the ask has answered: its timing is the one thing a real host cannot be made to repeat)."""
+    profile = demo.prepare(tmp_path / "d")
+    profile.server.port = int(answering.rsplit(":", 1)[1])
+    collector = Collector(profile, host_for_profile(profile))
+    collector.service = replace(collector.service, active_state="active", sub_state="running")
+    held = asyncio.Event()
+
+    async def probe_answering_late() -> float:
+        collector.port_listening = False  # what its listen check saw, before the server listened
+        await held.wait()
+        return 0.01
+
+    collector._probe = probe_answering_late
+    refresh = asyncio.create_task(collector.refresh())
+    try:
+        await asyncio.sleep(0.05)
+        assert await collector.ask_ready()
+        held.set()
+        snap = await asyncio.wait_for(refresh, 10)
+    finally:
+        await collector.close()
+    assert collector.http.listening and snap.server.model_id == "tiny", (collector.http, snap.server)

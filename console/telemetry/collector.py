@@ -72,11 +72,16 @@ class Collector:
         self.gpu_error: str | None = None
         self.free_bytes: int | None = None
         self.http = HttpState()
+        # when the question behind `http` was asked (monotonic): the ready check runs beside a probe
+        # that may still be under way, and the newer question's answer wins (_answer_http)
+        self._http_asked_at = time.monotonic()
+        self._probe_started = self._http_asked_at
         self.port_listening: bool | None = None  # from the probe; None = could not tell
         self.deep: str | None = None
         self.reasoning_field: str | None = None
         self._client: httpx.AsyncClient | None = None
         self._forward: contextlib.AbstractAsyncContextManager | None = None
+        self._client_lock = asyncio.Lock()  # a probe's check and the ready check share one forward
         self._recorded_start: float | None = None
         self._baseline_mib: float | None = None
         self._use_nvml = profile.host.transport == "local" and not profile.host.simulated
@@ -99,7 +104,7 @@ class Collector:
         self.active = which
         self.log = ServerLog()
         self.metrics = MetricsWindow()
-        self.http = HttpState()
+        self._answer_http(HttpState(), time.monotonic())  # the other server's answers are not this one's
         self.deep = self.reasoning_field = None
         self._baseline_mib = None
         self.service = ServiceInfo(manager=self.profile.server.manager, unit=self.server_unit)
@@ -168,13 +173,14 @@ class Collector:
             self._forward = None
 
     async def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._forward = self.host.forward_port(self.profile.server.port)
-            local_port = await self._forward.__aenter__()
-            # no retries at the transport: a refused connect is an answer (still loading)
-            self._client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{local_port}", timeout=3.0,
-                                             transport=httpx.AsyncHTTPTransport(retries=0))
-        return self._client
+        async with self._client_lock:
+            if self._client is None:
+                self._forward = self.host.forward_port(self.profile.server.port)
+                local_port = await self._forward.__aenter__()
+                # no retries at the transport: a refused connect is an answer (still loading)
+                self._client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{local_port}", timeout=3.0,
+                                                 transport=httpx.AsyncHTTPTransport(retries=0))
+            return self._client
 
     # -- server log ---------------------------------------------------------------------------------
 
@@ -221,6 +227,7 @@ class Collector:
         try:
             if not self._primed:
                 await self._prime_server_log()
+            self._probe_started = time.monotonic()
             elapsed = await self._probe()
             if not self._primed:  # the probe found the other server running: its log from its start
                 await self._prime_server_log()
@@ -243,17 +250,13 @@ class Collector:
         await self._remember_load()
         return self.snapshot()
 
-    async def check_ready_now(self, *, attempts: int = 50, gap_s: float = 0.02) -> Snapshot:
-        """The log just said `Application startup complete.`: ask /health and /v1/models now rather
-        than at the next probe. The socket opens a few ms after that line, so a refused connect is
-        asked again shortly (up to about a second)."""
-        for attempt in range(attempts):
-            self.port_listening = None  # the last probe's "not listening" is stale by definition
-            await self._check_http(extras=False)
-            if self.http.listening or self.service.active_state not in phases.ACTIVE_STATES:
-                break
-            await asyncio.sleep(gap_s)
-        return self.snapshot()  # the next tick records the load (a write on the host: not on this path)
+    async def ask_ready(self) -> bool:
+        """The log says the API server is starting or ready: ask /health and /v1/models now rather than
+        at the next probe, even while a probe is under way (its answers are older: they lose to this
+        one, _answer_http). The unit's state is not asked: the line came from its running invocation.
+        True when the port answered."""
+        await self._ask_http(extras=False)
+        return self.http.listening
 
     async def _probe(self) -> float | None:
         events = self.runbook.reads_wanted()
@@ -383,21 +386,32 @@ class Collector:
         else:
             self.gpus, self.gpu_error = tuple(parse_gpu_csv(sec.text)), None
 
+    def _answer_http(self, state: HttpState, asked_at: float) -> None:
+        """Newest question wins: a probe's "not listening" (asked when the probe started) never undoes
+        what a ready check that asked later found, whichever of the two answers last."""
+        if asked_at >= self._http_asked_at:
+            self.http, self._http_asked_at = state, asked_at
+
     async def _check_http(self, *, extras: bool = True) -> None:
         if self.service.active_state not in phases.ACTIVE_STATES:
-            self.http = HttpState()
+            self._answer_http(HttpState(), self._probe_started)  # the unit's state: the probe's news
             return
         if self.port_listening is False:
-            self.http = HttpState()  # still loading: nothing to ask, and no channel spent asking
+            # still loading (the probe's news): nothing to ask, and no channel spent asking
+            self._answer_http(HttpState(), self._probe_started)
             if self._client is None:  # but the client ready (an SSL context costs ~0.2 s), for the ready check
                 with contextlib.suppress(HostError, OSError):
                     await self._http()
             return
+        await self._ask_http(extras=extras)
+
+    async def _ask_http(self, *, extras: bool) -> None:
+        asked = time.monotonic()
         try:
             client = await self._http()
-            self.http = await check_http(client, self.profile)
+            self._answer_http(await check_http(client, self.profile), asked)
             if not extras:
-                return  # the ready check: /health and /v1/models only; the next tick brings the rest
+                return  # the ready ask: /health and /v1/models only; the next tick brings the rest
             if self.profile.host.simulated and self.http.health == 200 and self.sim_text is None:
                 self.sim_text = await sim_text_backend(client)
             if self.http.health == 200 and self.metrics.due(self.clock()):
@@ -407,7 +421,7 @@ class Collector:
                     with self._unreadable_guard("metrics"):
                         await asyncio.to_thread(self.metrics.feed, text, self.clock(), self.http.model_id)
         except (HostError, OSError) as e:
-            self.http = HttpState(error=f"port forward failed: {e}")
+            self._answer_http(HttpState(error=f"port forward failed: {e}"), asked)
             await self.close()
 
     async def _remember_load(self) -> None:
