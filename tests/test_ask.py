@@ -36,7 +36,14 @@ def test_the_servable_checkpoint(tmp_path, capsys):
     assert "no verified drafter" in capsys.readouterr().err
     completed_run(tmp_path, "verify", "v1", {"checkpoint": str(ckpt)})
     assert main(["servable", "--work-dir", str(tmp_path)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"run_id": "v1", "stage": "verify", "checkpoint": str(ckpt)}
+    # a checkpoint whose config does not say its K: no bound on the K values a bench may ask for
+    assert json.loads(capsys.readouterr().out) == {"run_id": "v1", "stage": "verify", "checkpoint": str(ckpt),
+                                                   "trained_k": None}
+    (ckpt / "config.json").write_text(json.dumps({"speculators_config": {"proposal_methods": [
+        {"speculative_tokens": 3}]}}))
+    assert main(["servable", "--work-dir", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["trained_k"] == 3
+    (ckpt / "config.json").unlink()
     ckpt.rmdir()
     assert main(["servable", "--work-dir", str(tmp_path)]) == 2
     assert "no longer on this host" in capsys.readouterr().err
