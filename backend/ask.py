@@ -26,7 +26,7 @@ from dataclasses import asdict
 from backend import exitcodes
 from backend.lookup import STAGES, latest_completed
 from backend.runs import RunDirError, read_json_object
-from backend.verify.checks import _speculative_tokens
+from backend.verify.checks import trained_k as checkpoint_k
 from backend.verifier import VerifierError, extraction_layer_ids, read_verifier, resolve_aux_layers
 
 
@@ -53,7 +53,7 @@ def servable(a: argparse.Namespace) -> str:
         raise RunDirError(f"the checkpoint {found.checkpoint} of run {found.run_id} is no longer on this host")
     try:
         config = read_json_object(os.path.join(found.checkpoint, "config.json"), ValueError, "")
-        trained_k = _speculative_tokens(config)
+        trained_k = checkpoint_k(config)
     except ValueError:
         trained_k = None  # a checkpoint the verify run vouched for, whose K it does not say: no bound
     return json.dumps({**asdict(found), "trained_k": trained_k})

@@ -116,7 +116,7 @@ def check_fit(source: str, ckpt: str, info: VerifierInfo, layer_ids: list[int],
     n_layers = layer.get("num_hidden_layers")
     return WarmStart(source=source, checkpoint=ckpt, draft_vocab_size=own,
                      draft_layers=int(n_layers) if isinstance(n_layers, int) else 1,
-                     aux_layer_ids=list(ids), speculative_tokens=checks._speculative_tokens(config))
+                     aux_layer_ids=list(ids), speculative_tokens=checks.trained_k(config))
 
 
 def stage(warm: WarmStart, run_dir: str, info: VerifierInfo) -> str:

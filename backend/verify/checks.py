@@ -18,12 +18,13 @@ WEIGHTS = "model.safetensors"
 REQUIRED = ("fc.weight", "norm.weight", "lm_head.weight", "layers.0.self_attn.q_proj.weight")
 
 
-def _speculative_tokens(config: dict[str, Any]) -> int | None:
+def trained_k(config: dict[str, Any]) -> int | None:
+    """The K (speculative tokens) a speculators checkpoint's config.json says it was trained for, if it says."""
     spec = config.get("speculators_config")
     methods = spec.get("proposal_methods") if isinstance(spec, dict) else None
     if isinstance(methods, list) and methods and isinstance(methods[0], dict):
         value = methods[0].get("speculative_tokens")
-        return value if isinstance(value, int) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
     return None
 
 
@@ -34,7 +35,7 @@ def check_format(report: PreflightReport, ckpt: str, config: dict[str, Any], key
     spec = config.get("speculators_config")
     if not isinstance(spec, dict) or spec.get("algorithm") != "eagle3":
         problems.append("speculators_config.algorithm is not 'eagle3'")
-    k = _speculative_tokens(config)
+    k = trained_k(config)
     if k is None:
         problems.append("no proposal method with speculative_tokens")
     layer = config.get("transformer_layer_config")

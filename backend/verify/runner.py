@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         keys = checks.header(ckpt)
     except (InputError, VerifierError, ck.CheckpointError) as exc:
         return refuse("verify", exc)
-    k = c.speculative_tokens or run.summary.get("speculative_tokens") or checks._speculative_tokens(config) or 3
+    k = c.speculative_tokens or run.summary.get("speculative_tokens") or checks.trained_k(config) or 3
     identity = {"input_run": run.run_id, "checkpoint": os.path.realpath(ckpt), "verifier": info.path,
                 "speculative_tokens": k, "samples": c.samples, "seed": c.seed}
     ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, fresh=c.fresh, prog="verify",
