@@ -369,13 +369,15 @@ async def test_journal_stream_resumes_after_dropped_connection(systemd_rig, rig_
 # -- ready the moment it is ready ---------------------------------------------------------------------
 
 async def test_ready_line_in_the_journal_makes_the_session_check_at_once(systemd_rig, rig_ssh, tmp_path):
-    """Over SSH under systemd, with a 5 s interval: the journal stream's `Application startup complete.`
-    makes the session ask /health and /v1/models at once, so ready comes well within one interval of
-    that line (polling alone: 2.5 s on average, up to 5 s)."""
+    """Over SSH under systemd, with a 30 s interval: the journal stream's `Application startup complete.`
+    (or the API server's start lines before it) makes the session ask /health and /v1/models at once. The
+    load takes 3 s, so the session's next tick is over 20 s after the ready line: ready within 5 s of it
+    can only come from that ask (the bound is loose for a loaded CI machine; the figure is
+    benchmarks/bench_readiness.py's)."""
     unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=3.0)
     profile = load_profile(unit.profile_path)
     try:
-        async with Session(profile, interval=5.0) as session:
+        async with Session(profile, interval=30.0) as session:
             snaps = session.snapshots(connecting=False)
             first = await asyncio.wait_for(snaps.__anext__(), 60)
             assert first.server.phase in ("stopped", "unknown"), first.server
@@ -384,7 +386,7 @@ async def test_ready_line_in_the_journal_makes_the_session_check_at_once(systemd
             ready_at = None
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                snap = await asyncio.wait_for(snaps.__anext__(), 30)
+                snap = await asyncio.wait_for(snaps.__anext__(), 45)
                 if snap.server.phase == "ready":
                     ready_at = time.time()
                     break
@@ -393,7 +395,7 @@ async def test_ready_line_in_the_journal_makes_the_session_check_at_once(systemd
                             if e.message.endswith("Application startup complete.")), None)
         assert ready_at is not None and line_ts is not None
         delay = ready_at - line_ts
-        assert delay < 1.5, f"ready {delay:.2f} s after the ready line (interval 5 s)"
+        assert delay < 5.0, f"ready {delay:.2f} s after the ready line (interval 30 s)"
         assert snap.server.model_id == SERVED
     finally:
         await stop_unit(rig_ssh, unit)

@@ -256,6 +256,10 @@ class Collector:
         one, _answer_http). The unit's state is not asked: the line came from its running invocation.
         True when the port answered."""
         await self._ask_http(extras=False)
+        if self.http.listening and self.service.active_state not in phases.ACTIVE_STATES:
+            # the last probe ran before the start: the line came from the unit's running invocation and its
+            # port answers, so "inactive" is older news (the next probe brings the unit's own word)
+            self.service = dataclasses.replace(self.service, active_state="active", sub_state="running")
         return self.http.listening
 
     async def _probe(self) -> float | None:
