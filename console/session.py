@@ -664,6 +664,11 @@ class Session:
             return refused
         return await self._run_all(server_restart_commands(self.profile), "restart server")
 
+    async def switch_finished(self) -> bool:
+        """Whether no program holds the host's server lock (a detached switch ends a moment after the
+        server it started answers: a step started before then would be refused)."""
+        return await self._lock_refused("") is None
+
     async def _lock_refused(self, what: str) -> ActionResult | None:
         """A program on the host holds the server lock (backend/serverlock.py: an extract, a bench, a
         switch, a pipeline): starting or stopping a server now would cut into its switch."""

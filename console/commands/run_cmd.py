@@ -161,6 +161,10 @@ async def wait_server(session: Session, which: str, timeout: float) -> int:
                       f"auxiliary layers {aux}")
             else:
                 print(f"ready: {srv.model_id}")
+            # the switch (detached on the host) sees the server answer a moment after the console does and
+            # only then lets go of the server lock: the next command (a bench, a stage) would be refused
+            while not await session.switch_finished() and loop.time() < deadline:
+                await asyncio.sleep(0.25)
             return 0
         if on_it and srv.phase == "failed":
             print(f"error: the {which} server failed: {clean_block(srv.error or 'see its log')}", file=sys.stderr)
