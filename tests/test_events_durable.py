@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 
 import pytest
 
@@ -14,19 +13,13 @@ from backend.events import EventLog, EventWriteFailed, parse_events
 from backend.runs import write_json_atomic
 from console.telemetry.runs import RunBook
 from console.telemetry.probe import RunFile
-from harness.rig.availability import rig_unavailable
+from harness.rig.tmpfs import small_tmpfs
 
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        rig_unavailable(f"cannot mount a small tmpfs for the full-disk test (needs root): {mounted.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    with small_tmpfs(tmp_path / "small", "64k") as mnt:
+        yield mnt
 
 
 def fill(directory) -> None:

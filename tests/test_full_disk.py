@@ -12,13 +12,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.rig.availability import rig_unavailable
+from harness.rig.tmpfs import small_tmpfs
 from tests.test_stage_contract import LAYERS, Case, Kit, events, make_case, py, start
 from tests.drafter_support import copy_runs
 
@@ -34,14 +33,8 @@ def kit(tmp_path_factory):
 @pytest.fixture
 def small_work(tmp_path):
     """tmp_path/work on its own 64 MiB tmpfs (room for the copied input runs and a 32 MiB download)."""
-    mnt = tmp_path / "work"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        rig_unavailable(f"cannot mount a small tmpfs for the full-disk test (needs root): {mounted.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    with small_tmpfs(tmp_path / "work", "64m") as mnt:
+        yield mnt
 
 
 def fill(volume: Path, leave: int = 0) -> None:

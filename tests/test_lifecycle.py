@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from backend import exitcodes
-from tests.rig.availability import rig_unavailable
+from harness.rig.tmpfs import small_tmpfs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -147,14 +147,8 @@ def test_a_failed_event_write_never_takes_the_run_down(tmp_path, capsys):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        rig_unavailable(f"cannot mount a small tmpfs for the full-disk test (needs root): {mounted.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    with small_tmpfs(tmp_path / "small", "256k") as mnt:
+        yield mnt
 
 
 def test_a_full_disk_ends_the_run_with_a_finish_naming_the_full_volume(tmp_path, small_disk):
