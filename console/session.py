@@ -88,29 +88,11 @@ class Controller(Protocol):
 
     async def serve_baseline(self) -> ActionResult: ...
 
-    async def disk_report(self) -> DiskReport:
-        await self.host.connect()
-        return await disk.survey(self.host, self.profile, readonly=self.readonly)
+    async def disk_report(self) -> DiskReport: ...
 
-    def _prune_selection(self) -> list[str]:
-        running = [r.run_id for r in self.collector.run_infos() if r.state == "running"]
-        return disk.selection_args(running=running, older_than_s=None, stage=None, archived=False)
+    async def prune_plan(self) -> disk.PrunePlan: ...
 
-    async def prune_plan(self) -> disk.PrunePlan:
-        return await disk.prune(self.host, self.profile, self._prune_selection())
-
-    async def prune_runs(self, names: list[str]) -> ActionResult:
-        """Delete the runs the operator agreed to; the host plans again first and keeps what is protected now."""
-        if refused := self._refused():
-            return refused
-        try:
-            done = await disk.prune(self.host, self.profile, self._prune_selection(), only=names)
-        except (disk.DiskError, HostError) as e:
-            return ActionResult(False, clean_block(str(e)))
-        kept = [n for n in names if n not in done.deleted]
-        note = f"; kept after all (protected or gone meanwhile): {', '.join(kept)}" if kept else ""
-        return ActionResult(True, f"deleted {len(done.deleted)} run(s): {', '.join(done.deleted) or 'none'}{note}",
-                            (f"python -m backend.disk prune --delete ({len(names)} run(s))",))
+    async def prune_runs(self, names: list[str]) -> ActionResult: ...
 
     async def deep_check(self) -> ActionResult: ...
 
@@ -699,6 +681,30 @@ class Session:
             return ActionResult(False, f"the drafter server runs in {ds.drafter_unit(self.profile)}: serve the "
                                        f"baseline (it stops the drafter server first)")
         return None
+
+    async def disk_report(self) -> DiskReport:
+        await self.host.connect()
+        return await disk.survey(self.host, self.profile, readonly=self.readonly)
+
+    def _prune_selection(self) -> list[str]:
+        running = [r.run_id for r in self.collector.run_infos() if r.state == "running"]
+        return disk.selection_args(running=running, older_than_s=None, stage=None, archived=False)
+
+    async def prune_plan(self) -> disk.PrunePlan:
+        return await disk.prune(self.host, self.profile, self._prune_selection())
+
+    async def prune_runs(self, names: list[str]) -> ActionResult:
+        """Delete the runs the operator agreed to; the host plans again first and keeps what is protected now."""
+        if refused := self._refused():
+            return refused
+        try:
+            done = await disk.prune(self.host, self.profile, self._prune_selection(), only=names)
+        except (disk.DiskError, HostError) as e:
+            return ActionResult(False, clean_block(str(e)))
+        kept = [n for n in names if n not in done.deleted]
+        note = f"; kept after all (protected or gone meanwhile): {', '.join(kept)}" if kept else ""
+        return ActionResult(True, f"deleted {len(done.deleted)} run(s): {', '.join(done.deleted) or 'none'}{note}",
+                            (f"python -m backend.disk prune --delete ({len(names)} run(s))",))
 
     async def deep_check(self) -> ActionResult:
         try:

@@ -329,13 +329,9 @@ class ConsoleApp(App[None]):
 
     async def _survey_disk(self) -> None:
         pane = self.query_one(DiskPane)
-        survey = getattr(self.controller, "disk_report", None)
-        if survey is None:
-            pane.show_problem("this console cannot read the host's disk")
-            return
         pane.set_subtitle("sizing runs…")
         try:
-            pane.show_report(await survey())
+            pane.show_report(await self.controller.disk_report())
         except Exception as exc:  # DiskError, HostError: said in the pane
             pane.show_problem(f"{type(exc).__name__}: {exc}")
         finally:
@@ -348,11 +344,8 @@ class ConsoleApp(App[None]):
         self.run_worker(self._ask_to_prune(), group="disk", exclusive=True, exit_on_error=False)
 
     async def _ask_to_prune(self) -> None:
-        plan_of = getattr(self.controller, "prune_plan", None)
-        if plan_of is None:
-            return
         try:
-            plan = await plan_of()
+            plan = await self.controller.prune_plan()
         except Exception as exc:
             self.notify(f"prune: {type(exc).__name__}: {exc}", severity="error", markup=False)
             return
@@ -367,7 +360,7 @@ class ConsoleApp(App[None]):
                       f"{shown}{more}\n{kept}".strip(), "prune", lambda: self._prune_then_refresh(names))
 
     async def _prune_then_refresh(self, names: list[str]) -> ActionResult:
-        result = await self.controller.prune_runs(names)  # type: ignore[attr-defined]
+        result = await self.controller.prune_runs(names)
         self.action_disk()
         return result
 
