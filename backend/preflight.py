@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 
 @dataclass
@@ -65,21 +65,30 @@ def free_bytes(path: str) -> int:
 
 
 def check_disk(report: PreflightReport, path: str, need: int, *, what: str, fix: str,
-               work_dir: str | None = None) -> None:
+               work_dir: str | None = None, uses: Iterable[str] = ()) -> None:
     """`disk_space`: `need` bytes free on the volume of `path`, for `what` the stage writes; `fix` says how
-    else (after "free N there, "); with `work_dir`, which old runs would make room."""
+    else (after "free N there, "); with `work_dir`, which old runs would make room: never the run `path`
+    lies in (it may be the one resuming) nor what it `uses` (its input runs, by id or path)."""
     free = free_bytes(path)
-    hint = room_hint_for(work_dir, need - free) if work_dir and free < need else ""
+    hint = room_hint_for(work_dir, need - free, run_id=run_of_path(work_dir, path), uses=uses) \
+        if work_dir and free < need else ""
     report.add("disk_space", free >= need,
                f"{human_bytes(free)} free on the volume of {path}; {what} may need up to {human_bytes(need)}",
                f"free {human_bytes(max(0, need - free))} there, {fix}{hint}")
 
 
-def room_hint_for(work_dir: str, short: int) -> str:
-    """The old runs whose removal would make room (backend/disk.py), or ''."""
+def run_of_path(work_dir: str, path: str) -> str | None:
+    """The run id whose directory `path` is or lies in (`<work dir>/runs/<run id>/...`), or None."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.join(os.path.abspath(work_dir), "runs"))
+    first = rel.split(os.sep)[0]
+    return None if rel.startswith("..") or first in ("", ".") else first
+
+
+def room_hint_for(work_dir: str, short: int, *, run_id: str | None = None, uses: Iterable[str] = ()) -> str:
+    """The old runs whose removal would make room (backend/disk.py), or '': never `run_id` or its `uses`."""
     from backend.disk import room_hint  # imported late: it reads run directories, this module is imported early
     try:
-        return room_hint(work_dir, short)
+        return room_hint(work_dir, short, run_id=run_id, uses=uses)
     except Exception:  # noqa: BLE001 - a hint must never break the preflight it decorates
         return ""
 

@@ -23,6 +23,25 @@ SUMMARY_FILE = "summary.json"
 # A run id also names the run's unit (`e3-<stage>-<run id>`: a systemd unit or a tmux session), so it
 # holds nothing either treats specially (no dots, colons or '#'). The one definition, for both sides.
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+UNIT_PREFIX = "e3-"
+_STAGE_NAME = re.compile(r"[a-z][a-z0-9_]*")  # stage names hold no '-': the first one after the prefix ends it
+
+
+def stage_unit_name(stage: str, run_id: str) -> str:
+    """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
+    return f"{UNIT_PREFIX}{stage}-{run_id}"
+
+
+def unit_run(name: str) -> tuple[str, str] | None:
+    """(stage, run id) of a `stage_unit_name` (a `.service` suffix allowed), or None: read on the host by
+    backend/disk.py, which keeps the run of every live unit or session whoever started it."""
+    name = name.removesuffix(".service")
+    if not name.startswith(UNIT_PREFIX):
+        return None
+    stage, sep, run_id = name[len(UNIT_PREFIX):].partition("-")
+    if not sep or not _STAGE_NAME.fullmatch(stage) or not RUN_ID_PATTERN.fullmatch(run_id):
+        return None
+    return stage, run_id
 
 
 class RunDirError(Exception):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from backend.bench import PAIR_STAGE, STAGE as BENCH_STAGE
-from backend.runs import RUN_ID_PATTERN
+from backend.runs import RUN_ID_PATTERN, stage_unit_name  # noqa: F401 - the one definition, the host's too
 from console.profile import Profile, check_unit
 
 # A pipeline run's stages run in its own unit, the chain's (their events name it)
@@ -19,11 +19,6 @@ UNIT_STAGE = {PAIR_STAGE: BENCH_STAGE}
 
 # Which server: the baseline (the profile's own unit) or the drafter server (its `-drafter` unit).
 SERVERS = ("baseline", "drafter")
-
-
-def stage_unit_name(stage: str, run_id: str) -> str:
-    """The systemd unit or tmux session of a stage run (the run id rule keeps it a valid name)."""
-    return f"e3-{stage}-{run_id}"
 
 
 def unit_stages(run_stage: str) -> tuple[str, ...]:

@@ -701,9 +701,12 @@ class Session:
             done = await disk.prune(self.host, self.profile, self._prune_selection(), only=names)
         except (disk.DiskError, HostError) as e:
             return ActionResult(False, clean_block(str(e)))
-        kept = [n for n in names if n not in done.deleted]
-        note = f"; kept after all (protected or gone meanwhile): {', '.join(kept)}" if kept else ""
-        return ActionResult(True, f"deleted {len(done.deleted)} run(s): {', '.join(done.deleted) or 'none'}{note}",
+        by = {d.name: d for d in done.results}
+        lines = [f"deleted {len(done.deleted)} of {len(names)} run(s)"]
+        lines += [f"{n}: " + ("deleted" if n in by and by[n].deleted else
+                              f"NOT deleted: {by[n].reason if n in by else 'no answer from the host'}") for n in names]
+        lines += [f"left out: {s}" for s in done.skipped]
+        return ActionResult(len(done.deleted) == len(names), clean_block("\n".join(lines)),
                             (f"python -m backend.disk prune --delete ({len(names)} run(s))",))
 
     async def deep_check(self) -> ActionResult:

@@ -55,17 +55,22 @@ def test_plan_keeps_running_runs_their_inputs_and_the_newest_completed(tmp_path)
     assert by[archived.name].archived and by[archived.name].run_id == "gen-x" and by["gen-old"].size >= 4096
     plan = disk.plan_prune(runs, running=["verify-failed"], now=time.time())
     kept = {r.name: why for r, why in plan.keep}
+    assert {r.name for r in plan.delete} == {archived.name}
+    assert kept["train-dead"] == "unfinished: resumable (runs prune --resumable deletes it)"
+    plan = disk.plan_prune(runs, running=["verify-failed"], now=time.time(), resumable=True)
+    kept = {r.name: why for r, why in plan.keep}
     assert {r.name for r in plan.delete} == {"train-dead", archived.name}
+    via = "(manifest.json: identity.input_run)"
     assert kept == {"gen-new": "the newest completed generate run", "prep-b": "the newest completed prepare run",
-                    "prep-a": "the input of running run train-live", "verify-failed": "running",
-                    "gen-old": "the input of running run train-live",  # through prep-a
+                    "prep-a": f"the input of train-live {via}", "verify-failed": "running",
+                    "gen-old": f"the input of prep-a {via}",  # through prep-a
                     "train-live": kept["train-live"]}
     assert kept["train-live"].startswith("unfinished and written")
     assert plan.total == sum(r.size for r in plan.delete)
     # the selection narrows what may go, never what is protected
     assert [r.name for r in disk.plan_prune(runs, now=time.time(), archived_only=True).delete] == [archived.name]
     assert {r.name for r in disk.plan_prune(runs, now=time.time(), older_than_s=5 * DAY).delete} == {archived.name}
-    assert {r.name for r in disk.plan_prune(runs, now=time.time(), stage="train").delete} == {"train-dead"}
+    assert {r.name for r in disk.plan_prune(runs, now=time.time(), stage="train", resumable=True).delete} == {"train-dead"}
 
 
 def test_a_running_pipeline_protects_every_run_of_it(tmp_path):
@@ -75,7 +80,7 @@ def test_a_running_pipeline_protects_every_run_of_it(tmp_path):
     make_run(work, "n", "pipeline", status=None, stages=[["generate", "n-generate"], ["prepare", "n-prepare"]])
     _, runs = disk.survey(str(work))
     plan = disk.plan_prune(runs, now=time.time())
-    assert dict((r.name, why) for r, why in plan.keep)["n-generate"] == "the input of running run n"
+    assert dict((r.name, why) for r, why in plan.keep)["n-generate"] == "the input of n (manifest.json: identity.stages[0][1])"
 
 
 def test_delete_removes_only_what_was_agreed_and_allowed(tmp_path):
@@ -85,7 +90,9 @@ def test_delete_removes_only_what_was_agreed_and_allowed(tmp_path):
     make_run(work, "c", "generate", age_s=1 * DAY)
     _, runs = disk.survey(str(work))
     plan = disk.plan_prune(runs, now=time.time())
-    assert disk.delete(str(work), plan, ["a", "c", "../../etc"]) == ["a"]  # c is the newest completed
+    assert disk.delete(str(work), plan, ["a", "c", "../../etc"]) == [
+        disk.Deletion("a", True), disk.Deletion("c", False, "kept: the newest completed generate run"),
+        disk.Deletion("../../etc", False, "not in the plan")]
     assert sorted(p.name for p in (work / "runs").iterdir()) == ["b", "c"]
 
 
@@ -212,7 +219,7 @@ async def test_u_shows_the_disk_pane_and_p_asks_before_pruning_what_it_lists():
                 break
             await pilot.pause(0.05)
         assert isinstance(app.screen, ConfirmScreen)
-        assert app.screen.question == "Delete 1 run(s), 143.0 GiB on gpu-host?"
+        assert app.screen.question == "Delete these 1 run(s), 143.0 GiB on gpu-host?"
         assert "gen-1.archived-20261130T0101" in app.screen.detail
         assert "kept: gen-2 (the newest completed generate run)" in app.screen.detail
         await pilot.press("enter")  # No has the focus
@@ -251,4 +258,4 @@ def test_a_run_linked_to_another_volume_is_listed_with_its_volume_never_deleted(
     assert hs.link == str((elsewhere / "hs").resolve()) and hs.size >= 1 << 16 and hs.stage == "extract"
     plan = disk.plan_prune(runs, now=time.time())
     assert dict((r.name, why) for r, why in plan.keep)["hs"].startswith("a link to ")
-    assert disk.delete(str(work), disk.Plan(delete=[hs]), ["hs"]) == [] and (elsewhere / "hs").exists()
+    assert not disk.delete(str(work), disk.Plan(delete=[hs]), ["hs"])[0].deleted and (elsewhere / "hs").exists()

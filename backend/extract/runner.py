@@ -150,7 +150,8 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
     inputs.estimate = _estimate(c, inputs)
     e = inputs.estimate
     short = e.need_bytes + e.reserve_bytes - e.free_bytes
-    report.add("disk_space", e.fits, e.detail(), e.refusal() + ("" if e.fits else room_hint_for(c.work_dir, short)))
+    report.add("disk_space", e.fits, e.detail(), e.refusal() + ("" if e.fits else room_hint_for(c.work_dir, short, run_id=c.run_id,
+                                                                             uses=(prep.run_id,))))
     return report, inputs
 
 

@@ -140,6 +140,7 @@ def checkpoint_bytes(params: int, trainable: int, saves: int) -> int:
     return saves * (2 * params + 4 * trainable)
 
 
-def check_disk(report: PreflightReport, path: str, need: int, work_dir: str | None = None) -> None:
-    shared.check_disk(report, path, need, what="the checkpoints", work_dir=work_dir,
+def check_disk(report: PreflightReport, path: str, need: int, work_dir: str | None = None,
+               uses: tuple[str, ...] = ()) -> None:
+    shared.check_disk(report, path, need, what="the checkpoints", work_dir=work_dir, uses=uses,
                       fix="raise [train] checkpoint_freq (fewer saves), or point the work dir at a larger volume")

@@ -266,7 +266,8 @@ class Stage:
         if self.swap_plan is None:
             pf.check_gpus(report, processes, available)
         pf.check_disk(report, where, estimate_checkpoint_bytes(self.c, inputs.info, len(inputs.layer_ids))
-                      + self.c.min_free_bytes, self.c.work_dir)
+                      + self.c.min_free_bytes, self.c.work_dir,
+                      uses=(inputs.run.run_id, *((inputs.warm.checkpoint,) if inputs.warm else ())))
         return report
 
     def run(self) -> int:

@@ -25,12 +25,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--profile", required=True)
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_disk)
-    p = rsub.add_parser("prune", help="delete old runs (never a running run, its input, or the newest "
-                                      "completed run of a stage); lists them and asks first")
+    p = rsub.add_parser("prune", help="delete old runs (never a running or resumable run, the newest completed "
+                                      "run of a stage, the drafter being served, nor any run those need); "
+                                      "lists them and asks first")
     p.add_argument("--profile", required=True)
     p.add_argument("--older-than", help="only runs untouched for this long: 90s, 30m, 12h, 7d, 2w")
     p.add_argument("--stage", choices=STAGES + ("pipeline", "bench", PAIR_STAGE, "fetch_drafter"))
     p.add_argument("--archived", action="store_true", help="only the runs --fresh moved aside")
+    p.add_argument("--resumable", action="store_true",
+                   help="failed, stopped and unfinished runs may go too (kept otherwise: they can be resumed)")
     p.add_argument("--yes", action="store_true", help="do not ask (scripts)")
     p.set_defaults(func=cmd_prune)
 
@@ -51,13 +54,25 @@ def plan_text(plan: PrunePlan, now: float) -> str:
     lines = []
     if plan.delete:
         lines.append(f"would delete {len(plan.delete)} run(s), {human_bytes(plan.total_bytes)} in all:")
-        lines += [run_line(r, now) for r in plan.delete]
+        lines += [f"{run_line(r, now)}  ({r.breaks or 'breaks nothing'})" for r in plan.delete]
     else:
         lines.append("nothing to delete")
     if plan.keep:
         lines.append("kept:")
         lines += [f"{run_line(r, now)}  ({r.reason})" for r in plan.keep]
+    lines += [f"left out: {s}" for s in plan.skipped]
     return "\n".join(lines)
+
+
+def results_text(asked: list[str], done: PrunePlan) -> tuple[str, bool]:
+    """Each asked run's result, and whether every one went."""
+    by = {d.name: d for d in done.results}
+    lines = [f"deleted {len(done.deleted)} of {len(asked)} run(s)"]
+    for name in asked:
+        d = by.get(name)
+        lines.append(f"  {name}: " + ("deleted" if d and d.deleted else
+                                      f"NOT deleted: {d.reason if d else 'no answer from the host'}"))
+    return "\n".join(lines), len(done.deleted) == len(asked)
 
 
 async def running_runs(session: Session) -> list[str]:
@@ -80,13 +95,16 @@ def cmd_disk(a: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if a.json:
-        print(json.dumps({"volumes": [asdict(v) for v in report.volumes], "runs": [asdict(r) for r in report.runs]}))
+        print(json.dumps({"volumes": [asdict(v) for v in report.volumes], "runs": [asdict(r) for r in report.runs],
+                          "skipped": list(report.skipped)}))
         return 0
     now = time.time()
     for v in report.volumes:
         print(f"volume {v.path}: {human_bytes(v.free)} free of {human_bytes(v.total)}")
     for r in sorted(report.runs, key=lambda r: -r.size):
         print(run_line(r, now))
+    for s in report.skipped:
+        print(f"left out: {s}", file=sys.stderr)
     return 0
 
 
@@ -101,7 +119,7 @@ def cmd_prune(a: argparse.Namespace) -> int:
     async def go() -> int:
         async with Session(profile) as session:
             selection = selection_args(running=await running_runs(session), older_than_s=older, stage=a.stage,
-                                       archived=a.archived)
+                                       archived=a.archived, resumable=a.resumable)
             plan = await prune(session.host, profile, selection)
             now = time.time()
             print(plan_text(plan, now))
@@ -116,12 +134,13 @@ def cmd_prune(a: argparse.Namespace) -> int:
                 if answer.strip().lower() not in ("y", "yes"):
                     print("nothing deleted")
                     return 1
-            done = await prune(session.host, profile, selection, only=[r.name for r in plan.delete])
-            print(f"deleted {len(done.deleted)} run(s): {', '.join(done.deleted) or 'none'}")
-            missed = [r.name for r in plan.delete if r.name not in done.deleted]
-            if missed:
-                print(f"kept after all (protected or gone meanwhile): {', '.join(missed)}", file=sys.stderr)
-            return 0
+            asked = [r.name for r in plan.delete]
+            done = await prune(session.host, profile, selection, only=asked)
+            text, all_went = results_text(asked, done)
+            print(text)
+            for s in done.skipped:
+                print(f"left out: {s}", file=sys.stderr)
+            return 0 if all_went else 1
     try:
         return asyncio.run(go())
     except (DiskError, HostError) as e:

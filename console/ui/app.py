@@ -349,15 +349,19 @@ class ConsoleApp(App[None]):
         except Exception as exc:
             self.notify(f"prune: {type(exc).__name__}: {exc}", severity="error", markup=False)
             return
-        kept = "\n".join(f"kept: {r.name} ({r.reason})" for r in plan.keep[:6])
+        kept = "\n".join(f"kept: {r.name} ({r.reason})" for r in plan.keep)
+        left = "\n".join(f"left out: {s}" for s in plan.skipped)
         if not plan.delete:
-            self.notify(clean_block(f"nothing to prune\n{kept}".strip()), markup=False)
+            short = "\n".join(kept.splitlines()[:6] + left.splitlines()[:3])
+            self.notify(clean_block(f"nothing to prune\n{short}".strip()), markup=False)
             return
+        # every run the Yes deletes, each with its size and what it breaks: the list is the agreement
         names = [r.name for r in plan.delete]
-        shown = "\n".join(f"{human_bytes(r.size):>10}  {r.stage or '?'} {r.state}  {r.name}" for r in plan.delete[:12])
-        more = f"\n… and {len(names) - 12} more" if len(names) > 12 else ""
-        self._confirm(f"Delete {len(names)} run(s), {human_bytes(plan.total_bytes)} on {self.controller.host_name}?",
-                      f"{shown}{more}\n{kept}".strip(), "prune", lambda: self._prune_then_refresh(names))
+        shown = "\n".join(f"{human_bytes(r.size):>10}  {r.stage or '?'} {r.state}  {r.name}"
+                          f"  ({r.breaks or 'breaks nothing'})" for r in plan.delete)
+        self._confirm(f"Delete these {len(names)} run(s), {human_bytes(plan.total_bytes)} on "
+                      f"{self.controller.host_name}?", clean_block(f"{shown}\n{kept}\n{left}".strip()), "prune",
+                      lambda: self._prune_then_refresh(names))
 
     async def _prune_then_refresh(self, names: list[str]) -> ActionResult:
         result = await self.controller.prune_runs(names)

@@ -36,8 +36,10 @@ def disk_markup(report: DiskReport, now: float) -> Content:
                             age=f"{age_text(now - r.mtime):>4}", name=r.name))
     if len(runs) > SHOWN:
         parts.append(f"[dim]  … {len(runs) - SHOWN} smaller runs[/]")
-    parts.append("[dim]u refresh   p prune (asks first; never a running run, its inputs or a stage's newest "
-                 "completed run)[/]")
+    for s in report.skipped:
+        parts.append(markup("[yellow]  left out: $s[/]", s=s))
+    parts.append("[dim]u refresh   p prune (lists every run it would delete and asks first; never a running or "
+                 "resumable run, a stage's newest completed run, the drafter served, nor what they need)[/]")
     return lines(*parts)
 
 
