@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable
 
 from backend.lookup import last_finish
-from backend.runs import MANIFEST_FILE, UNIT_PREFIX, unit_run
+from backend.runs import MANIFEST_FILE, SUMMARY_FILE, UNIT_PREFIX, unit_run
 
 RECENT_S = 600.0  # an unfinished run written this recently may be running: never deleted
 _ARCHIVED = re.compile(r"(?P<run_id>[A-Za-z0-9][A-Za-z0-9_-]{0,63})\.archived-[0-9T-]+")
@@ -166,7 +166,9 @@ def record_strings(path: str) -> list[tuple[str, str]]:
     with where it is: what the dependency graph reads for the runs one run needs."""
     out: list[tuple[str, str]] = []
     try:
-        names = sorted(n for n in os.listdir(path) if n.endswith(".json"))[:RECORDS_MAX]
+        first = (MANIFEST_FILE, SUMMARY_FILE)  # what the run is, then what it made: named first in a reason
+        names = sorted((n for n in os.listdir(path) if n.endswith(".json")),
+                       key=lambda n: (first.index(n) if n in first else len(first), n))[:RECORDS_MAX]
     except OSError:
         return out
     for name in names:
@@ -206,11 +208,12 @@ def names_in_text(text: str, prefixes: Iterable[str]) -> list[str]:
 def _references(strings: list[tuple[str, str]], *, self_name: str, by_id: dict[str, str], names: set[str],
                 prefixes: tuple[str, ...]) -> dict[str, str]:
     refs: dict[str, str] = {}
+    for where, text in strings:  # a run id first: the plainest way a record names the run (input_run)
+        if text in by_id and by_id[text] != self_name:
+            refs.setdefault(by_id[text], where)
     for where, text in strings:
-        found = [by_id[text]] if text in by_id else []
-        found += [n for n in names_in_text(text, prefixes) if n in names]
-        for name in found:
-            if name != self_name:
+        for name in names_in_text(text, prefixes):
+            if name in names and name != self_name:
                 refs.setdefault(name, where)
     return refs
 

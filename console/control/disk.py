@@ -160,8 +160,8 @@ async def _backend_disk(host: Host, profile: Profile, args: list[str], *, readon
     return _json(res.stdout)
 
 
-async def survey(host: Host, profile: Profile, *, readonly: bool = False) -> DiskReport:
-    data = await _backend_disk(host, profile, ["survey"], readonly=readonly)
+def parse_survey(data: dict[str, Any]) -> DiskReport:
+    """Pure: `backend.disk survey`'s answer (untrusted): what does not read is left out and said."""
     skipped = _skipped(data)
     vols = []
     for v in _list(data.get("volumes")):
@@ -172,6 +172,10 @@ async def survey(host: Host, profile: Profile, *, readonly: bool = False) -> Dis
             skipped.append(f"a volume left out: {e}")
     runs = _runs(data.get("runs"), skipped)
     return DiskReport(tuple(vols), runs, tuple(skipped))
+
+
+async def survey(host: Host, profile: Profile, *, readonly: bool = False) -> DiskReport:
+    return parse_survey(await _backend_disk(host, profile, ["survey"], readonly=readonly))
 
 
 def selection_args(*, running: Iterable[str], older_than_s: float | None, stage: str | None,
@@ -200,6 +204,12 @@ async def prune(host: Host, profile: Profile, selection: list[str], *, only: Ite
         for name in only:
             args += ["--only", name]
     data = await _backend_disk(host, profile, args, readonly=False, sudo=only is not None and profile.server.sudo)
+    return parse_plan(data)
+
+
+def parse_plan(data: dict[str, Any]) -> PrunePlan:
+    """Pure: `backend.disk prune`'s answer (untrusted): an entry that does not read is left out and said,
+    and never deleted (a deletion names only the runs read here)."""
     skipped = _skipped(data)
     keep = _runs(data.get("keep"), skipped)
     delete = _runs(data.get("delete"), skipped)
@@ -208,11 +218,7 @@ async def prune(host: Host, profile: Profile, selection: list[str], *, only: Ite
         if isinstance(d, dict) and isinstance(d.get("name"), str):
             results.append(Deletion(clean(d["name"])[:200], d.get("deleted") is True,
                                     clean(str(d.get("reason") or ""))[:500]))
-    try:
-        total = int(_num(data.get("total_bytes", 0), "total_bytes"))
-    except DiskError as e:
-        skipped.append(str(e))
-        total = sum(r.size for r in delete)
-    return PrunePlan(delete=delete, keep=keep, total_bytes=total,
+    # the total of the runs shown (and asked for), not the host's number: an entry left out is not in it
+    return PrunePlan(delete=delete, keep=keep, total_bytes=sum(r.size for r in delete),
                      deleted=tuple(r.name for r in results if r.deleted), results=tuple(results),
                      skipped=tuple(skipped))
