@@ -2,6 +2,7 @@
 (backend/disk.py), through `eagle3-console runs prune` on the demo host."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -116,10 +117,16 @@ def test_prune_on_the_demo_host_never_touches_protected_runs(tmp_path):
     work = tmp_path / "d"
     profile = demo.prepare(work, speed=5)
     host_work = Path(profile.paths.work_dir)
+    make_run(host_work, "gen-older", "generate", age_s=12 * DAY)
     make_run(host_work, "gen-old", "generate", age_s=9 * DAY)
     make_run(host_work, "gen-new", "generate", age_s=2 * DAY)
     make_run(host_work, "prep-a", "prepare", input_run="gen-old", age_s=8 * DAY)
-    make_run(host_work, "train-live", "train", status=None, input_run="prep-a", age_s=1)
+    src = make_run(host_work, "train-src", "train", age_s=10 * DAY)
+    make_run(host_work, "train-newer", "train", age_s=1 * DAY)
+    live = make_run(host_work, "train-live", "train", status=None, input_run="prep-a", age_s=1)
+    manifest = json.loads((live / "manifest.json").read_text())  # a warm start: from_pretrained is a path
+    manifest["identity"]["from_pretrained"] = str(src / "checkpoints" / "epoch-2")
+    (live / "manifest.json").write_text(json.dumps(manifest))
     make_run(host_work, "verify-old", "verify", status="failed", age_s=6 * DAY)
 
     def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -128,14 +135,21 @@ def test_prune_on_the_demo_host_never_touches_protected_runs(tmp_path):
     try:
         asked = cli()  # no terminal to ask on and no --yes: the list, and nothing deleted
         assert asked.returncode == 2, asked.stderr
-        assert "would delete 1 run(s)" in asked.stdout and "verify-old" in asked.stdout
-        assert "(the input of running run train-live)" in asked.stdout
+        assert "would delete 1 run(s)" in asked.stdout and "gen-older" in asked.stdout
+        assert "(breaks nothing)" in asked.stdout
+        assert "(the input of prep-a (manifest.json: identity.input_run))" in asked.stdout
+        assert "(the input of train-live (manifest.json: identity.from_pretrained))" in asked.stdout
         assert "(the newest completed generate run)" in asked.stdout
-        assert (host_work / "runs" / "verify-old").exists()
+        assert "(failed: resumable (runs prune --resumable deletes it))" in asked.stdout
+        assert (host_work / "runs" / "gen-older").exists()
         done = cli("--yes")
         assert done.returncode == 0, done.stderr
-        assert "deleted 1 run(s): verify-old" in done.stdout
-        assert sorted(p.name for p in (host_work / "runs").iterdir()) == ["gen-new", "gen-old", "prep-a", "train-live"]
+        assert "deleted 1 of 1 run(s)\n  gen-older: deleted" in done.stdout
+        done = cli("--yes", "--resumable")
+        assert done.returncode == 0, done.stderr
+        assert "deleted 1 of 1 run(s)\n  verify-old: deleted" in done.stdout
+        assert sorted(p.name for p in (host_work / "runs").iterdir()) == [
+            "gen-new", "gen-old", "prep-a", "train-live", "train-newer", "train-src"]
         again = cli("--yes", "--stage", "generate")
         assert "nothing to delete" in again.stdout and (host_work / "runs" / "gen-old").exists()
     finally:
