@@ -384,3 +384,80 @@ def test_randomized_graphs_never_lose_what_a_kept_run_needs(tmp_path, seed):
     assert all(d.deleted for d in results)
     left = {p.name for p in (work / "runs").iterdir()}
     assert left == kept and all(truth[n] <= left for n in kept)
+
+
+async def test_the_delete_runs_as_the_stages_do_through_sudo_where_the_profile_says(tmp_path, monkeypatch):
+    """sudo = true: the stages run as root (systemd-run through `sudo -n`, no --uid), so the delete goes
+    through `sudo -n` too, and only the delete (the plan reads as the SSH user). A `sudo` first on PATH
+    that notes its argv and runs it stands in for sudo: the tests run as root, where sudo changes nothing."""
+    import dataclasses
+
+    from console import demo
+    from console.control import disk as cdisk
+    from console.host.factory import host_for_profile
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    log = tmp_path / "sudo.log"
+    (shim / "sudo").write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$1" = -n ] && shift\nexec "$@"\n')
+    (shim / "sudo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    profile = demo.prepare(tmp_path / "d")
+    work = Path(profile.paths.work_dir)
+    run(work, "old", "generate", age_s=9 * DAY)
+    run(work, "new", "generate", age_s=DAY)
+    profile = dataclasses.replace(profile, server=dataclasses.replace(profile.server, sudo=True))
+    host = host_for_profile(profile)
+    try:
+        plan = await cdisk.prune(host, profile, [])
+        assert [r.name for r in plan.delete] == ["old"] and not log.exists()
+        done = await cdisk.prune(host, profile, [], only=["old"])
+    finally:
+        await host.close()
+    assert done.results == (cdisk.Deletion("old", True),) and not (work / "runs" / "old").exists()
+    assert log.read_text().startswith("-n env PYTHONPATH=") and "backend.disk prune --delete --only old" in log.read_text()
+
+
+async def test_p_lists_every_run_it_deletes_and_deletes_exactly_those():
+    """The app's prune: one confirmation naming every run (scrollable, each with its size and what it
+    breaks), and the Yes deletes exactly that list. (The fake controller: the live app against a real
+    Session is another test's; this one is about what the dialog shows and what its Yes sends.)"""
+    from console.control.disk import PrunePlan, RunSpace
+    from console.session import ActionResult
+    from console.ui.app import ConsoleApp
+    from console.ui.screens.confirm import ConfirmScreen
+    from tests.fake_controller import FakeController, base_snapshot
+
+    runs = tuple(RunSpace(f"gen-{i:02d}", f"gen-{i:02d}", "generate", "completed", (i + 1) << 20, 0.0, False,
+                          breaks="breaks prep-9 (manifest.json: identity.input_run)" if i == 29 else "")
+                 for i in range(30))
+    deleted: list[list[str]] = []
+
+    class Fake(FakeController):
+        async def prune_plan(self):
+            return PrunePlan(delete=runs, keep=(), total_bytes=sum(r.size for r in runs))
+
+        async def prune_runs(self, names):
+            deleted.append(names)
+            return ActionResult(True, "\n".join(f"{n}: deleted" for n in names))
+
+    app = ConsoleApp(Fake([base_snapshot()]), clock=lambda: 1_700_000_010.0)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.press("p")
+        for _ in range(50):
+            if isinstance(app.screen, ConfirmScreen):
+                break
+            await pilot.pause(0.05)
+        screen = app.screen
+        assert isinstance(screen, ConfirmScreen) and screen.question.startswith("Delete these 30 run(s), 465.0 MiB")
+        assert all(f"  generate completed  {r.name}" in screen.detail for r in runs)
+        assert "30.0 MiB  generate completed  gen-29  (breaks prep-9 (manifest.json: identity.input_run))" in screen.detail
+        scroll = screen.query_one("#confirm-scroll")
+        await pilot.press("pagedown")
+        await pilot.pause(0.1)
+        assert scroll.scroll_y > 0  # the list is longer than the dialog: it scrolls, it is not cut
+        await pilot.press("y")
+        for _ in range(50):
+            if deleted:
+                break
+            await pilot.pause(0.05)
+    assert deleted == [[r.name for r in runs]]
