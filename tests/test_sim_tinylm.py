@@ -117,6 +117,20 @@ def test_transformers_loads_it_back(tiny_dir):
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     new = tok.decode(gen[0, len(ids):], skip_special_tokens=False)
     assert new.startswith("<think>") and "</think>" in new and new.endswith("<|im_end|>")
+    # vLLM decodes with skip_special_tokens and its deepseek_r1 reasoning parser splits the text at
+    # "</think>": the thinking markers must survive that decode (the end-of-turn token must not)
+    shown = tok.decode(gen[0, len(ids):], skip_special_tokens=True)
+    assert shown.startswith("<think>") and "</think>" in shown and "<|im_end|>" not in shown
+    assert [len(tok(m, add_special_tokens=False)["input_ids"]) for m in ("<think>", "</think>")] == [1, 1]
+
+
+def test_reshaped_for_vllms_cpu_attention(tiny_dir):
+    """vLLM's CPU build serves head sizes 32, 64, 80, ... (cpu_attn.py get_supported_head_sizes): 16 is
+    refused at the first request, so the demo's verifier could not be served by the real engine."""
+    config = json.loads((tiny_dir / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    assert head_dim in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+    assert config["num_attention_heads"] % config["num_key_value_heads"] == 0
 
 
 def test_template_render_is_prefix_stable(tiny_text):

@@ -6,6 +6,8 @@ ready/failed/stopped begins a fresh load; failure and shutdown end one.
 """
 from __future__ import annotations
 
+import re
+
 from console.snapshot import LOAD_ORDER, Progress
 from console.parsers import vllm_log as v
 from console.parsers.vllm_log import LogEvent, parse_line
@@ -14,6 +16,11 @@ from console.parsers.vllm_log import LogEvent, parse_line
 LOAD_PHASES: tuple[str, ...] = ("stopped", *LOAD_ORDER, "failed")
 _ORDER = {name: i for i, name in enumerate(LOAD_ORDER)}
 _TERMINAL = ("ready", "failed", "stopped")
+# pydantic's ValidationError puts the field and the reason on the lines after its header ("1 validation
+# error for SpeculativeConfig" / "bogus_key" / "  Unexpected keyword argument [type=...]"): the header
+# alone does not say what to fix
+_VALIDATION_HEADER = re.compile(r"ValidationError: \d+ validation errors? for \w+$")
+_VALIDATION_DETAIL_LINES = 2
 
 # Which phase each event kind moves the load to (forward only).
 _PHASE_OF: dict[str, str] = {
@@ -63,6 +70,7 @@ class LoadTracker:
         # from there, and a finished load's step durations are what the next load's ETA expects
         self.phase_started: dict[str, float] = {}
         self._cause: tuple[int, str] | None = None
+        self._detail_wanted = 0  # lines of a ValidationError still to fold into the cause
 
     @property
     def error(self) -> str | None:
@@ -71,11 +79,25 @@ class LoadTracker:
             return None
         return self._cause[1]
 
+    @property
+    def cause(self) -> str | None:
+        """The most specific failure or exception line of the current load, failed or not: what a server
+        that exits without a failure marker said last (vLLM refusing its configuration prints a Python
+        traceback and exits 1, which only the service manager sees as a failure)."""
+        return self._cause[1] if self._cause is not None else None
+
     def feed(self, line: str, ts: float | None = None) -> LogEvent | None:
         """Parse and apply one line; returns the event (or None) so callers can also use it."""
         event = parse_line(line)
         if event is not None:
+            self._detail_wanted = 0
             self.apply(event, ts)
+        elif self._detail_wanted and self._cause is not None:
+            detail = v.message_text(line).strip()
+            if detail:
+                detail = re.sub(r"\s*\[type=[^\]]*\]\s*$", "", detail)
+                self._cause = (self._cause[0], f"{self._cause[1]}: {detail}")
+                self._detail_wanted -= 1
         return event
 
     def stop(self, ts: float | None = None) -> None:
@@ -163,5 +185,7 @@ class LoadTracker:
         text = event.text or event.message
         if self._cause is None or rank > self._cause[0]:
             self._cause = (rank, text)
+            if _VALIDATION_HEADER.search(text):
+                self._detail_wanted = _VALIDATION_DETAIL_LINES
         if fatal:
             self.phase = "failed"

