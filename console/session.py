@@ -40,6 +40,7 @@ from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
 from console.telemetry.eta import downtime_text
 from console.telemetry.history import History
+from console.telemetry.port_watch import parse_port_watch, port_watch_argv
 from console.telemetry.server_log import LogFileCursor
 from console.snapshot import RunInfo, Snapshot
 
@@ -106,6 +107,7 @@ class Controller(Protocol):
 # over the journal stream the ready line itself can come a quarter of a second after it was written.
 ASK_WINDOW_S = {HTTP_START: 3.0, ROUTES: 3.0, APP_STARTING: 3.0, STARTUP_COMPLETE: 1.0}
 ASK_GAP_S = 0.02
+ASK_ON_LISTEN_S = 3.0  # the port watch saw it listen: /health answers within moments
 
 
 def ask_window(line: str) -> float | None:
@@ -142,6 +144,12 @@ class Session:
         self._answered = asyncio.Event()  # an ask found the port answering: the loop yields at once
         self._ready_watch: asyncio.Task | None = None
         self._ready_watch_path: str | None = None
+        # systemd: a watch of the port on the host for each run of the unit (telemetry/port_watch.py)
+        self._port_watch: asyncio.Task | None = None
+        self._port_watch_run: str | None = None  # the unit's invocation it was started for
+        # the run whose port an ask found answering: its later lines (journald brings uvicorn's startup
+        # lines a batch after the routes) ask nothing more; the next run's ask and watch are its own
+        self._answered_run: str | None = None
 
     @property
     def final_error(self) -> str | None:
@@ -204,8 +212,11 @@ class Session:
     def _server_said(self, line: str) -> None:
         """A line of the followed server's current run: if it says the API is starting or ready, ask."""
         window = ask_window(line)
-        if window is None:
-            return
+        if window is not None:
+            self._ask_for(window)
+
+    def _ask_for(self, window: float) -> None:
+        """Ask whether the server answers now, and every ASK_GAP_S for `window` seconds until it does."""
         self._ask_until = max(self._ask_until or 0.0, time.monotonic() + window)
         if self._asker is None or self._asker.done():
             self._asker = asyncio.create_task(self._ask_until_answered())
@@ -213,6 +224,7 @@ class Session:
     async def _ask_until_answered(self) -> None:
         while self._ask_until is not None and time.monotonic() < self._ask_until:
             if await self.collector.ask_ready():
+                self._answered_run = self.collector.log.invocation
                 self._answered.set()
                 break
             await asyncio.sleep(ASK_GAP_S)
@@ -230,6 +242,27 @@ class Session:
         if self._ready_watch is None:
             self._ready_watch_path = path
             self._ready_watch = asyncio.create_task(self._watch_ready_line(path))
+
+    def _ensure_port_watch(self, run: str | None) -> None:
+        """A line of the unit's run `run`: watch its port on the host until it listens (once per run).
+        A watch still waiting from an earlier run goes on: it fires when this run listens."""
+        if run is None or run == self._port_watch_run:
+            return
+        self._port_watch_run = run
+        if self._port_watch is None or self._port_watch.done():
+            self._port_watch = asyncio.create_task(self._watch_port())
+
+    async def _watch_port(self) -> None:
+        argv = port_watch_argv(self.profile.paths.python, self.profile.server.port)
+        try:
+            async for line in self.host.stream(argv):
+                said = parse_port_watch(line)
+                if said:
+                    self._ask_for(ASK_ON_LISTEN_S)
+                if said is not None:
+                    return
+        except HostError:
+            self._port_watch_run = None  # the link dropped: the run's next line starts another
 
     async def _watch_ready_line(self, path: str) -> None:
         delay = 0.5
@@ -310,7 +343,10 @@ class Session:
         async for entry in self._follow_unit(unit, lambda: self.collector.log.cursor):
             fed = self.collector.log.feed_entry(entry)
             if fed:  # a line of the unit's current run (False: an earlier run's; None: a duplicate)
-                self._server_said(entry.message)
+                run = self.collector.log.invocation
+                self._ensure_port_watch(run)
+                if run is None or run != self._answered_run:
+                    self._server_said(entry.message)
             if fed is not None:
                 line = JournalLine(clean(entry.message), unit, entry.ts)
                 for q in self._subscribers:
@@ -714,12 +750,12 @@ class Session:
         return ActionResult(text.startswith("ok"), clean_block(text), ("POST /v1/chat/completions",))
 
     async def close(self) -> None:
-        for task in (self._server_stream, self._refresh, self._ready_watch, self._asker):
+        for task in (self._server_stream, self._refresh, self._ready_watch, self._asker, self._port_watch):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        self._server_stream = self._refresh = self._ready_watch = self._asker = None
+        self._server_stream = self._refresh = self._ready_watch = self._asker = self._port_watch = None
         await self.collector.close()
         with contextlib.suppress(Exception):
             await self.host.close()
