@@ -1,6 +1,7 @@
 """Readiness latency: from the moment the vLLM stand-in listens to the moment `status --watch` says ready.
 
-    python benchmarks/bench_readiness.py [--over systemd|tmux] [--trials 20] [--interval 0.5] [--load-seconds 1]
+    python benchmarks/bench_readiness.py [--over systemd|tmux] [--between restart|stop-start] [--trials 20]
+                                         [--interval 0.5] [--load-seconds 1]
 
 `--over systemd` (the default; needs root and scripts/install-system-deps.sh): boots the project's systemd
 rig (harness/rig/systemd_host.py: systemd as PID 1 in private namespaces with its own sshd on loopback),
@@ -8,13 +9,18 @@ installs the stand-in there as a systemd unit, and watches it the way an operato
 `eagle3-console status --watch` process over real SSH (asyncssh, the rig's host key verified) with a
 systemd-manager profile. `--over tmux`: the local demo profile (tmux manager), no SSH.
 
-Each trial starts the server with the console's own start-server, a thread notes when its port first
-accepts a connection (a 2 ms connect loop: vLLM binds at once but listens only when loaded; the rig
-shares this machine's network namespace, so its 127.0.0.1 is ours), and the watch's JSON line with phase
-`ready` is timestamped as it is read. The session does not wait for its next tick: the server's
-`Application startup complete.` (the journal stream under systemd, a `tail -F` of the log under tmux)
-makes it ask /health and /v1/models at once. Target: median <= 0.25 s (polling alone: about half the
-interval; the seed's `sleep 300` took up to 300 s).
+The first trial starts the server with the console's own start-server. Between trials, over systemd, the
+unit is restarted the way an operator does it on the host (`--between restart`, the default there):
+`systemctl stop`, `systemctl reset-failed`, `systemctl start` of the same unit name, back to back, not
+waiting for the watch to see it stopped; `--between stop-start` (the only one over tmux) uses the
+console's stop-server, waits for the watch's `stopped`, then its start-server. A thread notes when the
+port first accepts a connection (a 2 ms connect loop: vLLM binds at once but listens only when loaded; the
+rig shares this machine's network namespace, so its 127.0.0.1 is ours), and the watch's JSON line with
+phase `ready` is timestamped as it is read. The session does not wait for its next tick: under systemd a
+watch of the port on the host (console/telemetry/port_watch.py) and the journal's API lines, under tmux a
+`tail -F` of the log, make it ask /health and /v1/models at once. Target: every trial (the max) within
+0.25 s; the median and max are printed (polling alone: about half the interval; the seed's `sleep 300`
+took up to 300 s).
 """
 from __future__ import annotations
 
