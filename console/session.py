@@ -6,7 +6,8 @@ through a Session and nothing else does, so they always agree (the same refusals
 The loop ticks on its interval whatever the host layer is doing: a refresh that has not answered within
 its deadline yields a snapshot that says the host is not answering (and since when), with the last
 known values, while that refresh goes on in the background. The server unit's journal is streamed once
-and shared: it feeds the load tracker and any view following the server's log.
+and shared: it feeds the load tracker, the readiness watch
+(telemetry/readiness_watch.py: the ready ask) and any view following the server's log.
 """
 from __future__ import annotations
 
@@ -35,11 +36,11 @@ from console.host.base import AuthenticationFailed, HostError, HostKeyError
 from console.host.factory import host_for_profile
 from console.parsers.journal import journal_follow_argv, parse_journal_json
 from console.parsers.text import clean, clean_block
-from console.parsers.vllm_log import APP_STARTING, HTTP_START, ROUTES, STARTUP_COMPLETE, parse_line
 from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
 from console.telemetry.eta import downtime_text
 from console.telemetry.history import History
+from console.telemetry.readiness_watch import ReadinessWatch
 from console.telemetry.server_log import LogFileCursor
 from console.snapshot import RunInfo, Snapshot
 
@@ -99,21 +100,6 @@ class Controller(Protocol):
     async def close(self) -> None: ...
 
 
-# How long to keep asking /health and /v1/models after a server log line, and how often. From the API
-# server's start (`Starting vLLM server on`, its routes, uvicorn's startup lines) the port listens within
-# moments; after `Application startup complete.`, within milliseconds. Ask from the start: journald posts
-# new entries to followers at most every 250 ms (journald-server.c, POST_CHANGE_TIMER_INTERVAL_USEC), so
-# over the journal stream the ready line itself can come a quarter of a second after it was written.
-ASK_WINDOW_S = {HTTP_START: 3.0, ROUTES: 3.0, APP_STARTING: 3.0, STARTUP_COMPLETE: 1.0}
-ASK_GAP_S = 0.02
-
-
-def ask_window(line: str) -> float | None:
-    """Seconds to keep asking whether the server answers after this line of its log; None: no news."""
-    event = parse_line(line)
-    return ASK_WINDOW_S.get(event.kind) if event is not None else None
-
-
 class Session:
     def __init__(self, profile: Profile, *, readonly: bool = False, interval: float = 1.0,
                  deadline: float | None = None, clock: Callable[[], float] = time.time):
@@ -135,13 +121,8 @@ class Session:
         self._refresh: asyncio.Task | None = None
         self._waiting_since: float | None = None
         self.history = History()  # the panes' strips: GPU memory and utilization, token rates
-        # the server's log says its API is starting or ready: ask HTTP at once and until it answers
-        # (beside the ticks), so readiness comes within a round trip of the server listening
-        self._ask_until: float | None = None  # monotonic
-        self._asker: asyncio.Task | None = None
-        self._answered = asyncio.Event()  # an ask found the port answering: the loop yields at once
-        self._ready_watch: asyncio.Task | None = None
-        self._ready_watch_path: str | None = None
+        # the ready ask, the port watch and the log's tail: one owner (telemetry/readiness_watch.py)
+        self.readiness = ReadinessWatch(profile, self.host, self.collector)
 
     @property
     def final_error(self) -> str | None:
@@ -171,7 +152,8 @@ class Session:
             snap = tick.result()
             if answered and snap.host.not_answering_since is None:
                 snap = self.collector.snapshot()  # with the ask's answer: newer than the probe's
-            self._ensure_ready_watch()
+            if self._connected:
+                self.readiness.ensure_log_tail()
             self.history.add(snap)
             yield snap
             if self.final_error:
@@ -187,8 +169,9 @@ class Session:
 
     async def _answered_before(self, until: asyncio.Future | float) -> bool:
         """Wait for the tick (a future) or until a monotonic time; True, early, when a ready ask answered."""
-        if not self._answered.is_set():
-            waiter = asyncio.ensure_future(self._answered.wait())
+        answered = self.readiness.answered
+        if not answered.is_set():
+            waiter = asyncio.ensure_future(answered.wait())
             try:
                 if isinstance(until, asyncio.Future):
                     await asyncio.wait({until, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -196,53 +179,10 @@ class Session:
                     await asyncio.wait({waiter}, timeout=max(0.0, until - time.monotonic()))
             finally:
                 waiter.cancel()
-        if self._answered.is_set():
-            self._answered.clear()
+        if answered.is_set():
+            answered.clear()
             return True
         return False
-
-    def _server_said(self, line: str) -> None:
-        """A line of the followed server's current run: if it says the API is starting or ready, ask."""
-        window = ask_window(line)
-        if window is None:
-            return
-        self._ask_until = max(self._ask_until or 0.0, time.monotonic() + window)
-        if self._asker is None or self._asker.done():
-            self._asker = asyncio.create_task(self._ask_until_answered())
-
-    async def _ask_until_answered(self) -> None:
-        while self._ask_until is not None and time.monotonic() < self._ask_until:
-            if await self.collector.ask_ready():
-                self._answered.set()
-                break
-            await asyncio.sleep(ASK_GAP_S)
-        self._ask_until = None
-
-    def _ensure_ready_watch(self) -> None:
-        """tmux manager: the probe reads the server's log once a tick, so a `tail -F` of it (while the
-        loop runs) brings the ready line as it is written. systemd: the journal stream does it."""
-        if self.profile.server.manager == "systemd" or not self._connected:
-            return
-        path = ds.server_log(self.profile, self.collector.active)
-        if self._ready_watch is not None and (self._ready_watch_path != path or self._ready_watch.done()):
-            self._ready_watch.cancel()
-            self._ready_watch = None
-        if self._ready_watch is None:
-            self._ready_watch_path = path
-            self._ready_watch = asyncio.create_task(self._watch_ready_line(path))
-
-    async def _watch_ready_line(self, path: str) -> None:
-        delay = 0.5
-        while self.final_error is None:
-            with contextlib.suppress(HostError):
-                # -s: GNU tail polls (once a second by default) instead of using inotify when the
-                # file is missing as it starts, as the log is before the server's first start
-                async for raw in self.host.stream(["tail", "-n", "0", "-F", "-s", "0.05", "--", path]):
-                    delay = 0.5
-                    for line in raw.split("\r"):
-                        self._server_said(line)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
 
     async def tick(self) -> Snapshot:
         """One step: connect if needed, refresh within the deadline, or say the host is not answering."""
@@ -308,9 +248,13 @@ class Session:
         """The followed server unit's one journal stream: every entry goes to the load tracker and to
         each view following the server's log."""
         async for entry in self._follow_unit(unit, lambda: self.collector.log.cursor):
+            run = self.collector.log.invocation
             fed = self.collector.log.feed_entry(entry)
             if fed:  # a line of the unit's current run (False: an earlier run's; None: a duplicate)
-                self._server_said(entry.message)
+                if self.collector.log.invocation != run:  # the stream saw a restart before any probe did
+                    self.collector.new_run(time.monotonic())
+                    self.readiness.new_run()
+                self.readiness.run_line(self.collector.log.invocation, entry.message)
             if fed is not None:
                 line = JournalLine(clean(entry.message), unit, entry.ts)
                 for q in self._subscribers:
@@ -717,12 +661,13 @@ class Session:
         return ActionResult(text.startswith("ok"), clean_block(text), ("POST /v1/chat/completions",))
 
     async def close(self) -> None:
-        for task in (self._server_stream, self._refresh, self._ready_watch, self._asker):
+        for task in (self._server_stream, self._refresh):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        self._server_stream = self._refresh = self._ready_watch = self._asker = None
+        self._server_stream = self._refresh = None
+        await self.readiness.close()
         await self.collector.close()
         with contextlib.suppress(Exception):
             await self.host.close()

@@ -24,12 +24,15 @@ def test_help_names_both_measurements_without_pytest_or_tests():
     res = run_script("--help")
     assert res.returncode == 0, res.stderr
     assert "--over {systemd,tmux}" in res.stdout and "default; root" in res.stdout.replace("\n", " ")
+    assert "--between {restart,stop-start}" in res.stdout  # an operator's restart of the same unit, by default
 
 
 @pytest.mark.parametrize("args, message", [
     (["--over", "ssh"], "invalid choice: 'ssh'"),
     (["--trials", "0"], "--trials must be at least 1"),
     (["--over", "tmux", "--load-seconds", "0"], "--load-seconds above 0"),
+    (["--over", "tmux", "--between", "restart"], "--between restart is systemd's"),
+    (["--between", "reload"], "invalid choice: 'reload'"),
 ])
 def test_bad_arguments_are_refused(args, message):
     res = run_script(*args)

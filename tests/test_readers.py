@@ -157,4 +157,24 @@ def test_journal_lines_of_an_earlier_run_never_reach_the_tracker():
     assert log.tracker.phase == "starting"
     assert log.feed_entry(entry("c2", "new", start)) is None  # seen before
     assert log.begin_invocation("newer") and log.tracker.phase == "unknown"  # the probe saw a restart
+
+
+def test_a_probe_older_than_the_stream_never_brings_an_ended_run_back():
+    """Restart under one name while a probe is under way: the probe read the unit's InvocationID before
+    the stop and answers after the stream saw the new run's first lines. Taking its word would file the
+    new run as an earlier one, and its ready lines would then start no ready ask."""
+    from console.parsers.journal import parse_journal_json
+
+    def entry(cursor, inv, msg):
+        return parse_journal_json(json.dumps({"__CURSOR": cursor, "__REALTIME_TIMESTAMP": "1000000",
+                                              "_SYSTEMD_INVOCATION_ID": inv, "MESSAGE": msg}))
+
+    log = ServerLog()
+    assert log.begin_invocation("first")
+    start = "(APIServer pid=5) INFO 06-02 10:31:00 [api_server.py:1] vLLM server version 0.33.0, serving model m"
+    assert log.feed_entry(entry("c1", "second", start)) is True  # the stream: the restart's first line
+    assert not log.begin_invocation("first")  # the probe's older answer
+    assert log.invocation == "second"
+    ready = "(APIServer pid=5) INFO:     Application startup complete."
+    assert log.feed_entry(entry("c2", "second", ready)) is True
     assert stage_unit_name("generate", "r") == "e3-generate-r"

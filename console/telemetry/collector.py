@@ -352,8 +352,15 @@ class Collector:
             return
         info = self._service_info(sec, self.server_unit)
         if self.profile.server.manager == "systemd" and self.log.begin_invocation(info.invocation):
-            self.deep = self.reasoning_field = None  # a new run of the server: the check is void
+            self.new_run(self._probe_started)
         self.service = info
+
+    def new_run(self, seen_at: float) -> None:
+        """A new run of the server unit (the probe's InvocationID, or the journal stream's first line of
+        it; `seen_at` monotonic): what the earlier process answered says nothing of this one. An ask that
+        asked later still wins (_answer_http)."""
+        self._answer_http(HttpState(), seen_at)
+        self.deep = self.reasoning_field = None
 
     def _down_without_cause(self) -> bool:
         return (self.service.active_state in ("inactive", "failed")

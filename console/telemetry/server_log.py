@@ -37,7 +37,9 @@ class ServerLog:
 
     def begin_invocation(self, invocation: str | None) -> bool:
         """The service manager names the unit's current run; a new one starts a fresh load."""
-        if not invocation or invocation == self.invocation:
+        if not invocation or invocation == self.invocation or invocation in self._old:
+            # an ended run never comes back (systemd gives each start a new id): a probe that read the
+            # unit's state before a restart and answers after the stream saw the new run is older news
             return False
         if self.invocation is not None:
             self._old[self.invocation] = None
