@@ -144,6 +144,11 @@ def test_a_run_a_live_process_names_is_kept(tmp_path):
     spec = json.dumps({"method": "eagle3", "model": str(served / "checkpoint")})
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--speculative-config", spec])
     try:
+        # until the child has exec'd, /proc/PID/cmdline is still pytest's
+        deadline = time.monotonic() + 10
+        while spec.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.01)
         going, kept, _ = plan_of(work, live=disk.live_processes(str(work)))
         assert going == set() and kept["train-old"].startswith(f"used by live process {proc.pid} (python")
     finally:
