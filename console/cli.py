@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="demo only: >1 makes the simulated load faster (default 1: a ~20 s load)")
     parser.add_argument("--demo-dir", type=Path, default=None,
                         help="demo only: the demo host's work dir (default: under the user cache dir)")
+    demo_cmd.add_engine_option(parser, "--engine", "--demo-engine")
     parser.add_argument("--readonly", action="store_true", help="no action that changes the host")
     parser.add_argument("--keymap", help="TOML file remapping keys")
     sub = parser.add_subparsers(dest="command")

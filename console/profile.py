@@ -37,6 +37,8 @@ _MODEL_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./@+:-]{0,255}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _JUMP = re.compile(r"(?:(?P<user>[a-z_][a-z0-9_.-]{0,31})@)?(?P<host>[A-Za-z0-9.-]+)(?::(?P<port>\d{1,5}))?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_PY_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_PY_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(?:\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,15}")
 
 
 def check_hostname(v: str) -> str | None:
@@ -85,6 +87,14 @@ def check_model(v: str) -> str | None:
 
 def check_env_name(v: str) -> str | None:
     return None if _ENV_NAME.fullmatch(v) else "an environment variable name such as VLLM_API_KEY"
+
+
+def check_class_name(v: str) -> str | None:
+    return None if _PY_IDENT.fullmatch(v) else "a Python class name such as ExampleHiddenStatesConnector"
+
+
+def check_module_path(v: str) -> str | None:
+    return None if _PY_MODULE.fullmatch(v) else "a dotted Python module path such as sim.cpu_hidden_states_connector"
 
 
 def check_jump(v: str) -> str | None:
@@ -404,6 +414,13 @@ class ExtractSection:
                                       doc="environment of the extraction server (a systemd transient unit does "
                                           "not inherit the baseline unit's Environment=), e.g. "
                                           "CUDA_VISIBLE_DEVICES, HF_HOME")
+    connector: str = knob("ExampleHiddenStatesConnector", check=check_class_name,
+                          doc="the extraction server's hidden-states KV connector class (--kv-transfer-config "
+                              "kv_connector); vLLM's own by default")
+    connector_module: str | None = knob(None, check=check_module_path,
+                                        doc="the module vLLM imports `connector` from (kv_connector_module_path), "
+                                            "importable by the server's Python; default vLLM's registry (the "
+                                            "CPU demo: sim.cpu_hidden_states_connector)")
     concurrency: int = knob(8, min=1, max=1024)
     request_timeout_s: float = knob(120.0, min=1, max=86400)
     max_retries: int = knob(2, min=0, max=100)

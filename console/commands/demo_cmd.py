@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from console.commands.server_cmd import human, snapshot_once
-from console.demo import default_dir, effective_profile, running, start, stop
+from console.demo import ENGINES, INSTALL_SCRIPT, default_dir, effective_profile, running, start, stop
 from console.profile import load_profile
 
 
@@ -19,7 +19,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed-shape", action="store_true",
                    help="shaped like the seed host: the server holds all eight simulated GPUs and training asks "
                         "for one of them ([train] gpus = 1; it still computes on the CPU)")
+    add_engine_option(p, "--engine")
     p.set_defaults(func=cmd_demo_host)
+
+
+def add_engine_option(p: argparse.ArgumentParser, *flags: str) -> None:
+    p.add_argument(*flags, dest="engine", choices=ENGINES, default="stand-in",
+                   help="the demo's vLLM server: the stand-in (default; starts in seconds) or vLLM's own CPU build "
+                        f"serving the tiny verifier (install it once with `sh {INSTALL_SCRIPT}`); the GPUs are "
+                        "simulated either way")
 
 
 def cmd_demo_host(a: argparse.Namespace) -> int:
@@ -32,7 +40,7 @@ def cmd_demo_host(a: argparse.Namespace) -> int:
             print(existing.source)
             return 0
         try:
-            profile = asyncio.run(start(work_dir, speed=a.speed, seed_shape=a.seed_shape))
+            profile = asyncio.run(start(work_dir, speed=a.speed, seed_shape=a.seed_shape, engine=a.engine))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

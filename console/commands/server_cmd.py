@@ -91,7 +91,9 @@ async def snapshot_once(profile: Profile, *, deep: bool = False, timeout: float 
 def human(snap: Snapshot) -> str:
     h, s, v = snap.host, snap.service, snap.server
     lines = []
-    if h.simulated:
+    if h.simulated and h.sim_engine:
+        lines.append(f"*** demo host: {h.sim_text} ***")
+    elif h.simulated:
         text = f", serving {h.sim_text}" if h.sim_text else ""
         lines.append(f"*** SIMULATED demo host: no real GPU or vLLM{text} ***")
     if h.reachable:

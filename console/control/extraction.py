@@ -56,13 +56,21 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def extraction_flags(layer_ids: Sequence[int], storage: str) -> list[str]:
-    """vLLM's flags for an extraction server writing one state per id in `layer_ids` into `storage`."""
+def extraction_flags(layer_ids: Sequence[int], storage: str, connector: str = HS_CONNECTOR,
+                     connector_module: str | None = None) -> list[str]:
+    """vLLM's flags for an extraction server writing one state per id in `layer_ids` into `storage`, through
+    `connector` (vLLM's registry's, or imported from `connector_module`: the profile's [extract] values)."""
     spec = {"method": EXTRACT_METHOD, "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids]}}}
-    kv = {"kv_connector": HS_CONNECTOR, "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": storage}}
+    kv: dict[str, Any] = {"kv_connector": connector, "kv_role": "kv_producer",
+                          "kv_connector_extra_config": {"shared_storage_path": storage}}
+    if connector_module:
+        kv["kv_connector_module_path"] = connector_module
     return ["--speculative-config", _json(spec), "--kv-transfer-config", _json(kv)]
+
+
+def profile_extraction_flags(profile: Profile, layer_ids: Sequence[int], storage: str) -> list[str]:
+    return extraction_flags(layer_ids, storage, profile.extract.connector, profile.extract.connector_module)
 
 
 def _checked_base(profile: Profile, aux_layer_ids: Sequence[int], program: ServerProgram | None) -> ServerProgram:
@@ -82,7 +90,7 @@ def extractor_command(profile: Profile, layer_ids: Sequence[int], storage: str,
     """`layer_ids`: what the server is asked for (the aux ids and the final layer); `program`: the baseline's
     (operator_unit.read_server_program); default the profile's command."""
     base = _checked_base(profile, layer_ids, program)
-    return [*base.argv, *extraction_flags(layer_ids, storage)]
+    return [*base.argv, *profile_extraction_flags(profile, layer_ids, storage)]
 
 
 def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_layers: int,
@@ -97,7 +105,7 @@ def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_
     storage = staging_dir(profile, run_id)
     base = _checked_base(profile, aux_layer_ids, program)
     asked = extraction_layer_ids(aux_layer_ids, num_layers)
-    flags = extraction_flags(asked, storage)
+    flags = profile_extraction_flags(profile, asked, storage)
     start = derived_server_start_argv(profile, unit, base, flags, log_path=stage_log_path(profile, unit),
                                       env=dict(profile.extract.server_env), stop_timeout_s=s.stop_timeout_s)
     stop = stage_stop_argv(profile, unit) if s.manager == "systemd" else tmux_stop_argv(unit, s.stop_timeout_s)

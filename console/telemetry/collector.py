@@ -29,8 +29,8 @@ from console.telemetry import phase as phases
 from console.telemetry.eta_ready import (STEPS, comparable, estimate_ready, settings_key, step_durations,
                                          weights_elapsed)
 from console.telemetry.eta import LOADS_FILE, LoadRecord, estimate_load, last_load, parse_load_history
-from console.telemetry.http_checks import HttpState, check_http, deep_check, fetch_metrics, model_mismatch, \
-    sim_text_backend
+from console.telemetry.http_checks import HttpState, check_http, deep_check, demo_engine_text, \
+    fetch_metrics, model_mismatch, sim_text_backend
 from console.telemetry.metrics_window import MetricsWindow
 from console.telemetry.probe import SERVER_LOG_READ_MAX, build_probe, parse_df, parse_listen, parse_runs_listing, \
     split_sections
@@ -63,6 +63,7 @@ class Collector:
         self.error: str | None = None
         self.rtt_ms: float | None = None
         self.sim_text: str | None = None
+        self.sim_engine = False  # the demo's server is vLLM's own CPU build, not the stand-in
         # which server the telemetry follows: the baseline, or the drafter server when that is the one
         # running (drafter_server.SERVERS); the log, metrics and checks are of that server only
         self.active = "baseline"
@@ -424,7 +425,9 @@ class Collector:
             if not extras:
                 return  # the ready ask: /health and /v1/models only; the next tick brings the rest
             if self.profile.host.simulated and self.http.health == 200 and self.sim_text is None:
-                self.sim_text = await sim_text_backend(client)
+                self.sim_text = await sim_text_backend(client, self.http.version)
+                self.sim_engine = self.sim_text is not None and self.http.version is not None \
+                    and self.sim_text == demo_engine_text(self.http.version)
             if self.http.health == 200 and self.metrics.due(self.clock()):
                 text = await fetch_metrics(client)
                 if text is not None:
@@ -529,7 +532,7 @@ class Collector:
     def host_info(self, *, not_answering_since: float | None = None, error: str | None = None) -> HostInfo:
         return HostInfo(name=self.profile.host.name, reachable=self.reachable and not_answering_since is None,
                         error=error or self.error, rtt_ms=self.rtt_ms, simulated=self.profile.host.simulated,
-                        sim_text=self.sim_text, not_answering_since=not_answering_since,
+                        sim_text=self.sim_text, sim_engine=self.sim_engine, not_answering_since=not_answering_since,
                         unreadable=sum(self.unreadable.values()), unreadable_note=self.unreadable_note)
 
     def snapshot(self, *, not_answering_since: float | None = None, error: str | None = None) -> Snapshot:

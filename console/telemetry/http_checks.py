@@ -8,6 +8,7 @@ server dripping a byte a second would hold a plain request for ever) and every b
 from __future__ import annotations
 
 import asyncio
+import re
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,12 +129,21 @@ async def fetch_metrics(client: httpx.AsyncClient) -> str | None:
     return body.decode("utf-8", errors="replace") if code == 200 else None
 
 
-async def sim_text_backend(client: httpx.AsyncClient) -> str | None:
-    """Demo host only: which text the vLLM stand-in serves (`GET /_sim/info`, not a vLLM endpoint)."""
+def demo_engine_text(version: str) -> str:
+    """The demo host's header when its server is vLLM's own CPU build (console/demo.py, engine "vllm")."""
+    m = re.match(r"(\d{1,4})\.(\d{1,4})", version)
+    return f"vLLM {m[1]}.{m[2]} CPU build, simulated GPUs" if m else "vLLM CPU build, simulated GPUs"
+
+
+async def sim_text_backend(client: httpx.AsyncClient, version: str | None = None) -> str | None:
+    """Demo host only: which text the vLLM stand-in serves (`GET /_sim/info`, not a vLLM endpoint); when
+    the server has no such path (404) and told its /version `version`, it is vLLM's own CPU build."""
     try:
-        _, body = await asyncio.wait_for(_get(client, "/_sim/info", JSON_BODY_MAX), CHECK_DEADLINE_S)
+        code, body = await asyncio.wait_for(_get(client, "/_sim/info", JSON_BODY_MAX), CHECK_DEADLINE_S)
     except (httpx.HTTPError, BodyTooLarge, asyncio.TimeoutError):
         return None
+    if code == 404 and version is not None:
+        return demo_engine_text(version)
     info = _json(body)
     if not isinstance(info, dict) or not info.get("text_backend"):
         return None

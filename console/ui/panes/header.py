@@ -47,6 +47,7 @@ class HeaderPane(Horizontal):
         self._error: str | None = None
         self._not_answering = False
         self._sim_text: str | None = None
+        self._sim_engine = False
 
     def compose(self) -> ComposeResult:
         yield Text(self._left(), id="header-left")
@@ -65,10 +66,12 @@ class HeaderPane(Horizontal):
         template = " │ ".join(
             ["[b]eagle3-console[/b]", "profile [b]$profile[/b]", "host [b]$host[/b]",
              connection_markup(self.reachable, self._rtt, self._error, self._not_answering)]
-            + (["[reverse yellow] SIMULATED$what [/]"] if self.simulated else [])
+            # the real engine on simulated GPUs: the text says both (http_checks.demo_engine_text)
+            + (["[reverse yellow] $engine [/]" if self._sim_engine else "[reverse yellow] SIMULATED$what [/]"]
+               if self.simulated else [])
             + (["[reverse cyan] READ-ONLY [/]"] if self.readonly else []))
         return markup(template, profile=self.profile, host=self.host,
-                      what=f": {self._sim_text}" if self._sim_text else "")
+                      what=f": {self._sim_text}" if self._sim_text else "", engine=self._sim_text or "")
 
     def watch_snapshot(self, snapshot: Snapshot | None) -> None:
         if snapshot is None:
@@ -78,6 +81,7 @@ class HeaderPane(Horizontal):
         self._not_answering = getattr(host, "not_answering_since", None) is not None
         self.simulated = self.simulated or host.simulated
         self._sim_text = getattr(host, "sim_text", None) or self._sim_text
+        self._sim_engine = bool(getattr(host, "sim_engine", False)) or self._sim_engine
         self.query_one("#header-left", Text).show(self._left())
 
 
