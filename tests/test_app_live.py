@@ -389,16 +389,16 @@ async def test_v_b_serve_the_drafter_and_the_baseline_and_m_benches_them(host, t
         assert not pids("sim.vllm_server", checkpoint)
         await wait(pilot, lambda: app.last_snapshot.server.phase == "ready", "ready", 120)
 
-        before = run_dirs(host)
         await pilot.press("m")
         await confirmation(app, pilot)
         await pilot.press("y")
         result = await result_of(app, pilot, "start bench")
         assert result.ok, result.message
-        [bench] = await wait(pilot, lambda: {r for r in run_dirs(host) - before
-                                             if (work(host) / "runs" / r / "summary.json").exists()},
-                             "the bench run's summary on the host", 480)
-        summary = json.loads((work(host) / "runs" / bench / "summary.json").read_text())
+        bench = re.search(r"run (\S+) started", result.message).group(1)
+        done = work(host) / "runs" / bench / "summary.json"
+        await wait(pilot, done.exists, "the bench pair's summary on the host", 480)
+        summary = json.loads(done.read_text())
+        assert summary["status"] == "completed" and "comparison" in summary, summary
         rows = summary["comparison"]["rows"]
         assert {r["label"] for r in rows} >= {"baseline", "drafter"}
         pane = app.query_one(BenchPane)
