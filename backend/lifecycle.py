@@ -29,7 +29,7 @@ import errno
 import os
 import signal
 import sys
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator, TypeGuard
 
 from backend import exitcodes
 from backend.events import EventLog
@@ -51,7 +51,7 @@ class Stopped(BaseException):
     """A stop signal reached the body (a BaseException, so `except Exception` in the body never eats it)."""
 
 
-def is_full_disk(exc: BaseException) -> bool:
+def is_full_disk(exc: BaseException) -> TypeGuard[OSError]:
     return isinstance(exc, OSError) and exc.errno in FULL_DISK
 
 

@@ -18,7 +18,7 @@ import json
 import shlex
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, Protocol
+from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Protocol
 
 from backend.serverlock import describe_holder, lock_path
 from console.control import disk, launch, stages
@@ -65,11 +65,19 @@ class JournalLine:
 
 
 class Controller(Protocol):
-    """What the Textual app needs (a Session; tests pass a fake with the same shape)."""
+    """What the Textual app needs (a Session; tests pass a fake with the same shape). mypy checks that
+    both conform (`_conforms` here and in harness/fake_controller.py) and tests/test_controller_shape.py
+    that their signatures match this one, so the app never reaches for a member only one of them has."""
     profile_name: str
     host_name: str
     simulated: bool
     readonly: bool
+    history: History  # the panes' strips, fed by the controller with every snapshot it yields
+
+    @property
+    def final_error(self) -> str | None:
+        """Set when connecting cannot succeed until the operator acts (a refused key or host key)."""
+        ...
 
     def snapshots(self) -> AsyncIterator[Snapshot]: ...
 
@@ -131,7 +139,7 @@ class Session:
 
     # -- the loop -----------------------------------------------------------------------------------
 
-    async def snapshots(self, *, connecting: bool = True) -> AsyncIterator[Snapshot]:
+    async def snapshots(self, *, connecting: bool = True) -> AsyncGenerator[Snapshot, None]:
         """A snapshot about every `interval` seconds, for ever; after a final error, that one and stop.
         `connecting`: first a snapshot that says so (a view shows it at once; a script skips it)."""
         if connecting:
@@ -468,10 +476,12 @@ class Session:
             if found[-1].state != "running":
                 return ActionResult(False, f"{found[-1].stage} run {run_id} is not running ({found[-1].state})"), None
             running = found
-        else:
+        elif stage is not None:
             running = [r for r in stages.runs_of(stage, runs) if r.state == "running"]
             if not running:
                 return ActionResult(False, f"no running {stage} run to stop"), None
+        else:
+            return ActionResult(False, "nothing to stop: name a stage or a run"), None
         run = running[-1]
         try:
             shown = await launch.stop_stage_unit(self.host, self.profile, run.unit or "")
@@ -678,3 +688,8 @@ class Session:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+
+
+def _conforms(session: Session) -> Controller:
+    """mypy fails here when Session lacks a member of the Controller Protocol or has one of another type."""
+    return session

@@ -12,8 +12,10 @@ import shlex
 from dataclasses import replace
 from typing import AsyncIterator, Callable
 
-from console.session import ActionResult, JournalLine
+from console.control.disk import DiskReport, PrunePlan
+from console.session import ActionResult, Controller, JournalLine
 from console.snapshot import (GpuInfo, HostInfo, Progress, RunInfo, ServerInfo, ServiceInfo, Snapshot)
+from console.telemetry.history import History
 
 SERVER_UNIT = "eagle3-vllm.service"
 
@@ -28,11 +30,16 @@ class FakeController:
                  profile_name: str = "test-profile", host_name: str = "gpu-host", simulated: bool = False,
                  readonly: bool = False, results: dict[str, ActionResult] | None = None,
                  generator: Callable[[int], Snapshot] | None = None, interval: float = 1.0,
-                 journal_rate: float = 0.0) -> None:
+                 journal_rate: float = 0.0, disk: DiskReport | None = None,
+                 prune: PrunePlan | None = None) -> None:
         self.profile_name = profile_name
         self.host_name = host_name
         self.simulated = simulated
         self.readonly = readonly
+        self.history = History()  # fed with every snapshot yielded, as Session feeds its own
+        self.final_error: str | None = None  # a test sets it to end the snapshot stream for good
+        self.disk = disk or DiskReport(volumes=(), runs=())
+        self.prune = prune or PrunePlan(delete=(), keep=(), total_bytes=0)
         self.calls: list[tuple[str, ...]] = []  # ("stop_stage", "train"), ("close",), ...
         self.journal_units: list[str] = []  # every unit journal() was asked to follow
         self.closed = False
@@ -73,12 +80,21 @@ class FakeController:
         if self._generator is not None:
             i = 0
             while True:
-                yield self._generator(i)
+                yield self._fed(self._generator(i))
                 i += 1
                 await asyncio.sleep(self._interval)
         queue = self._queue()
         while True:
-            yield await queue.get()
+            yield self._fed(await queue.get())
+            if self.final_error:
+                return
+
+    def _fed(self, snapshot: Snapshot) -> Snapshot:
+        try:
+            self.history.add(snapshot)
+        except Exception:  # a malformed snapshot (the hostile-value tests push them): the panes say so
+            pass
+        return snapshot
 
     async def journal(self, unit: str) -> AsyncIterator[JournalLine]:
         self.journal_units.append(unit)
@@ -117,13 +133,25 @@ class FakeController:
         self.calls.append(("restart_server",))
         return self._result("restart_server", ["systemctl", "--user", "restart", SERVER_UNIT])
 
-    async def serve_drafter(self) -> ActionResult:
-        self.calls.append(("serve_drafter",))
+    async def serve_drafter(self, input_run: str | None = None) -> ActionResult:
+        self.calls.append(("serve_drafter",) if input_run is None else ("serve_drafter", input_run))
         return self._result("serve_drafter", ["systemd-run", "--unit=eagle3-vllm-drafter", "vllm", "serve"])
 
     async def serve_baseline(self) -> ActionResult:
         self.calls.append(("serve_baseline",))
         return self._result("serve_baseline", ["systemctl", "--user", "start", SERVER_UNIT])
+
+    async def disk_report(self) -> DiskReport:
+        self.calls.append(("disk_report",))
+        return self.disk
+
+    async def prune_plan(self) -> PrunePlan:
+        self.calls.append(("prune_plan",))
+        return self.prune
+
+    async def prune_runs(self, names: list[str]) -> ActionResult:
+        self.calls.append(("prune_runs", *names))
+        return self._result("prune_runs", ["python", "-m", "backend.disk", "prune", "--delete", *names])
 
     async def deep_check(self) -> ActionResult:
         self.calls.append(("deep_check",))
@@ -132,6 +160,11 @@ class FakeController:
     async def close(self) -> None:
         self.calls.append(("close",))
         self.closed = True
+
+
+def _conforms(fake: FakeController) -> Controller:
+    """mypy fails here when the fake lacks a member of the Controller Protocol or has one of another type."""
+    return fake
 
 
 # -- ready-made states ------------------------------------------------------------------------------

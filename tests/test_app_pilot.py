@@ -1,4 +1,8 @@
-"""Pilot tests: keys pressed, widget state checked, and the exact actions the fake controller received."""
+"""Pilot tests: keys pressed, widget state checked, and the exact actions the fake controller received.
+
+The fake, because these are states the demo host cannot be put in on cue (a failed load, eight GPUs at
+given figures, a stream that breaks, an action that raises); tests/test_app_live.py presses every key on
+the real Session against the demo host and checks the host."""
 from __future__ import annotations
 
 import dataclasses

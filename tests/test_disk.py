@@ -195,6 +195,8 @@ def test_disk_pane_text_names_volumes_runs_and_archived_space():
 
 
 async def test_u_shows_the_disk_pane_and_p_asks_before_pruning_what_it_lists():
+    # the fake: runs of hundreds of GiB, which the demo host cannot hold; the keys on the real Session
+    # against the demo host: tests/test_app_live.py
     from console.control.disk import PrunePlan, RunSpace
     from console.session import ActionResult
     from console.ui.app import ConsoleApp

@@ -192,9 +192,9 @@ async def wait_ready_why(profile: Profile, timeout: float, interval: float,
 def cmd_wait_ready(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
     rc, snap, refused = asyncio.run(wait_ready_why(profile, a.timeout, a.interval))
-    if rc == 0:
+    if rc == 0 and snap is not None:  # 0 and 1 come with the snapshot that said so
         print(f"ready: {snap.server.model_id} (vLLM {snap.server.version})")
-    elif rc == 1:
+    elif rc == 1 and snap is not None:
         print(f"load failed: {snap.server.error or 'see the journal'}", file=sys.stderr)
     elif refused:
         print(f"error: {profile.host.name} refused the connection for good: {clean_block(refused)}",

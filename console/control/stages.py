@@ -254,7 +254,7 @@ def pick_run(runs: Sequence[RunInfo], name: str) -> RunInfo | None:
     """The row's running run if any, else the last one listed (the newest)."""
     mine = runs_of(name, runs)
     running = [r for r in mine if r.state == "running"]
-    return (running or mine or [None])[-1]
+    return running[-1] if running else mine[-1] if mine else None
 
 
 def cli_names() -> tuple[str, ...]:

@@ -69,7 +69,8 @@ def _samples(text: str) -> tuple[list, int]:
         return [s for fam in text_string_to_metric_families(text) for s in fam.samples], 0
     except Exception:  # the parser raises ValueError and friends on any bad line; stay total
         pass
-    samples, bad = [], 0
+    samples: list = []
+    bad = 0
     for line in text.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import Any
 from dataclasses import dataclass
 
 # Event kinds, in load order where there is one.
@@ -307,7 +308,7 @@ def parse_line(line: str) -> LogEvent | None:
     message, proc, pid, level, stamp = _strip(line)
     if not message.strip():
         return None
-    base = {"message": message, "proc": proc, "pid": pid, "level": level, "stamp": stamp}
+    base: dict[str, Any] = {"message": message, "proc": proc, "pid": pid, "level": level, "stamp": stamp}
     kind_fields = _classify(message)
     if kind_fields is None:
         return None

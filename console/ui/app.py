@@ -14,7 +14,7 @@ from typing import Awaitable, Callable
 from textual import work
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, ScrollableContainer, Vertical
-from textual.reactive import reactive, var
+from textual.reactive import var
 from textual.screen import ModalScreen
 from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
@@ -58,7 +58,7 @@ class ConsoleApp(App[None]):
     AUTO_FOCUS = None  # on_mount focuses the stage list without scrolling the pane area to it
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]  # sets the screen class app.tcss uses
     # the latest snapshot; every pane's own `snapshot` is bound to it
-    snapshot: reactive[Snapshot | None] = var(None, init=False)
+    snapshot = var[Snapshot | None](None, init=False)
 
     def __init__(self, controller: Controller, readonly: bool = False,
                  keymap_path: str | os.PathLike[str] | None = None, *,
@@ -67,7 +67,7 @@ class ConsoleApp(App[None]):
         self.keymap = load_keymap(keymap_path)
         super().__init__()
         self.controller = controller
-        self.readonly = readonly or bool(getattr(controller, "readonly", False))
+        self.readonly = readonly or controller.readonly
         self.clock = clock or time.time
         self.selected_stage: str = stages.names()[0]
         self.journal_unit: str | None = None
@@ -78,9 +78,7 @@ class ConsoleApp(App[None]):
         self._closed = False
         # bell, tmux message, notify command when a load or a stage ends (also read-only)
         self.caller = Caller(notify, bell=self.bell) if notify is not None else None
-        session_history = getattr(controller, "history", None)
-        self.history: History = session_history if isinstance(session_history, History) else History()
-        self._feed_history = not isinstance(session_history, History)
+        self.history: History = controller.history  # the controller feeds it with every snapshot
 
     def compose(self) -> ComposeResult:
         c = self.controller
@@ -120,7 +118,7 @@ class ConsoleApp(App[None]):
             try:
                 async for snapshot in self.controller.snapshots():
                     self.dispatch_snapshot(snapshot)
-                if getattr(self.controller, "final_error", None):
+                if self.controller.final_error:
                     return  # refused for good (a key or host key): the banner says what to do
             except asyncio.CancelledError:
                 raise
@@ -135,11 +133,6 @@ class ConsoleApp(App[None]):
             self.notify(problem, severity="warning", markup=False)
 
     def dispatch_snapshot(self, snapshot: Snapshot) -> None:
-        if self._feed_history:
-            try:
-                self.history.add(snapshot)
-            except Exception:  # a malformed snapshot: the panes show the error
-                pass
         self.last_snapshot = snapshot
         self.snapshot = snapshot
         try:

@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.keys import _character_to_key, format_key
 
 
@@ -68,7 +68,7 @@ def visible_keys(readonly: bool) -> tuple[KeySpec, ...]:
     return tuple(spec for spec in KEYS if not (readonly and spec.mutating))
 
 
-def app_bindings() -> list[Binding]:
+def app_bindings() -> list[BindingType]:
     """Bindings for the App; readonly hiding is done by ConsoleApp.check_action, not here."""
     return [Binding(spec.default, spec.action, spec.description, show=spec.show, id=spec.id)
             for spec in KEYS]

@@ -12,7 +12,7 @@ from typing import ClassVar
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
-from textual.reactive import reactive, var
+from textual.reactive import var
 from textual.widgets import Static
 
 from console.snapshot import Snapshot
@@ -79,7 +79,7 @@ class Pane(Vertical):
     """
 
     TITLE: ClassVar[str] = ""
-    snapshot: reactive[Snapshot | None] = var(None, init=False)  # bound to the app's
+    snapshot = var[Snapshot | None](None, init=False)  # bound to the app's
     DEFAULT_CSS = """
     Pane { border: round $primary 50%; height: auto; padding: 0 1; }
     Pane:focus-within { border: round $accent; }
@@ -117,8 +117,8 @@ class Pane(Vertical):
             self.guarded(self.render_snapshot, snapshot)
             if reachable:
                 self.last_good_at = taken_at if isinstance(taken_at, (int, float)) and taken_at else now
-        stale = not reachable and self.last_good_at is not None
-        self.set_subtitle(f"data {age_text(now - self.last_good_at)} old" if stale else "")
+        self.set_subtitle(f"data {age_text(now - self.last_good_at)} old"
+                          if self.last_good_at is not None and not reachable else "")
 
     def guarded(self, draw, *args) -> None:
         """Run a drawing step; any exception becomes the pane's error line."""

@@ -50,6 +50,8 @@ class DiskPane(Pane):
     DiskPane.-shown { display: block; }
     """
 
+    report: DiskReport | None = None  # the survey shown, as the host sent it
+
     def compose_body(self) -> ComposeResult:
         yield Text("", id="disk-body")
 
@@ -57,6 +59,7 @@ class DiskPane(Pane):
         pass  # the survey comes on demand (show_report), not with each snapshot
 
     def show_report(self, report: DiskReport) -> None:
+        self.report = report
         self.guarded(lambda: self.query_one("#disk-body", Text).show(disk_markup(report, app_clock(self))))
         self.set_class(True, "-shown")
 

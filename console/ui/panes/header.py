@@ -7,7 +7,7 @@ from typing import Callable
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.content import Content
-from textual.reactive import reactive, var
+from textual.reactive import var
 
 from console.snapshot import Snapshot
 from console.ui.panes.base import Text, age_text, app_clock, markup
@@ -27,7 +27,7 @@ def connection_markup(reachable: bool | None, rtt_ms: float | None, error: str |
 
 
 class HeaderPane(Horizontal):
-    snapshot: reactive[Snapshot | None] = var(None, init=False)  # bound to the app's
+    snapshot = var[Snapshot | None](None, init=False)  # bound to the app's
     DEFAULT_CSS = """
     HeaderPane { height: 1; background: $panel; }
     HeaderPane > #header-left { width: 1fr; }
@@ -88,7 +88,7 @@ class HeaderPane(Horizontal):
 class ConnectionBanner(Text):
     """Visible only while the host is unreachable or not answering, or the snapshot stream failed."""
 
-    snapshot: reactive[Snapshot | None] = var(None, init=False)  # bound to the app's
+    snapshot = var[Snapshot | None](None, init=False)  # bound to the app's
 
     DEFAULT_CSS = """
     ConnectionBanner { display: none; background: $error; color: $text; padding: 0 1; height: auto; }

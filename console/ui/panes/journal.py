@@ -26,7 +26,7 @@ class LineBatcher:
     event-loop timer, armed only while lines wait, keeps a quiet log free.
     """
 
-    def __init__(self, deliver: Callable[[list[JournalLine]], None], delay: float) -> None:
+    def __init__(self, deliver: Callable[[list[JournalLine]], object], delay: float) -> None:
         self._deliver = deliver
         self._delay = delay
         self._lines: list[JournalLine] = []

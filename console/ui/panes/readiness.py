@@ -120,12 +120,12 @@ class ReadinessPane(Pane):
         estimated = weights and not shards and srv.fraction is not None
         loading = shards or estimated
         label = self.query_one("#shards-label", Text)
-        if shards:
+        if shards and srv.progress is not None:
             done, total = int(srv.progress.done), int(srv.progress.total)
             if bar.total != total or bar.progress != done:
                 bar.update(total=total, progress=done)
             label.show(f"weights  shard {done}/{total}")
-        elif estimated:
+        elif estimated and srv.fraction is not None:
             pct = int(round(srv.fraction * 100))
             if bar.total != 100 or bar.progress != pct:
                 bar.update(total=100, progress=pct)

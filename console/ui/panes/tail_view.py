@@ -12,6 +12,7 @@ from typing import Iterable
 
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.style import Style
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -32,7 +33,7 @@ class TailView(ScrollView, can_focus=True):
         self.lines: deque[str] = deque(maxlen=max_lines)
         self._width = 0
         self._first = 0  # absolute number of the line at lines[0] (keys the cache across pruning)
-        self._style = None  # resolved once: looking it up per line cost more than drawing the line
+        self._style: Style | None = None  # resolved once: looking it up per line cost more than drawing the line
         self._cache: dict[tuple[int, int, int], Strip] = {}
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from textual.app import ComposeResult
 from textual.content import Content
@@ -30,6 +30,9 @@ class TrainHistory:
     """Points accumulated across snapshots (each snapshot carries only the latest event)."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self.run_id: str | None = None
         self.steps: deque[tuple[int, float]] = deque(maxlen=MAX_POINTS)
         self.val: dict[float, tuple[int, float]] = {}  # epoch -> (step first seen, validation loss)
@@ -41,7 +44,7 @@ class TrainHistory:
     def feed(self, run_id: str, point: TrainPoint) -> bool:
         """Add a point; True if the curve changed."""
         if run_id != self.run_id:
-            self.__init__()
+            self._reset()
             self.run_id = run_id
         changed = False
         if point.loss is not None and (not self.steps or point.step > self.steps[-1][0]):
@@ -62,7 +65,7 @@ class TrainHistory:
     def load_series(self, run_id: str, view: TrainProgress) -> bool:
         """Replace the curve with a run's accumulated series (its typed view); True if it changed."""
         if run_id != self.run_id:
-            self.__init__()
+            self._reset()
             self.run_id = run_id
         val = {epoch: (step, v) for step, epoch, v in view.val}
         changed = list(self.steps) != list(view.loss) or self.val != val
@@ -79,7 +82,7 @@ def _is_num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _positions(values: list[Any] | None, with_bars: bool = True) -> str:
+def _positions(values: Sequence[Any] | None, with_bars: bool = True) -> str:
     """Our own markup: numbers only."""
     cells = []
     for i, a in enumerate(values or []):
