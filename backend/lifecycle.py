@@ -1,5 +1,8 @@
 """One stage lifecycle for every host program; each program writes only its body.
 
+    run lock        the run's lock (backend/runlock.py), taken before the run directory is touched and
+                    held for the program's life (its workers inherit it through `lock.pass_fds()`); a
+                    run another program holds is refused: one line naming the holder, exit 2
     run directory   opened (or resumed, or archived with --fresh) for the program's manifest; a
                     refusal here is bad input: one line on stderr, exit 2, nothing created
     events          backend/events.py's log, written through `emit`, which never takes a run down (a
@@ -33,7 +36,9 @@ from typing import Any, Awaitable, Callable, Iterator
 
 from backend import exitcodes
 from backend.events import EventLog
-from backend.runs import Manifest, RunDir, RunDirError, open_run_dir
+from backend.hostlock import LockHeld
+from backend.runlock import RunLock
+from backend.runs import Manifest, RunDir, RunDirError, check_run_id, open_run_dir
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
@@ -68,6 +73,15 @@ def refuse(prog: str, message: object) -> int:
     return exitcodes.BAD_INPUT
 
 
+def _valid(run_id: str) -> bool:
+    """A run id the lock can name; a bad one is refused by open_run_dir, naming what is expected."""
+    try:
+        check_run_id(run_id)
+    except RunDirError:
+        return False
+    return True
+
+
 class StageRun:
     """One run of one stage program. `mode`: "raise" (a signal raises Stopped in the body, outside
     shielded sections), "flag" (the body polls `stopping`/`check_stop()`; for bodies that forward the
@@ -84,6 +98,7 @@ class StageRun:
         self.failures = (StageFailed, *failures)
         self.stops = (Stopped, *stops)
         self.run_dir: RunDir | None = None
+        self.lock = RunLock(work_dir, run_id, f"{self.prog} run {run_id}") if _valid(run_id) else None
         self.events: EventLog | None = None
         self.stopping: str | None = None  # the signal's name once one came
         self.started_event = False
@@ -209,16 +224,25 @@ class StageRun:
     # -- the lifecycle ---------------------------------------------------------------------------------
     def _open(self) -> int | None:
         try:
+            if self.lock is not None:  # before the directory is touched: --fresh archives it
+                self.lock.acquire()
             self.run_dir = open_run_dir(self.work_dir, self.run_id, self.manifest, fresh=self.fresh)
             self.events = EventLog(self.run_dir.events_path, self.stage, self.run_id)
-        except RunDirError as exc:
+        except (RunDirError, LockHeld) as exc:
+            self._release()
             return refuse(self.prog, exc)
         except OSError as exc:
+            self._release()
             if is_full_disk(exc):
                 print(f"{self.prog}: {full_disk_message(exc, self.work_dir)}", file=sys.stderr)
                 return exitcodes.FAILED
             raise
         return None
+
+    def _release(self) -> None:
+        """The run is ours no more (workers that still have the descriptor keep it until they exit)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _outcome(self, exc: BaseException | None) -> tuple[str, str | None]:
         if exc is None:
@@ -298,6 +322,7 @@ class StageRun:
             return self._end(status, error)
         finally:
             self._uninstall()
+            self._release()
 
     async def arun(self, body: Callable[["StageRun"], Awaitable[Any]]) -> int:
         """An async body, run as a task in the running loop (signals reach it through the loop)."""
@@ -323,3 +348,4 @@ class StageRun:
             return self._end(status, error)
         finally:
             self._uninstall()
+            self._release()
