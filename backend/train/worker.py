@@ -16,6 +16,7 @@ import sys
 from typing import Any, Callable
 
 from backend.events import EventLog
+from backend.train.launch import die_with_parent
 from backend.train.plan import TrainPlan, write_status
 
 STAGE = "train"
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, early)
+    die_with_parent()  # torchrun gone (killed -9): this rank stops as on SIGTERM, never trains on alone
     status = train(plan, stop_check=lambda: bool(stop))
     return 0 if status in ("completed", "stopped") else 1
 
