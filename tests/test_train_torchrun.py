@@ -52,6 +52,20 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def holders(path: str) -> list[str]:
+    """The processes that have `path` open (what keeps a lock held), for the failure message."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") == path for fd in os.listdir(f"/proc/{entry}/fd")):
+                found.append(f"{entry}: {cmdline(int(entry))[:200]}")
+        except OSError:
+            continue
+    return found
+
+
 def test_a_killed_stage_takes_torchrun_and_its_ranks_with_it(tmp_path_factory):
     verifier = ts.tiny_verifier(tmp_path_factory)
     data = ts.Dataset(tmp_path_factory.mktemp("train-data"), verifier, train=16, heldout=4)
@@ -86,7 +100,17 @@ def test_a_killed_stage_takes_torchrun_and_its_ranks_with_it(tmp_path_factory):
             assert time.monotonic() < deadline, [cmdline(p) for p in (launcher, *ranks) if alive(p)]
             time.sleep(0.2)
         print(f"torchrun and its ranks gone {45 - (deadline - time.monotonic()):.1f} s after the kill")
-        RunLock(str(work), "train-ranks", "test").acquire().release()  # free now: a resume can start
+        # free now (a moment later at most: a process's descriptors close after its main thread is a
+        # zombie), so a resume can start
+        lock = RunLock(str(work), "train-ranks", "test")
+        free_by = time.monotonic() + 5
+        while True:
+            try:
+                lock.acquire().release()
+                break
+            except LockHeld:
+                assert time.monotonic() < free_by, f"still held by {holders(lock.path)}"
+                time.sleep(0.1)
     finally:
         for pid in (stage.pid, *([launcher] if launcher else []), *ranks):
             try:
