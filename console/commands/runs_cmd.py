@@ -12,6 +12,7 @@ from backend.bench import PAIR_STAGE
 from backend.generate.preflight import human_bytes
 from backend.lookup import STAGES
 from backend.runs import RUN_ID_PATTERN
+from console import exitcodes
 from console.commands.server_cmd import load_or_exit
 from console.control.disk import DiskError, PrunePlan, RunSpace, parse_duration, prune, selection_args, survey
 from console.host.base import HostError
@@ -78,16 +79,16 @@ def cmd_disk(a: argparse.Namespace) -> int:
         report = asyncio.run(go())
     except (DiskError, HostError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return exitcodes.FAILED
     if a.json:
         print(json.dumps({"volumes": [asdict(v) for v in report.volumes], "runs": [asdict(r) for r in report.runs]}))
-        return 0
+        return exitcodes.OK
     now = time.time()
     for v in report.volumes:
         print(f"volume {v.path}: {human_bytes(v.free)} free of {human_bytes(v.total)}")
     for r in sorted(report.runs, key=lambda r: -r.size):
         print(run_line(r, now))
-    return 0
+    return exitcodes.OK
 
 
 def cmd_prune(a: argparse.Namespace) -> int:
@@ -96,7 +97,7 @@ def cmd_prune(a: argparse.Namespace) -> int:
         older = parse_duration(a.older_than) if a.older_than else None
     except DiskError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
 
     async def go() -> int:
         async with Session(profile) as session:
@@ -106,24 +107,24 @@ def cmd_prune(a: argparse.Namespace) -> int:
             now = time.time()
             print(plan_text(plan, now))
             if not plan.delete:
-                return 0
+                return exitcodes.OK
             if not a.yes:
                 if not sys.stdin.isatty():
                     print("not deleting: pass --yes to delete without a terminal to ask on", file=sys.stderr)
-                    return 2
+                    return exitcodes.USAGE
                 answer = await asyncio.to_thread(
                     input, f"delete these {len(plan.delete)} run(s), {human_bytes(plan.total_bytes)}? [y/N] ")
                 if answer.strip().lower() not in ("y", "yes"):
                     print("nothing deleted")
-                    return 1
+                    return exitcodes.FAILED
             done = await prune(session.host, profile, selection, only=[r.name for r in plan.delete])
             print(f"deleted {len(done.deleted)} run(s): {', '.join(done.deleted) or 'none'}")
             missed = [r.name for r in plan.delete if r.name not in done.deleted]
             if missed:
                 print(f"kept after all (protected or gone meanwhile): {', '.join(missed)}", file=sys.stderr)
-            return 0
+            return exitcodes.OK
     try:
         return asyncio.run(go())
     except (DiskError, HostError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return exitcodes.FAILED
