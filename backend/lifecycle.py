@@ -7,7 +7,8 @@
                     refusal here is bad input: one line on stderr, exit 2, nothing created
     events          backend/events.py's log, written through `emit`, which never takes a run down (a
                     failed write, a full disk above all, is said on stderr and the run goes on)
-    signals         SIGTERM and SIGINT handled once, here: the run is marked stopping, the program's
+    signals         SIGTERM and SIGINT handled once, here (install_stop_handler, also for a program with
+                    no run directory: the serve switch): the run is marked stopping, the program's
                     `on_stop` hooks run (forward to a child, set an asyncio event), and depending on the
                     mode the body is interrupted (`Stopped` raised where it is, outside `shielded()`
                     sections and event writes; or its task cancelled) or left to poll `stopping`.
@@ -67,6 +68,32 @@ def full_disk_message(exc: OSError, fallback: str) -> str:
             f"(or move the work dir to a larger volume), then start the run again to resume")
 
 
+def install_stop_handler(handler: Callable[[int], None],
+                         loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None]:
+    """SIGTERM and SIGINT to `handler(signum)` (through `loop` when given: there it may touch the loop);
+    returns what puts the previous handlers back. The one place a host program sets them: a StageRun for
+    a program with a run directory, this alone for one without (the serve switch)."""
+    if loop is not None:
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, handler, sig)
+
+        def restore_loop() -> None:
+            for sig in SIGNALS:
+                loop.remove_signal_handler(sig)
+        return restore_loop
+    previous = {sig: signal.signal(sig, lambda signum, _frame: handler(signum)) for sig in SIGNALS}
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return restore
+
+
+def ignore_hangups() -> None:
+    """A program detached from the terminal that started it (the serve switch) outlives its SSH link."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def refuse(prog: str, message: object) -> int:
     """Bad input, said in one line before anything was created."""
     print(f"{prog}: {message}", file=sys.stderr)
@@ -111,7 +138,7 @@ class StageRun:
         self._pending = False
         self._finishing = False
         self._noted = False
-        self._previous: dict[int, Any] = {}
+        self._restore: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
 
@@ -207,19 +234,12 @@ class StageRun:
             self.emit("error", fatal=False, message=f"received {self.stopping}{note}")
 
     def _install(self) -> None:
-        if self._loop is not None:
-            for sig in SIGNALS:
-                self._loop.add_signal_handler(sig, self._signalled, sig)
-        else:
-            self._previous = {sig: signal.signal(sig, self._signalled) for sig in SIGNALS}
+        self._restore = install_stop_handler(self._signalled, self._loop)
 
     def _uninstall(self) -> None:
-        if self._loop is not None:
-            for sig in SIGNALS:
-                self._loop.remove_signal_handler(sig)
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            restore()
 
     # -- the lifecycle ---------------------------------------------------------------------------------
     def _open(self) -> int | None:
