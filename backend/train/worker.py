@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m backend.train.worker PLAN.json", file=sys.stderr)
         return 2
     plan = TrainPlan.load(argv[0])
-    stop = []  # SIGTERM/SIGINT (torchrun forwards them): the trainer stops after the step in flight and saves
+    stop: list[int] = []  # SIGTERM/SIGINT (torchrun forwards them): the trainer stops after the step in flight and saves
 
     def stop_asked(signum: int, _frame: Any) -> None:
         if not stop:
