@@ -1,10 +1,14 @@
 """One stage lifecycle for every host program; each program writes only its body.
 
+    run lock        the run's lock (backend/runlock.py), taken before the run directory is touched and
+                    held for the program's life (its workers inherit it through `lock.pass_fds()`); a
+                    run another program holds is refused: one line naming the holder, exit 2
     run directory   opened (or resumed, or archived with --fresh) for the program's manifest; a
                     refusal here is bad input: one line on stderr, exit 2, nothing created
     events          backend/events.py's log, written through `emit`, which never takes a run down (a
                     failed write, a full disk above all, is said on stderr and the run goes on)
-    signals         SIGTERM and SIGINT handled once, here: the run is marked stopping, the program's
+    signals         SIGTERM and SIGINT handled once, here (install_stop_handler, also for a program with
+                    no run directory: the serve switch): the run is marked stopping, the program's
                     `on_stop` hooks run (forward to a child, set an asyncio event), and depending on the
                     mode the body is interrupted (`Stopped` raised where it is, outside `shielded()`
                     sections and event writes; or its task cancelled) or left to poll `stopping`.
@@ -33,7 +37,9 @@ from typing import Any, Awaitable, Callable, Iterator, TypeGuard
 
 from backend import exitcodes
 from backend.events import EventLog
-from backend.runs import Manifest, RunDir, RunDirError, open_run_dir
+from backend.hostlock import LockHeld
+from backend.runlock import RunLock
+from backend.runs import Manifest, RunDir, RunDirError, check_run_id, open_run_dir
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
@@ -62,10 +68,45 @@ def full_disk_message(exc: OSError, fallback: str) -> str:
             f"(or move the work dir to a larger volume), then start the run again to resume")
 
 
+def install_stop_handler(handler: Callable[[int], None],
+                         loop: asyncio.AbstractEventLoop | None = None) -> Callable[[], None]:
+    """SIGTERM and SIGINT to `handler(signum)` (through `loop` when given: there it may touch the loop);
+    returns what puts the previous handlers back. The one place a host program sets them: a StageRun for
+    a program with a run directory, this alone for one without (the serve switch)."""
+    if loop is not None:
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, handler, sig)
+
+        def restore_loop() -> None:
+            for sig in SIGNALS:
+                loop.remove_signal_handler(sig)
+        return restore_loop
+    previous = {sig: signal.signal(sig, lambda signum, _frame: handler(signum)) for sig in SIGNALS}
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return restore
+
+
+def ignore_hangups() -> None:
+    """A program detached from the terminal that started it (the serve switch) outlives its SSH link."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def refuse(prog: str, message: object) -> int:
     """Bad input, said in one line before anything was created."""
     print(f"{prog}: {message}", file=sys.stderr)
     return exitcodes.BAD_INPUT
+
+
+def _valid(run_id: str) -> bool:
+    """A run id the lock can name; a bad one is refused by open_run_dir, naming what is expected."""
+    try:
+        check_run_id(run_id)
+    except RunDirError:
+        return False
+    return True
 
 
 class StageRun:
@@ -84,6 +125,7 @@ class StageRun:
         self.failures = (StageFailed, *failures)
         self.stops = (Stopped, *stops)
         self.run_dir: RunDir | None = None
+        self.lock = RunLock(work_dir, run_id, f"{self.prog} run {run_id}") if _valid(run_id) else None
         self.events: EventLog | None = None
         self.stopping: str | None = None  # the signal's name once one came
         self.started_event = False
@@ -96,7 +138,7 @@ class StageRun:
         self._pending = False
         self._finishing = False
         self._noted = False
-        self._previous: dict[int, Any] = {}
+        self._restore: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
 
@@ -192,33 +234,35 @@ class StageRun:
             self.emit("error", fatal=False, message=f"received {self.stopping}{note}")
 
     def _install(self) -> None:
-        if self._loop is not None:
-            for sig in SIGNALS:
-                self._loop.add_signal_handler(sig, self._signalled, sig)
-        else:
-            self._previous = {sig: signal.signal(sig, self._signalled) for sig in SIGNALS}
+        self._restore = install_stop_handler(self._signalled, self._loop)
 
     def _uninstall(self) -> None:
-        if self._loop is not None:
-            for sig in SIGNALS:
-                self._loop.remove_signal_handler(sig)
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            restore()
 
     # -- the lifecycle ---------------------------------------------------------------------------------
     def _open(self) -> int | None:
         try:
+            if self.lock is not None:  # before the directory is touched: --fresh archives it
+                self.lock.acquire()
             self.run_dir = open_run_dir(self.work_dir, self.run_id, self.manifest, fresh=self.fresh)
             self.events = EventLog(self.run_dir.events_path, self.stage, self.run_id)
-        except RunDirError as exc:
+        except (RunDirError, LockHeld) as exc:
+            self._release()
             return refuse(self.prog, exc)
         except OSError as exc:
+            self._release()
             if is_full_disk(exc):
                 print(f"{self.prog}: {full_disk_message(exc, self.work_dir)}", file=sys.stderr)
                 return exitcodes.FAILED
             raise
         return None
+
+    def _release(self) -> None:
+        """The run is ours no more (workers that still have the descriptor keep it until they exit)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _outcome(self, exc: BaseException | None) -> tuple[str, str | None]:
         if exc is None:
@@ -298,6 +342,7 @@ class StageRun:
             return self._end(status, error)
         finally:
             self._uninstall()
+            self._release()
 
     async def arun(self, body: Callable[["StageRun"], Awaitable[Any]]) -> int:
         """An async body, run as a task in the running loop (signals reach it through the loop)."""
@@ -323,3 +368,4 @@ class StageRun:
             return self._end(status, error)
         finally:
             self._uninstall()
+            self._release()

@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from backend import exitcodes
+from backend.lifecycle import ignore_hangups, install_stop_handler, refuse
 from backend.numbers import finite
 from backend.plans import PlanError, argv_list
 from backend.redact import redacted
@@ -494,13 +496,12 @@ async def serve(plan: SwitchPlan, to: str, events_path: str, report: Callable[[s
             except OSError:
                 pass
 
-    def on_signal(*_: Any) -> None:
+    def on_signal(_signum: int) -> None:
         nonlocal stopping
         stopping = True
 
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
+    # the lifecycle's one SIGTERM/SIGINT handling; no run directory here (the events go to --events)
+    restore = install_stop_handler(on_signal, asyncio.get_running_loop())
     sw = Switch(plan, holder=f"serve-{to} switch", progress=lambda phase, force=False, **kw: emit(
         "progress", phase=phase, **kw), emit=emit, stopped=lambda: stopping)
     sw.on_started = lambda name: report(f"started {name}")
@@ -515,14 +516,18 @@ async def serve(plan: SwitchPlan, to: str, events_path: str, report: Callable[[s
         error = str(exc) or "stopped while the server started"
         report(f"failed {error}")
     finally:
-        if status != "completed" and to != plan.home.name:
-            await sw.back()
-        elif sw.lock is not None:
-            sw.lock.release()
+        try:
+            if status != "completed" and to != plan.home.name:
+                await sw.back()
+            elif sw.lock is not None:
+                sw.lock.release()
+        finally:
+            restore()
     emit("finish", status=status, summary={"to": to, "status": status, "error": error, **sw.record.to_dict()})
     if log is not None:
         log.close()
-    return 0 if status == "completed" else 1
+    # a stopped switch did not put its server up: FAILED, not a stop's COMPLETED (the console reads 1)
+    return exitcodes.COMPLETED if status == "completed" else exitcodes.FAILED
 
 
 def _detach(log_path: str) -> tuple[str | None, Callable[[str], None]]:
@@ -546,7 +551,7 @@ def _detach(log_path: str) -> tuple[str | None, Callable[[str], None]]:
     os.dup2(null, 0)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    ignore_hangups()
     told = [False]
 
     def report(text: str) -> None:
@@ -575,17 +580,15 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_switch(a.plan)
         plan.server(a.to)
     except SwitchPlanError as exc:
-        print(f"switch: {exc}", file=sys.stderr)
-        return 2
+        return refuse("switch", exc)
     except KeyError:
-        print(f"switch: --to {a.to!r} is not a server of {a.plan}", file=sys.stderr)
-        return 2
+        return refuse("switch", f"--to {a.to!r} is not a server of {a.plan}")
     if plan.lock_path:  # refused now, in the foreground, when another program switches the servers
         try:
             ServerLock(plan.lock_path, "check").acquire().release()
-        except LockHeld as exc:
+        except LockHeld as exc:  # FAILED, not BAD_INPUT: the console has always read 1 here
             print(f"switch: {exc}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
     report: Callable[[str], None] = _noop
     if a.detach:
         said, report = _detach(a.detach)
@@ -593,10 +596,10 @@ def main(argv: list[str] | None = None) -> int:
             if said.startswith("started "):
                 print(f"switch: {said}; it goes on detached (log {a.detach}): waiting until it answers, the "
                       f"{plan.home.name} started again if it does not")
-                return 0
+                return exitcodes.COMPLETED
             print(f"switch: {said.removeprefix('failed ') or 'ended without saying why: see ' + a.detach}",
                   file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
     try:
         return asyncio.run(serve(plan, a.to, a.events, report))
     finally:

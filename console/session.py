@@ -427,6 +427,12 @@ class Session:
             busy = launch.busy_stages(req, self.profile)
         except StageError as e:
             return ActionResult(False, f"start {stage} failed: {e}"), None
+        holder = next((r for r in self.collector.run_infos() if r.run_id == req.run_id and r.state == "running"),
+                      None) if req.run_id else None
+        if holder is not None:  # the host refuses it too (backend/runlock.py); said here before any start
+            return ActionResult(False, clean(f"run {holder.run_id} is in use by its {holder.stage} program (one "
+                                             f"program at a time writes a run directory): stop it first, wait "
+                                             f"for it, or choose another --run-id")), None
         for name in busy:
             if running := self.running(name):
                 return ActionResult(False, clean(f"{name} run {running[0].run_id} is already running "

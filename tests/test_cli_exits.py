@@ -94,3 +94,70 @@ def test_the_app_exits_non_zero_after_a_crash(tmp_path, monkeypatch):
     monkeypatch.setattr(ConsoleApp, "on_mount", crash)
     monkeypatch.setattr(ConsoleApp, "run", lambda self, **kw: run(self, headless=True, **kw))
     assert run_app(build_parser().parse_args(["--profile", profile.source])) == 1
+
+
+# -- the exit-code table (console/exitcodes.py) and the README's scripting contract ---------------------------
+
+README_ROWS = {  # a headless row of the README (by how its first cell starts) -> the table's commands
+    "`status ": ["status"], "`wait-ready ": ["wait-ready"],
+    "`start-server`": ["start-server / stop-server / restart-server"],
+    "`run generate ": ["run generate / prepare / extract / train / verify / pipeline / fetch-drafter"],
+    "`run prepare\\|": ["run generate / prepare / extract / train / verify / pipeline / fetch-drafter"],
+    "`run pipeline ": ["run generate / prepare / extract / train / verify / pipeline / fetch-drafter"],
+    "`run fetch-drafter ": ["run generate / prepare / extract / train / verify / pipeline / fetch-drafter"],
+    "`run serve-drafter ": ["run serve-drafter / serve-baseline"], "`run bench ": ["run bench"],
+    "`run stop ": ["run stop"], "`runs disk ": ["runs disk"], "`runs prune ": ["runs prune"],
+    "`demo-host ": ["demo-host"], "`profile init ": ["profile init", "profile check"],
+    "`trust-host ": ["trust-host"],
+}
+
+
+def headless_rows() -> list[tuple[str, str]]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Headless commands (the scripting contract)", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows, "the README's headless table is gone"
+    return [(row[2:].split(" | ", 1)[0], row) for row in rows]
+
+
+def test_the_readme_exit_code_table_is_the_one_in_console_exitcodes():
+    from console import exitcodes
+
+    text = (ROOT / "README.md").read_text()
+    assert exitcodes.README_START in text and exitcodes.README_END in text
+    shown = text.split(exitcodes.README_START, 1)[1].split(exitcodes.README_END, 1)[0].strip()
+    assert shown == exitcodes.markdown(), "regenerate the README's table from console/exitcodes.markdown()"
+
+
+def test_every_exit_code_the_headless_table_states_is_in_the_table():
+    import re
+
+    from console import exitcodes
+
+    for first, row in headless_rows():
+        keys = [v for k, v in README_ROWS.items() if first.startswith(k)]
+        assert len(keys) == 1, f"README headless row {first!r}: name its commands in README_ROWS"
+        codes = {code for key in keys[0] for code in exitcodes.TABLE[key]}
+        for clause in re.findall(r"\bexits? \d[^;|]*", row):
+            stated = {int(n) for n in re.findall(r"(?:\bexits? |, )(\d)\b", clause)}
+            assert stated <= codes, f"{first}: the README says exit {sorted(stated - codes)}, the table " \
+                                    f"(console/exitcodes.py) has {sorted(codes)} for {keys[0]}"
+
+
+def test_no_bare_exit_numbers_in_the_commands():
+    """The commands return the table's names, never a bare number (what 2 means is then said once)."""
+    import ast
+
+    files = [ROOT / "console" / "cli.py", *sorted((ROOT / "console" / "commands").glob("*.py"))]
+    bare = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            value = None
+            if isinstance(node, ast.Return) and node.value is not None:
+                value = node.value.elts[0] if isinstance(node.value, ast.Tuple) and node.value.elts else node.value
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "SystemExit" and node.args:
+                value = node.args[0]
+            for part in ([value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]):
+                if isinstance(part, ast.Constant) and type(part.value) is int:
+                    bare.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bare, f"bare exit codes (use console/exitcodes.py's names): {bare}"

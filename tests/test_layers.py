@@ -1,5 +1,5 @@
 """The tree's layers hold: telemetry and control never reach the UI, nothing imports in a cycle, and
-the bundle uploaded to a GPU host is host code only."""
+the bundle uploaded to a GPU host is host code only, and host programs handle signals in one place."""
 from __future__ import annotations
 
 import ast
@@ -76,6 +76,26 @@ def test_backend_imports_nothing_of_the_operator_side():
     for mod, deps in graph.items():
         if mod.startswith("backend"):
             assert all(d.startswith("backend") for d in deps), (mod, deps)
+
+
+# a signal handler belongs to the stage lifecycle (one SIGTERM/SIGINT handling per program) and to the
+# torchrun worker (a separate process, no lifecycle in it); everything else asks them
+SIGNAL_HANDLERS_ALLOWED = {"backend/lifecycle.py", "backend/train/worker.py"}
+
+
+def test_only_the_lifecycle_and_the_torchrun_worker_install_signal_handlers():
+    found = []
+    for path in sorted((REPO / "backend").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            f = node.func
+            installs = f.attr == "add_signal_handler" or (
+                f.attr in ("signal", "set_wakeup_fd") and isinstance(f.value, ast.Name) and f.value.id == "signal")
+            if installs and rel not in SIGNAL_HANDLERS_ALLOWED:
+                found.append(f"{rel}:{node.lineno}")
+    assert not found, f"signal handlers outside {sorted(SIGNAL_HANDLERS_ALLOWED)}: {found}"
 
 
 def test_uploaded_bundle_is_host_code_only():

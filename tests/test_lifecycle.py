@@ -28,7 +28,7 @@ TOY = textwrap.dedent('''
 
     def body(ctx):
         ctx.start(total=3)
-        how = sys.argv[3]
+        how = os.environ.get("TOY_HOW") or sys.argv[3]  # the same run (identity), another behaviour
         try:
             for i in range(3):
                 ctx.emit("progress", done=i, total=3)
@@ -49,17 +49,18 @@ TOY = textwrap.dedent('''
                 f.write("yes")
 
     ctx = StageRun("toy", sys.argv[2], work_dir=sys.argv[1],
-                   manifest=Manifest(stage="toy", run_id=sys.argv[2], identity={"how": sys.argv[3]}))
+                   manifest=Manifest(stage="toy", run_id=sys.argv[2], identity={"how": sys.argv[3]}),
+                   fresh=bool(os.environ.get("TOY_FRESH")))
     ctx.summarize = lambda status, error: {"widgets": 3, "how": sys.argv[3]}
     sys.exit(ctx.run(body))
 ''')
 
 
-def toy(tmp_path: Path, work: Path, run_id: str, how: str) -> subprocess.Popen:
+def toy(tmp_path: Path, work: Path, run_id: str, how: str, **env: str) -> subprocess.Popen:
     script = tmp_path / "toy.py"
     script.write_text(TOY)
     return subprocess.Popen([sys.executable, str(script), str(work), run_id, how], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -112,6 +113,50 @@ def test_sigterm_interrupts_the_body_runs_its_finally_and_ends_stopped(tmp_path)
     assert evs[-1]["kind"] == "finish" and evs[-1]["status"] == "stopped"
     assert any(e["kind"] == "error" and e["message"].startswith("received SIGTERM") for e in evs)
     assert json.loads((run / "summary.json").read_text())["status"] == "stopped"
+
+
+def started(proc: subprocess.Popen, run: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not ((run / "events.jsonl").exists() and any(e["kind"] == "progress" for e in events(run))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+
+
+def test_a_second_program_on_a_run_is_refused_naming_the_holder(tmp_path):
+    work, run = tmp_path / "w", tmp_path / "w" / "runs" / "t"
+    first = toy(tmp_path, work, "t", "sleep")
+    try:
+        started(first, run)
+        before = (run / "events.jsonl").read_text()
+        second = toy(tmp_path, work, "t", "sleep")
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == exitcodes.BAD_INPUT, err
+        assert f"run t is in use by toy run t (pid {first.pid}, since " in err
+        assert "eagle3-console run stop --run-id t" in err
+        assert (run / "events.jsonl").read_text() == before  # the refused one wrote nothing
+        # --fresh is refused too: it would archive the directory under the running program
+        fresh = toy(tmp_path, work, "t", "ok", TOY_FRESH="1")
+        out, err = fresh.communicate(timeout=60)
+        assert fresh.returncode == exitcodes.BAD_INPUT and "in use by toy run t" in err
+        assert sorted(p.name for p in (work / "runs").iterdir()) == ["t"]  # nothing archived
+        assert first.poll() is None
+    finally:
+        first.kill()
+        first.communicate(timeout=30)
+
+
+def test_the_run_lock_goes_with_a_killed_holder_so_a_resume_works(tmp_path):
+    work, run = tmp_path / "w", tmp_path / "w" / "runs" / "t"
+    first = toy(tmp_path, work, "t", "sleep")
+    started(first, run)
+    first.send_signal(signal.SIGKILL)  # no finally, no release: only the kernel lets go of the flock
+    first.communicate(timeout=30)
+    resume = toy(tmp_path, work, "t", "sleep", TOY_HOW="ok")
+    out, err = resume.communicate(timeout=60)
+    assert resume.returncode == 0, err
+    starts = [e for e in events(run) if e["kind"] == "start"]
+    assert len(starts) == 2 and starts[-1]["resumed"] is True
+    assert events(run)[-1]["status"] == "completed"
 
 
 def test_bad_input_creates_nothing(tmp_path):

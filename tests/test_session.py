@@ -73,6 +73,11 @@ def test_run_refuses_a_second_run_of_a_running_stage(tmp_path):
         assert second.returncode == 1
         assert "already running" in second.stderr and "first" in second.stderr
         assert not (work / "runs" / "second").exists()
+        # another stage on the running run's id: refused, naming the program that holds the run (by the
+        # console when it has seen the run, else by the host's run lock, which --wait reports)
+        third = cli("run", "prepare", "--profile", profile, "--run-id", "first", "--wait")
+        assert third.returncode == 1, third.stdout + third.stderr
+        assert "in use by" in third.stderr and "generate" in third.stderr, third.stderr
     finally:
         cli("demo-host", "stop", "--dir", str(work))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -211,3 +212,27 @@ def test_a_units_secret_environment_never_lands_in_the_switchs_events(tmp_path, 
     shown = json.dumps([sw.record.to_dict(), progress])
     assert "start_drafter" in shown and "HF_TOKEN=***" in shown
     assert "hf_secret_value" not in shown and "sk-secret" not in shown
+
+
+def test_sigterm_stops_a_serve_switch_through_the_lifecycle_and_brings_the_baseline_back(tmp_path):
+    """The serve switch's own program has no signal handler of its own: the lifecycle's (backend/lifecycle.py
+    install_stop_handler) stops it while its server loads; it ends stopped, exit 1, the baseline back."""
+    (tmp_path / "servers").mkdir()
+    (tmp_path / "servers" / "baseline").touch()
+    data = plan_dict(tmp_path, "http://127.0.0.1:9")
+    data["ready_timeout_s"] = 120
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(data))
+    events = tmp_path / "switches.jsonl"
+    proc = switch_cli(plan, "drafter", events)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("start drafter" in c for c in commands(tmp_path)):
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    finish = [json.loads(l) for l in events.read_text().splitlines() if '"finish"' in l][-1]
+    assert finish["status"] == "stopped"
+    assert sorted(os.listdir(tmp_path / "servers")) == ["baseline"]

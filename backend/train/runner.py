@@ -24,6 +24,7 @@ from backend.lookup import CompletedRun, InputError, completed_run, latest_compl
 from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
 from backend.train import checkpoints as ck
+from backend.train import launch
 from backend.train import preflight as pf
 from backend.train.config import ConfigError, TrainStageConfig
 from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_status, speculators_argv
@@ -397,9 +398,13 @@ class Stage:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.processes}",
+        env[launch.PARENT_ENV] = str(os.getpid())  # torchrun and its ranks die with this process
+        lock = self.ctx.lock if self.ctx is not None else None
+        env.update(lock.child_env() if lock is not None else {})
+        cmd = [sys.executable, "-m", "backend.train.launch", "--standalone", f"--nproc-per-node={plan.processes}",
                "-m", "backend.train.worker", plan_path]
-        self.child = subprocess.Popen(cmd, env=env)
+        # torchrun keeps the run locked (the inherited lock descriptor) until it and its ranks are gone
+        self.child = subprocess.Popen(cmd, env=env, pass_fds=lock.pass_fds() if lock is not None else ())
         while True:
             try:
                 code = self.child.wait(timeout=1.0)

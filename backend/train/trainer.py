@@ -6,8 +6,9 @@ A subclass, not a patch: the worker constructs it where speculators' own `train`
 - Device: `local_rank` and the autocast device come from backend.train.adapters (the CPU when there is
   no accelerator; speculators would use `cuda:<rank>`). On a GPU host they are what speculators uses.
 - Stop: speculators' SIGTERM handler raises from wherever the main thread is (mid optimizer step
-  included) and saves to `<save>/interrupted/`, which its own resume never reads. Here SIGTERM/SIGINT
-  only set a flag; the step callback (speculators' `train_epoch(step_callback=...)` hook) stops after the
+  included) and saves to `<save>/interrupted/`, which its own resume never reads. Here the trainer
+  installs no signal handler: the process's one handler (the stage's lifecycle in-process, the torchrun
+  worker's main on a rank) sets what `stop_check` reads; the step callback (speculators' `train_epoch(step_callback=...)` hook) stops after the
   step in flight, agreed by all ranks, and saves a mid-epoch checkpoint in speculators' own resumable
   layout (`<save>/<epoch>/` + training_state.json with the local step), so starting the run again
   resumes at the next step and no step is trained (or reported) twice.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import signal
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -57,7 +57,7 @@ class HostTrainer(Trainer):
                  stop_check: Callable[[], bool] | None = None,
                  selector: Callable[[int, int, Any, float | None], bool] | None = None, **kwargs: Any):
         self.reporter = reporter
-        self.stop_check = stop_check  # a stop asked for before training started (the stage's own handler)
+        self.stop_check = stop_check  # a stop asked for (the process's one SIGTERM/SIGINT handler sets it)
         self.stop_requested = False
         self.stopped = False
         self.selector = selector
@@ -80,12 +80,6 @@ class HostTrainer(Trainer):
                                       getattr(self, "_resume_local_step", 0), str(self.checkpointer.prev_path))
 
     # -- stop --
-    def request_stop(self, signum: int, _frame: Any = None) -> None:
-        if not self.stop_requested:
-            log.warning(f"received {signal.Signals(signum).name}: stopping after the step in flight and "
-                        f"saving a resumable checkpoint")
-        self.stop_requested = True
-
     def _stop_agreed(self) -> bool:
         if self.stop_check is not None and self.stop_check():
             self.stop_requested = True
@@ -216,7 +210,6 @@ class HostTrainer(Trainer):
         return data if isinstance(data, dict) else None
 
     def run_training(self) -> None:
-        handlers = {sig: signal.signal(sig, self.request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         n_epochs = self.config.num_epochs
         steps = len(self.train_loader)
         try:
@@ -254,14 +247,9 @@ class HostTrainer(Trainer):
                     break
         except TrainingStopped:
             self.stopped = True
-            for sig, old in handlers.items():  # a second signal during the save is the operator insisting
-                signal.signal(sig, old)
             if self._saved_at != self.global_step and self.global_step > 0:
                 if self.local_step > 0:
                     self._save_resumable(self._epoch, self.local_step, "interrupt")
                 else:  # stopped between epochs, the last one not saved (checkpoint_freq > 1)
                     self._save_resumable(self._epoch - 1, steps, "interrupt")
-        finally:
-            for sig, old in handlers.items():
-                signal.signal(sig, old)
 

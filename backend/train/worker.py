@@ -16,6 +16,7 @@ import sys
 from typing import Any, Callable
 
 from backend.events import EventLog
+from backend.train.launch import die_with_parent
 from backend.train.plan import TrainPlan, write_status
 
 STAGE = "train"
@@ -191,13 +192,18 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m backend.train.worker PLAN.json", file=sys.stderr)
         return 2
     plan = TrainPlan.load(argv[0])
-    stop = []  # SIGTERM before training starts (model building): stop cleanly once it does
+    stop: list[int] = []  # SIGTERM/SIGINT (torchrun forwards them): the trainer stops after the step in flight and saves
 
-    def early(signum: int, _frame: Any) -> None:
+    def stop_asked(signum: int, _frame: Any) -> None:
+        if not stop:
+            print(f"train: received {signal.Signals(signum).name}: stopping after the step in flight and saving "
+                  f"a resumable checkpoint", file=sys.stderr, flush=True)
         stop.append(signum)
 
+    # this rank's one handler (a separate process: no lifecycle here); the trainer installs none
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, early)
+        signal.signal(sig, stop_asked)
+    die_with_parent()  # torchrun gone (killed -9): this rank stops as on SIGTERM, never trains on alone
     status = train(plan, stop_check=lambda: bool(stop))
     return 0 if status in ("completed", "stopped") else 1
 

@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import sys
 
+from console import exitcodes
 from console import demo
 from console.commands.server_cmd import load_or_exit
 from console.profile import ProfileError, notify_settings
@@ -23,30 +24,30 @@ def run_app(a: argparse.Namespace) -> int:
             profile = asyncio.run(demo.start(work_dir, speed=a.demo_speed, engine=a.engine))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
     elif a.profile:
         profile = load_or_exit(a.profile)
     else:
         print("error: give --profile FILE (see `eagle3-console profile init --help`) or --demo", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     try:
         notify = notify_settings(profile)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         if work_dir is not None:
             asyncio.run(demo.stop(work_dir))
-        return 2
+        return exitcodes.USAGE
     controller = Session(profile, readonly=a.readonly)
     try:
         try:
             app = ConsoleApp(controller, readonly=a.readonly, keymap_path=a.keymap, notify=notify)
         except KeymapError as e:
             print(f"error: {e}", file=sys.stderr)
-            return 2
+            return exitcodes.USAGE
         app.run()
         # Textual catches a crash inside the app, prints its traceback and sets the return code (1):
         # a script that started the console must see it failed
-        code = app.return_code or 0
+        code = app.return_code or exitcodes.OK
     finally:
         if work_dir is not None:
             # the demo host is ours: quitting the demo ends it, after the app has let go of the terminal

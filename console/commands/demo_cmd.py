@@ -6,6 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from console import exitcodes
 from console.commands.server_cmd import human, snapshot_once
 from console.demo import ENGINES, INSTALL_SCRIPT, default_dir, effective_profile, running, start, stop
 from console.profile import load_profile
@@ -38,21 +39,21 @@ def cmd_demo_host(a: argparse.Namespace) -> int:
             print(f"a demo host is already running in {work_dir}: reusing its profile (start options ignored)",
                   file=sys.stderr)
             print(existing.source)
-            return 0
+            return exitcodes.OK
         try:
             profile = asyncio.run(start(work_dir, speed=a.speed, seed_shape=a.seed_shape, engine=a.engine))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
         print(profile.source)
-        return 0
+        return exitcodes.OK
     if a.action == "stop":
         stopped = asyncio.run(stop(work_dir))
         print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
-        return 0
+        return exitcodes.OK
     path = effective_profile(work_dir)
     if not path.exists():
         print(f"no demo host in {work_dir} (start one with `eagle3-console demo-host start`)")
-        return 3
+        return exitcodes.NO_DEMO
     print(human(asyncio.run(snapshot_once(load_profile(path)))))
-    return 0
+    return exitcodes.OK

@@ -6,6 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from console import exitcodes
 from console.control.operator_unit import (OperatorUnitError, profile_server_values, read_server_program,
                                            unit_drift, unit_settings)
 from console.host.base import HostError
@@ -114,27 +115,27 @@ def from_unit(a: argparse.Namespace) -> Profile:
 def cmd_init(a: argparse.Namespace) -> int:
     if Path(a.path).exists() and not a.force:  # before any connection: never replace an operator's file
         print(f"error: {a.path} already exists; pass --force to replace it", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     try:
         if a.from_unit:
             profile = from_unit(a)
         elif not a.model_path:
             print("error: --model-path is required (or --from-unit UNIT to read it from the host)", file=sys.stderr)
-            return 2
+            return exitcodes.USAGE
         else:
             profile = build_from_args(a)
         write_profile(profile, a.path, overwrite=a.force)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     except FileExistsError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     except (HostError, OSError, OperatorUnitError, CmdlineError, asyncio.TimeoutError) as e:
         print(clean_block(f"error: unit {a.from_unit}: {e or 'timed out'}"), file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     print(f"wrote {a.path}")
-    return 0
+    return exitcodes.OK
 
 
 def cmd_check(a: argparse.Namespace) -> int:
@@ -142,32 +143,32 @@ def cmd_check(a: argparse.Namespace) -> int:
         p = load_profile(a.path)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     sim = " (simulated demo host)" if p.host.simulated else ""
     print(f"{a.path}: ok: host {p.host.name}{sim}, {p.server.manager} {p.server.unit!r}, "
           f"model {p.server.model_id}, work dir {p.paths.work_dir}")
     if a.offline or p.server.manager != "systemd" or p.host.simulated:
-        return 0  # tmux: the profile's command is the server, nothing to compare
+        return exitcodes.OK  # tmux: the profile's command is the server, nothing to compare
     if p.host.transport == "ssh" and p.host.name.lower().rstrip(".").endswith(PLACEHOLDER_DOMAINS):
         print(f"unit {p.server.unit}: not compared, {p.host.name} is a placeholder name (RFC 2606/6761): "
               f"set [host].name to the GPU host")
-        return 0
+        return exitcodes.OK
     try:
         program, settings = read_unit_settings(p)
     except (HostError, OSError, asyncio.TimeoutError) as e:
         print(clean_block(f"unit {p.server.unit}: not compared, the host did not answer: {e or 'timed out'}"))
-        return 0
+        return exitcodes.OK
     except (OperatorUnitError, CmdlineError) as e:
         print(clean_block(f"error: unit {p.server.unit}: {e}"), file=sys.stderr)
-        return 1
+        return exitcodes.FAILED
     drift = unit_drift(p, settings)
     if program.note:
         print(f"note: {program.note}")
     if not drift:
         print(f"unit {p.server.unit}: matches the profile (served as {settings.served_id})")
-        return 0
+        return exitcodes.OK
     print(f"unit {p.server.unit}: drift between the profile and its unit:")
     for line in drift:
         print(clean_block(f"  {line}"))
-    return 1
+    return exitcodes.FAILED
 

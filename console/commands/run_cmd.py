@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import sys
 
+from console import exitcodes
 from console.commands.server_cmd import load_or_exit
 from console.control import stages
 from console.control.launch import StageRequest, stage_ended, stops_baseline
@@ -83,11 +84,11 @@ def k_values(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--k ")) from None
 
 
-def confirmed(a: argparse.Namespace, req: StageRequest, profile, downtime: str) -> bool:
+def declined(a: argparse.Namespace, req: StageRequest, profile, downtime: str) -> int | None:
     """Extraction and online training stop the baseline server: say so, and what it costs (`downtime`:
-    Session.downtime, from the host's measured loads), and go on only when the operator agrees."""
+    Session.downtime, from the host's measured loads), and go on (None) only when the operator agrees."""
     if not stops_baseline(req, profile) or a.yes:
-        return True
+        return None
     why = ("the drafter server is benched" if stages.starts_pair(req.stage) else
            {"extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed"))
     return ask(f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "
@@ -95,18 +96,22 @@ def confirmed(a: argparse.Namespace, req: StageRequest, profile, downtime: str) 
                f"{req.stage} stops the baseline server and costs {downtime}")
 
 
-def ask(question: str, refusal: str) -> bool:
-    """Yes or no on the terminal, default No; without a terminal, No with `refusal` and the way out."""
+def ask(question: str, refusal: str) -> int | None:
+    """Yes (None: go on) or no on the terminal, default No (FAILED: declined); without a terminal, USAGE
+    with `refusal` and the way out (--yes)."""
     if not sys.stdin.isatty():
         print(f"error: {refusal}; pass --yes to confirm", file=sys.stderr)
-        return False
-    return input(question).strip().lower() in ("y", "yes")
+        return exitcodes.USAGE
+    if input(question).strip().lower() in ("y", "yes"):
+        return None
+    print("nothing done")
+    return exitcodes.FAILED
 
 
-def confirmed_switch(a: argparse.Namespace, profile, downtime: str) -> bool:
+def declined_switch(a: argparse.Namespace, profile, downtime: str) -> int | None:
     """A server switch stops the running server: ask, saying what it costs, default No."""
     if a.yes:
-        return True
+        return None
     if a.stage == "serve-drafter":
         question = (f"serve-drafter stops {profile.server.unit} (the baseline) on {profile.host.name} and serves the "
                     f"verified drafter in {profile.server.unit}-drafter; it costs {downtime}. Go on? [y/N] ")
@@ -122,18 +127,18 @@ async def switch_server(a: argparse.Namespace, profile) -> int:
         snap = await session.settle()
         if not snap.host.reachable:
             print(f"error: {snap.host.error}", file=sys.stderr)
-            return 1
-        if not confirmed_switch(a, profile, session.downtime(a.stage)):
-            return 2
+            return exitcodes.FAILED
+        if (code := declined_switch(a, profile, session.downtime(a.stage))) is not None:
+            return code
         result = await (session.serve_drafter(a.input_run) if which == "drafter" else session.serve_baseline())
         for cmd in result.commands:
             print(f"$ {cmd}", file=sys.stderr)
         if not result.ok:
             print(f"error: {result.message}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
         print(result.message)
         if not a.wait:
-            return 0
+            return exitcodes.OK
         return await wait_server(session, which, profile.server.load_timeout_s)
 
 
@@ -165,14 +170,14 @@ async def wait_server(session: Session, which: str, timeout: float) -> int:
             # only then lets go of the server lock: the next command (a bench, a stage) would be refused
             while not await session.switch_finished() and loop.time() < deadline:
                 await asyncio.sleep(0.25)
-            return 0
+            return exitcodes.OK
         if on_it and srv.phase == "failed":
             print(f"error: the {which} server failed: {clean_block(srv.error or 'see its log')}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
         if loop.time() > deadline:
             print(f"error: the {which} server is not ready after {timeout:g} s (phase {srv.phase})", file=sys.stderr)
-            return 2
-    return 1
+            return exitcodes.NOT_READY
+    return exitcodes.FAILED
 
 
 async def run_stage(a: argparse.Namespace) -> int:
@@ -181,7 +186,7 @@ async def run_stage(a: argparse.Namespace) -> int:
         return await stop_run(a, profile)
     if a.target is not None:
         print(f"error: unexpected argument {a.target!r} (only run stop takes a STAGE)", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     if a.stage in SERVE:
         return await switch_server(a, profile)
     stage = stages.by_cli(a.stage).name
@@ -190,23 +195,23 @@ async def run_stage(a: argparse.Namespace) -> int:
                        checkpoint=a.checkpoint, k_values=a.k_values)
     if a.checkpoint and stage != "verify":
         print(f"error: --checkpoint is for verify, not {a.stage}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     if a.k_values is not None and not stages.starts_pair(stage):
         print(f"error: --k is for bench, not {a.stage}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     async with Session(profile, interval=a.interval) as session:
         snap = await session.settle()
         if not snap.host.reachable:
             print(f"error: {snap.host.error}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
         try:  # GPUs that cannot be shared as asked are refused before any question
             request_gpu_plan(req, profile)
         except StageError as e:
             print(f"error: {e}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
         # asked once connected: the downtime comes from the host's measured loads
-        if not confirmed(a, req, profile, session.downtime(stage, req)):
-            return 2
+        if (code := declined(a, req, profile, session.downtime(stage, req))) is not None:
+            return code
         # a run id given again resumes that run: --wait follows the new start, never the old outcome
         before = next((r for r in snap.runs if r.run_id == a.run_id), None) if a.run_id else None
         result, launch = await session.launch_stage(req)
@@ -214,10 +219,10 @@ async def run_stage(a: argparse.Namespace) -> int:
             print(f"$ {clean_block(cmd)}", file=sys.stderr)
         if not result.ok or launch is None:
             print(f"error: {clean_block(result.message)}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
         print(f"started {launch.unit}: run {launch.run_id} in {clean_block(launch.run_dir)}")
         if not a.wait:
-            return 0
+            return exitcodes.OK
         return await follow_run(session, stage, launch.run_id, before=before)
 
 
@@ -225,32 +230,32 @@ async def stop_run(a: argparse.Namespace, profile) -> int:
     """`run stop STAGE | --run-id ID [--wait]`: the `x` key, headless; 0 once stopped."""
     if (a.target is None) == (a.run_id is None):
         print("error: run stop takes a STAGE or --run-id ID (one of them)", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     if a.target is not None:
         try:
             spec = stages.by_cli(a.target) if a.target in stages.cli_names() else stages.get(a.target)
         except stages.UnknownStage:
             print(f"error: unknown stage {a.target!r}: expected one of {', '.join(stages.cli_names())}",
                   file=sys.stderr)
-            return 2
+            return exitcodes.USAGE
         if spec.kind == "server":
             print(f"error: {spec.name} is a server, not a run: use stop-server or run serve-baseline",
                   file=sys.stderr)
-            return 2
+            return exitcodes.USAGE
     async with Session(profile, interval=a.interval) as session:
         snap = await session.settle()
         if not snap.host.reachable:
             print(f"error: {snap.host.error}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
         result, run = await session.stop_run(stage=spec.name if a.target is not None else None, run_id=a.run_id)
         for cmd in result.commands:
             print(f"$ {clean_block(cmd)}", file=sys.stderr)
         if not result.ok or run is None:
             print(f"error: {clean_block(result.message)}", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
         print(clean_block(result.message))
         if not a.wait:
-            return 0
+            return exitcodes.OK
         return await wait_stopped(session, run)
 
 
@@ -265,8 +270,8 @@ async def wait_stopped(session: Session, run: RunInfo) -> int:
         print(view.line(), flush=True)
         if view.error and now.state != "done":
             print(f"note: {view.error}", file=sys.stderr)
-        return 0 if now.state in ("stopped", "done") else 1
-    return 1
+        return exitcodes.OK if now.state in ("stopped", "done") else exitcodes.FAILED
+    return exitcodes.FAILED
 
 
 async def follow_run(session: Session, stage: str, run_id: str, before: RunInfo | None = None) -> int:
@@ -298,7 +303,7 @@ async def follow_run(session: Session, stage: str, run_id: str, before: RunInfo 
                 if run is None:
                     print(f"error: the run wrote no events{' for this start' if before else ''}: {ended}",
                           file=sys.stderr)
-                    return 1
+                    return exitcodes.FAILED
             else:
                 if not noted and asyncio.get_running_loop().time() - quiet_since > NO_EVENTS_S:
                     # alive but silent (slow imports on a busy host): say so once, and keep following it
@@ -319,9 +324,9 @@ async def follow_run(session: Session, stage: str, run_id: str, before: RunInfo 
             if run.state == "done" and view.slower:
                 print("the drafter is SLOWER than the baseline at some concurrency level: do not serve it",
                       file=sys.stderr)
-                return 3
-            return 0 if run.state == "done" else 1
-    return 1  # the session ended: the host refused us (said in the last snapshot)
+                return exitcodes.SLOWER
+            return exitcodes.OK if run.state == "done" else exitcodes.FAILED
+    return exitcodes.FAILED  # the session ended: the host refused us (said in the last snapshot)
 
 
 def progress_line(run: RunInfo, runs: tuple[RunInfo, ...]) -> str:

@@ -12,6 +12,7 @@ from backend.bench import PAIR_STAGE
 from backend.generate.preflight import human_bytes
 from backend.lookup import STAGES
 from backend.runs import RUN_ID_PATTERN
+from console import exitcodes
 from console.commands.server_cmd import load_or_exit
 from console.control.disk import DiskError, PrunePlan, RunSpace, parse_duration, prune, selection_args, survey
 from console.host.base import HostError
@@ -93,11 +94,11 @@ def cmd_disk(a: argparse.Namespace) -> int:
         report = asyncio.run(go())
     except (DiskError, HostError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return exitcodes.FAILED
     if a.json:
         print(json.dumps({"volumes": [asdict(v) for v in report.volumes], "runs": [asdict(r) for r in report.runs],
                           "skipped": list(report.skipped)}))
-        return 0
+        return exitcodes.OK
     now = time.time()
     for v in report.volumes:
         print(f"volume {v.path}: {human_bytes(v.free)} free of {human_bytes(v.total)}")
@@ -105,7 +106,7 @@ def cmd_disk(a: argparse.Namespace) -> int:
         print(run_line(r, now))
     for s in report.skipped:
         print(f"left out: {s}", file=sys.stderr)
-    return 0
+    return exitcodes.OK
 
 
 def cmd_prune(a: argparse.Namespace) -> int:
@@ -114,7 +115,7 @@ def cmd_prune(a: argparse.Namespace) -> int:
         older = parse_duration(a.older_than) if a.older_than else None
     except DiskError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
 
     async def go() -> int:
         async with Session(profile) as session:
@@ -124,25 +125,25 @@ def cmd_prune(a: argparse.Namespace) -> int:
             now = time.time()
             print(plan_text(plan, now))
             if not plan.delete:
-                return 0
+                return exitcodes.OK
             if not a.yes:
                 if not sys.stdin.isatty():
                     print("not deleting: pass --yes to delete without a terminal to ask on", file=sys.stderr)
-                    return 2
+                    return exitcodes.USAGE
                 answer = await asyncio.to_thread(
                     input, f"delete these {len(plan.delete)} run(s), {human_bytes(plan.total_bytes)}? [y/N] ")
                 if answer.strip().lower() not in ("y", "yes"):
                     print("nothing deleted")
-                    return 1
+                    return exitcodes.FAILED
             asked = [r.name for r in plan.delete]
             done = await prune(session.host, profile, selection, only=asked)
             text, all_went = results_text(asked, done)
             print(text)
             for s in done.skipped:
                 print(f"left out: {s}", file=sys.stderr)
-            return 0 if all_went else 1
+            return exitcodes.OK if all_went else exitcodes.FAILED
     try:
         return asyncio.run(go())
     except (DiskError, HostError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return exitcodes.FAILED

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from console import exitcodes
 from console.profile import Profile, ProfileError, load_profile
 from console.parsers.text import clean_block
 from console.session import Session
@@ -51,7 +52,7 @@ def load_or_exit(path: str) -> Profile:
         return load_profile(path)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(exitcodes.USAGE) from None
 
 
 def watch_key(doc: dict[str, Any]) -> dict[str, Any]:
@@ -142,10 +143,10 @@ def cmd_status(a: argparse.Namespace) -> int:
     if a.watch:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(watch(profile, a.interval))
-        return 0
+        return exitcodes.OK
     snap = asyncio.run(snapshot_once(profile, deep=a.deep, timeout=a.timeout))
     print(json.dumps(snap.to_json(), allow_nan=False) if a.json else human(snap))
-    return 0 if snap.host.reachable else 3
+    return exitcodes.OK if snap.host.reachable else exitcodes.UNREACHABLE
 
 
 async def watch(profile: Profile, interval: float) -> None:
@@ -179,12 +180,12 @@ async def wait_ready_why(profile: Profile, timeout: float, interval: float,
                 except (asyncio.TimeoutError, StopAsyncIteration):
                     break
                 if snap.server.phase == "ready" and not snap.server.error:
-                    return 0, snap, None
+                    return exitcodes.OK, snap, None
                 if snap.server.phase == "failed":
-                    return 1, snap, None
+                    return exitcodes.FAILED, snap, None
                 if session.final_error:
-                    return 2, snap, session.final_error
-            return 2, snap, session.final_error
+                    return exitcodes.NOT_READY, snap, session.final_error
+            return exitcodes.NOT_READY, snap, session.final_error
         finally:
             await gen.aclose()
 
@@ -192,9 +193,9 @@ async def wait_ready_why(profile: Profile, timeout: float, interval: float,
 def cmd_wait_ready(a: argparse.Namespace) -> int:
     profile = load_or_exit(a.profile)
     rc, snap, refused = asyncio.run(wait_ready_why(profile, a.timeout, a.interval))
-    if rc == 0 and snap is not None:  # 0 and 1 come with the snapshot that said so
+    if rc == exitcodes.OK and snap is not None:  # OK and FAILED come with the snapshot that said so
         print(f"ready: {snap.server.model_id} (vLLM {snap.server.version})")
-    elif rc == 1 and snap is not None:
+    elif rc == exitcodes.FAILED and snap is not None:
         print(f"load failed: {snap.server.error or 'see the journal'}", file=sys.stderr)
     elif refused:
         print(f"error: {profile.host.name} refused the connection for good: {clean_block(refused)}",
@@ -212,13 +213,13 @@ async def server_action(profile: Profile, action: str) -> tuple[int, list[str], 
     (exit code, the commands run, what to tell the operator): 0 done, 1 refused or failed, 3 unreachable."""
     async with Session(profile) as session:
         if not await session.collector.try_connect():
-            return 3, [], f"{profile.host.name}: {session.final_error or session.collector.error or 'unreachable'}"
+            return exitcodes.UNREACHABLE, [], f"{profile.host.name}: {session.final_error or session.collector.error or 'unreachable'}"
         await session.tick()  # which server runs now (the one a stop stops)
         act = {"start-server": lambda: session.start_stage("serve"),
                "stop-server": lambda: session.stop_stage("serve"),
                "restart-server": session.restart_server}[action]
         result = await act()
-        return (0 if result.ok else 1), list(result.commands), result.message
+        return (exitcodes.OK if result.ok else exitcodes.FAILED), list(result.commands), result.message
 
 
 def cmd_server_action(a: argparse.Namespace) -> int:
@@ -226,11 +227,11 @@ def cmd_server_action(a: argparse.Namespace) -> int:
     if a.action in ("stop-server", "restart-server") and not a.yes:
         if not sys.stdin.isatty():
             print(f"error: {a.action} stops a running server; pass --yes to confirm", file=sys.stderr)
-            return 2
+            return exitcodes.USAGE
         answer = input(f"{a.action.replace('-server', '')} {profile.server.unit} on {profile.host.name}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing done")
-            return 1
+            return exitcodes.FAILED
     rc, shown, message = asyncio.run(server_action(profile, a.action))
     for cmd in shown:
         print(f"$ {clean_block(cmd)}")

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import sys
 
+from console import exitcodes
 from console.commands.server_cmd import load_or_exit
 from console.host.base import AuthenticationFailed, HostError, HostKeyError
 
@@ -36,7 +37,7 @@ def cmd_trust(a: argparse.Namespace) -> int:
     h = profile.host
     if h.transport != "ssh":
         print(f"{profile.source}: host.transport is {h.transport!r}: nothing to trust")
-        return 0
+        return exitcodes.OK
     return asyncio.run(trust(profile, a.fingerprint, a.replace))
 
 
@@ -57,7 +58,7 @@ async def trust(profile, fingerprints: list[str], replace: bool) -> int:
             port = getattr(e, "port", h.port)
             if key is None:
                 print(f"error: {e}", file=sys.stderr)
-                return 3
+                return exitcodes.UNREACHABLE
             answer = _accept(e, key, port, known, fingerprints, replace)
             if answer:
                 return answer
@@ -65,31 +66,31 @@ async def trust(profile, fingerprints: list[str], replace: bool) -> int:
                 line = trust_host_key(known, e.host, port, key, replace=replace)
             except (KnownHostsError, OSError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
-                return 1
+                return exitcodes.FAILED
             print(f"{'replaced in' if e.changed else 'added to'} {known}: {line.strip()}")
             added += 1
             if not getattr(e, "jump", False):
-                return 0  # the target's key is in: its login is the console's business, not ours
+                return exitcodes.OK  # the target's key is in: its login is the console's business, not ours
             continue
         except AuthenticationFailed as e:
             if getattr(e, "jump", False):
                 print(f"error: the jump host refused the login, so the target's key cannot be read through "
                       f"it: {e}", file=sys.stderr)
-                return 3
+                return exitcodes.UNREACHABLE
             # the target's key was verified before its login was refused: the keys are trusted
             print(f"host keys are trusted; note that the login failed: {e}", file=sys.stderr)
-            return 0
+            return exitcodes.OK
         except HostError as e:
             print(f"error: {e}", file=sys.stderr)
-            return 3
+            return exitcodes.UNREACHABLE
         finally:
             await host.close()
         if not added:
             via = f" (and the jump host {h.jump_host})" if h.jump_host else ""
             print(f"{h.name}:{h.port}{via}: host keys already trusted in {known}")
-        return 0
+        return exitcodes.OK
     print(f"error: {known} still does not trust the keys after {MAX_ROUNDS} rounds", file=sys.stderr)
-    return 1
+    return exitcodes.FAILED
 
 
 def _accept(e: HostKeyError, key, port: int, known: str, fingerprints: list[str], replace: bool) -> int:
@@ -103,18 +104,18 @@ def _accept(e: HostKeyError, key, port: int, known: str, fingerprints: list[str]
         if not replace:
             print("error: nothing written; once the host's owner confirms the new key, run trust-host "
                   "again with --replace", file=sys.stderr)
-            return 1
+            return exitcodes.FAILED
     if fingerprints:
         if fp not in fingerprints:
             print(f"error: that is not a fingerprint you gave ({', '.join(fingerprints)}); nothing written",
                   file=sys.stderr)
-            return 1
-        return 0
+            return exitcodes.FAILED
+        return exitcodes.OK
     if not sys.stdin.isatty():
         print("error: not a terminal; compare the fingerprint out of band and pass --fingerprint", file=sys.stderr)
-        return 2
+        return exitcodes.USAGE
     verb = "Replace the old key in" if e.changed else "Add it to"
     if input(f"{verb} {known}? [y/N] ").strip().lower() not in ("y", "yes"):
         print("nothing written")
-        return 1
-    return 0
+        return exitcodes.FAILED
+    return exitcodes.OK
