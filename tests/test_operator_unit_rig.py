@@ -113,6 +113,7 @@ async def test_profile_init_from_unit_and_check_reports_drift(systemd_rig, rig_s
     assert (p.server.unit, p.server.model_path, p.server.served_model_name, p.server.port) == (
         name, "/shared/kimi-k2.5-int4", None, 8011)
     assert p.server.reasoning_parser == "kimi_k2" and p.server.model_id == "/shared/kimi-k2.5-int4"
+    assert p.drafter.trust_remote_code is True and "trust_remote_code = true" in path.read_text()
     again = cli("profile", "init", str(path), *connect, "--from-unit", name, "--work-dir", "/x")
     assert again.returncode == 2 and "already exists" in again.stderr
 
@@ -123,6 +124,9 @@ async def test_profile_init_from_unit_and_check_reports_drift(systemd_rig, rig_s
     assert res.returncode == 1, res
     assert "served model id: the profile says 'kimi-k2.5-int4', the unit serves '/shared/kimi-k2.5-int4'" in res.stdout
     assert cli("profile", "check", str(path), "--offline").returncode == 0
+    path.write_text(path.read_text().replace("trust_remote_code = true", "trust_remote_code = false", 1))
+    res = cli("profile", "check", str(path))
+    assert "drafter.trust_remote_code: the profile says false, the unit passes --trust-remote-code" in res.stdout
 
     missing = cli("profile", "init", str(tmp_path / "none.toml"), *connect, "--from-unit", "e3-no-such-unit",
                   "--work-dir", "/x")

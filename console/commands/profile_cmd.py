@@ -6,8 +6,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from console.control.operator_unit import (OperatorUnitError, profile_server_values, read_server_program,
-                                           unit_drift, unit_settings)
+from console.control.operator_unit import (OperatorUnitError, profile_drafter_values, profile_server_values,
+                                           read_server_program, unit_drift, unit_settings)
 from console.host.base import HostError
 from console.host.factory import host_for_profile
 from console.parsers.text import clean_block
@@ -60,7 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     check.set_defaults(func=cmd_check)
 
 
-def build_from_args(a: argparse.Namespace, extra_server: dict | None = None) -> Profile:
+def build_from_args(a: argparse.Namespace, extra_server: dict | None = None,
+                    extra_drafter: dict | None = None) -> Profile:
     data = {
         "host": {"name": a.host, "transport": a.transport, "port": a.port, "user": a.user,
                  "identity_file": a.identity_file, "jump_host": a.jump_host, "known_hosts": a.known_hosts},
@@ -69,6 +70,7 @@ def build_from_args(a: argparse.Namespace, extra_server: dict | None = None) -> 
                    "reasoning_parser": a.reasoning_parser, **(extra_server or {})},
         "paths": {"work_dir": a.work_dir, "data_dir": a.data_dir, "python": a.python},
         "gpus": {"count": a.gpus},
+        "drafter": {**(extra_drafter or {})},
         "generate": {"samples": a.samples, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
                      "request_timeout_s": a.request_timeout, "dataset": a.dataset},
     }
@@ -102,10 +104,12 @@ def from_unit(a: argparse.Namespace) -> Profile:
     a.model_path, a.server_port = settings.model, settings.port
     a.served_model_name = values.get("served_model_name")
     a.reasoning_parser = settings.reasoning_parser
-    profile = build_from_args(a, extra_server={"vllm_args": values["vllm_args"]})
+    profile = build_from_args(a, extra_server={"vllm_args": values["vllm_args"]},
+                              extra_drafter=profile_drafter_values(settings))
     print(f"read unit {a.from_unit} ({program.source}): model {settings.model}, served as {settings.served_id}, "
           f"port {settings.port}, tensor parallel size {settings.tensor_parallel_size}"
-          + (f", reasoning parser {settings.reasoning_parser}" if settings.reasoning_parser else ""))
+          + (f", reasoning parser {settings.reasoning_parser}" if settings.reasoning_parser else "")
+          + (", --trust-remote-code (drafter.trust_remote_code = true)" if settings.trust_remote_code else ""))
     if program.note:
         print(f"note: {program.note}")
     return profile

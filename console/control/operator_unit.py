@@ -76,6 +76,12 @@ def profile_server_values(settings: ServeSettings) -> dict[str, object]:
     return values
 
 
+def profile_drafter_values(settings: ServeSettings) -> dict[str, object]:
+    """The [drafter] values of a profile for a unit serving `settings`: a model vLLM loads with
+    --trust-remote-code (Kimi's config, tokenizer and processor) is one speculators loads the same way."""
+    return {"trust_remote_code": settings.trust_remote_code}
+
+
 def unit_drift(profile: Profile, settings: ServeSettings) -> list[str]:
     """Where the profile says something other than what its unit serves, one line each (empty: none)."""
     s = profile.server
@@ -94,6 +100,12 @@ def unit_drift(profile: Profile, settings: ServeSettings) -> list[str]:
     if any(a.split("=", 1)[0] in ("-tp", "--tensor-parallel-size", "--tensor_parallel_size") for a in s.vllm_args):
         differ("tensor parallel size (server.vllm_args)", own.tensor_parallel_size, settings.tensor_parallel_size,
                "--tensor-parallel-size / -tp, default 1")
+    if profile.drafter.trust_remote_code != settings.trust_remote_code:
+        fix = ("prepare, train and verify load the verifier's own code as vLLM does: set it to true"
+               if settings.trust_remote_code else "the unit loads the model without its own code")
+        out.append(f"drafter.trust_remote_code: the profile says {str(profile.drafter.trust_remote_code).lower()}, "
+                   f"the unit {'passes' if settings.trust_remote_code else 'does not pass'} --trust-remote-code "
+                   f"({fix})")
     if profile.gpus.count is not None and profile.gpus.count < settings.tensor_parallel_size:
         out.append(f"gpus.count: the profile says {profile.gpus.count}, the unit's tensor parallel size is "
                    f"{settings.tensor_parallel_size}")
