@@ -47,9 +47,11 @@ def _python() -> list[str]:
     return ["env", f"PYTHONPATH={ROOT}", sys.executable]
 
 
-def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed_shape: bool = False) -> Profile:
+def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed_shape: bool = False,
+            vllm_version: str | None = None) -> Profile:
     """Write the effective demo profile and the demo dataset; return the profile. `seed_shape`: training
-    asks for one of the GPUs the server holds, as on the seed host (it still computes on the CPU)."""
+    asks for one of the GPUs the server holds, as on the seed host (it still computes on the CPU).
+    `vllm_version`: the release the stand-in imitates (its /version, log lines and errors; sim/versions.py)."""
     work_dir = work_dir.resolve()
     (work_dir / "tmux").mkdir(parents=True, exist_ok=True)
     os.chmod(work_dir / "tmux", 0o700)  # tmux refuses a socket directory others can write
@@ -74,6 +76,7 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed
         "--text-backend", "auto",
         # answers take a couple of seconds, as on a real server, so generation is watchable
         "--latency", f"{0.5 / max(speed, 0.01):g}", "--latency-per-token", f"{0.01 / max(speed, 0.01):g}",
+        *(["--vllm-version", vllm_version] if vllm_version else []),
     ]
     p.gpus.command = [*_python(), "-m", "sim.nvidia_smi", "--state", state, *DEFAULT_GPU_QUERY[1:]]
     if seed_shape:
@@ -124,13 +127,14 @@ async def running(work_dir: Path) -> Profile | None:
     return profile if panes.ok and "0" in panes.stdout.split() else None
 
 
-async def start(work_dir: Path, *, speed: float = 1.0, seed_shape: bool = False) -> Profile:
+async def start(work_dir: Path, *, speed: float = 1.0, seed_shape: bool = False,
+                vllm_version: str | None = None) -> Profile:
     """Start the demo host, or return the running one's profile untouched: rewriting it (a new port)
     would cut every console and stage using the running server off from it."""
     existing = await running(work_dir)
     if existing is not None:
         return existing
-    profile = prepare(work_dir, speed=speed, seed_shape=seed_shape)
+    profile = prepare(work_dir, speed=speed, seed_shape=seed_shape, vllm_version=vllm_version)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)
     if not res.ok and "already running" not in res.stderr:

@@ -34,6 +34,7 @@ from backend.lookup import CompletedRun, InputError, completed_run
 from backend.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
 from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
+from backend.vllm_floor import UPGRADE, refusal, server_version
 from backend.verifier import (VerifierError, VerifierInfo, extraction_layer_ids, read_verifier,
                               resolve_aux_layers)
 
@@ -137,6 +138,9 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
         except PlanError as exc:
             report.add("swap_plan", False, str(exc), "start the stage from the console, which writes the plan")
             plan = None
+    if info is not None and report.ok:
+        check_vllm_version(report, info, (plan.endpoint if plan else c.endpoint or "").rstrip("/"),
+                           swapped=plan is not None)
     if prep is None or info is None or aux is None or not report.ok:
         return report, None
     try:
@@ -153,6 +157,21 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
     report.add("disk_space", e.fits, e.detail(), e.refusal() + ("" if e.fits else room_hint_for(c.work_dir, short, run_id=c.run_id,
                                                                              uses=(prep.run_id,))))
     return report, inputs
+
+
+def check_vllm_version(report: PreflightReport, info: VerifierInfo, endpoint: str, swapped: bool) -> None:
+    """The server at the endpoint (the baseline, before the swap stops it; or the extraction server given
+    by --endpoint) runs a vLLM the verifier's extraction works on (backend/vllm_floor.py). A server that
+    does not answer its version is not refused here: the console asked it before starting the stage."""
+    floor = info.vllm_floor()
+    version, note = server_version(f"{endpoint}/version")
+    if version is None:
+        report.add("vllm_version", True, f"not checked ({note}); extraction needs vLLM >= {floor.text}")
+        return
+    who = "the baseline" if swapped else "the extraction server"
+    why = refusal(version, floor, who)
+    report.add("vllm_version", why is None, why or f"{who} runs vLLM {version} (extraction needs >= {floor.text})",
+               UPGRADE.format(floor=floor.text))
 
 
 def _estimate(c: ExtractConfig, inputs: Inputs) -> disk.DiskEstimate:

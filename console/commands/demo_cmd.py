@@ -19,6 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed-shape", action="store_true",
                    help="shaped like the seed host: the server holds all eight simulated GPUs and training asks "
                         "for one of them ([train] gpus = 1; it still computes on the CPU)")
+    p.add_argument("--vllm-version", help="the vLLM release the stand-in imitates (default 0.33.0): its /version, "
+                                          "log lines and errors, e.g. 0.24.0 to see a version refused")
     p.set_defaults(func=cmd_demo_host)
 
 
@@ -32,7 +34,8 @@ def cmd_demo_host(a: argparse.Namespace) -> int:
             print(existing.source)
             return 0
         try:
-            profile = asyncio.run(start(work_dir, speed=a.speed, seed_shape=a.seed_shape))
+            profile = asyncio.run(start(work_dir, speed=a.speed, seed_shape=a.seed_shape,
+                                           vllm_version=a.vllm_version))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -476,9 +476,29 @@ class Launcher:
                              f"{clean(answer)[:200]!r}")
         return ids, layers
 
+    async def vllm_floor(self) -> None:
+        """Refuses, before the swap stops the baseline, an extraction the host's vLLM cannot do (the
+        DeepSeek-V2 family's final state from 0.25.0 only: backend/vllm_floor.py); the baseline's
+        /version is the version the extraction server starts with (both run the unit's program)."""
+        answer = await self.host_query(stage_argv.vllm_floor_argv(self.profile), "the vLLM version check")
+        try:
+            found = json.loads(answer)
+            floor, refusal, version = str(found["floor"]), found["refusal"], found["version"]
+        except (ValueError, KeyError, TypeError):
+            raise StageError(f"the vLLM version check: the host's answer is not one: {clean(answer)[:200]!r}") from None
+        if refusal:
+            raise StageError(clean(f"{refusal}. Upgrade vLLM on the host (the program the unit "
+                                   f"{self.profile.server.unit} runs) to {floor} or later; nothing was stopped"))
+        if version:
+            self.shown.append(clean(f"(server swap) the baseline runs vLLM {version}; extraction needs >= {floor}"))
+        else:
+            self.shown.append(clean(f"(server swap) vLLM version not checked ({found.get('note')}); extraction "
+                                    f"needs >= {floor}: {found.get('why')}"))
+
     async def swap_plan(self, run_id: str) -> tuple[str, list[int]]:
         """The server swap plan of a stage that takes the GPUs (uploaded), and the aux layer ids in it."""
         ids, layers = await self.aux_layer_ids()
+        await self.vllm_floor()
         return await self.upload_swap_plan(run_id, ids, layers), ids
 
     async def argv(self, stage: str, run_id: str, input_run: str | None, req: StageRequest,

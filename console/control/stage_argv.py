@@ -182,6 +182,13 @@ def latest_argv(profile: Profile, stage: str) -> list[str]:
             "--stage", stage]
 
 
+def vllm_floor_argv(profile: Profile) -> list[str]:
+    """Asks the host the oldest vLLM the verifier's extraction server runs on and the baseline's own
+    version (backend/ask.py vllm-floor), before a swap stops the baseline."""
+    return [profile.paths.python, "-m", "backend.ask", "vllm-floor", "--verifier", verifier_path(profile),
+            "--url", f"http://127.0.0.1:{profile.server.port}/version"]
+
+
 def aux_layers_argv(profile: Profile) -> list[str]:
     """Asks the host which aux layer ids the verifier takes ([drafter].aux_layer_ids checked, or vLLM's
     default for its layer count; backend/ask.py): the extraction server's command line needs them."""
