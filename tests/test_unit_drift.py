@@ -103,3 +103,17 @@ def test_trust_remote_code_follows_the_unit():
     plain = read_serve_argv([a for a in SEED_UNIT if a != "--trust-remote-code"])
     p.server.vllm_args = ["--tensor-parallel-size", "8"]
     assert [d.split(":")[0] for d in unit_drift(p, plain)] == ["drafter.trust_remote_code"]
+
+
+def test_a_unit_user_other_than_root_or_the_ssh_user_is_named_with_the_fix():
+    from console.control.operator_unit import unit_user_refusal
+    from console.control.units import ServerProgram
+
+    def of(user):
+        return unit_user_refusal(ServerProgram(argv=tuple(SEED_UNIT), user=user), "vllm-kimi", "ubuntu", "/data/e3")
+
+    assert of(None) is None and of("root") is None and of("0") is None and of("ubuntu") is None
+    why = of("vllm")
+    assert why and why.startswith("the unit vllm-kimi runs as User=vllm, the SSH user is ubuntu: the extraction "
+                                  "server runs as vllm and could not write its staging dir under /data/e3/")
+    assert 'Fix: connect as vllm ([host].user = "vllm" in the profile), or run the unit as ubuntu or root' in why

@@ -36,7 +36,7 @@ from console.control.bench_pair import check_against_trained, pair_argv, pair_pl
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.gpu_plan import gpu_plan
 from console.control.switch_plan import switch_plan
-from console.control.operator_unit import OperatorUnitError, read_server_program
+from console.control.operator_unit import OperatorUnitError, read_server_program, unit_user_refusal
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name, tmux_target)
 
@@ -557,6 +557,10 @@ class Launcher:
             program = await read_server_program(self.host, self.profile)
         except OperatorUnitError as exc:
             raise StageError(str(exc)) from None
+        if program.user:
+            who = await self.host_query(["id", "-un"], "the SSH user's name")
+            if refused := unit_user_refusal(program, self.profile.server.unit, who, self.profile.paths.work_dir):
+                raise StageError(clean(refused))
         plan = build_plan(self.profile, run_id, aux_layer_ids, num_layers, program)
         if program.note:
             self.shown.append(f"(server swap) note: {program.note}")

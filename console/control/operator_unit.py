@@ -59,6 +59,22 @@ async def read_server_program(host: Host, profile: Profile) -> ServerProgram:
         raise OperatorUnitError(f"the operator's unit {profile.server.unit}: {exc}") from None
 
 
+def unit_user_refusal(program: ServerProgram, unit: str, ssh_user: str, work_dir: str) -> str | None:
+    """Why the servers derived from the unit (they run as its User=) cannot take part in a swap: the
+    extraction server writes the connector's staging dir and the switch opens the server lock under the
+    work dir, which the SSH user's commands create; a third user can do neither. None: root, or the SSH
+    user, or no User= (a system unit runs as root)."""
+    user = program.user
+    if not user or user in ("root", "0", ssh_user):
+        return None
+    owners = ssh_user if ssh_user == "root" else f"{ssh_user} or root"
+    return (f"the unit {unit} runs as User={user}, the SSH user is {ssh_user}: the extraction server runs as "
+            f"{user} and could not write its staging dir under {work_dir}/extract-staging nor open the server "
+            f"lock under {work_dir}/state, which {ssh_user} creates. Fix: connect as {user} ([host].user = "
+            f"\"{user}\" in the profile), or run the unit as {owners} (User= in the unit, e.g. a "
+            f"`systemctl edit {unit}` drop-in); nothing was stopped")
+
+
 def unit_settings(program: ServerProgram) -> ServeSettings:
     """What the unit's server serves (raises CmdlineError when its command line is not `vllm serve`)."""
     return read_serve_argv(program.argv)
