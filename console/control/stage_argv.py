@@ -75,11 +75,25 @@ def extract_argv(profile: Profile, run_id: str, input_run: str, *, plan_file: st
     if ids:
         argv += ["--aux-layer-ids", ",".join(str(i) for i in ids)]
     argv += ["--plan", plan_file] if plan_file else ["--endpoint", f"http://127.0.0.1:{profile.server.port}"]
+    if online_training_allowed(profile):
+        argv.append("--online-ok")  # only then may a disk refusal advise online training
     if fresh:
         argv.append("--fresh")
     if preflight_only:
         argv.append("--preflight-only")
     return argv
+
+
+def online_training_allowed(profile: Profile) -> bool:
+    """Whether the host's GPU plan lets train run online (the extraction server and the trainer on GPUs
+    apart): not on a host whose baseline holds every GPU the trainer asks for (the seed host's TP8)."""
+    from console.control.gpu_plan import OwnershipError, gpu_plan
+
+    try:
+        gpu_plan(profile, ["train"], online=True, chain=False)
+    except OwnershipError:
+        return False
+    return True
 
 
 def prepare_argv(profile: Profile, run_id: str, input_run: str, *, fresh: bool = False) -> list[str]:
