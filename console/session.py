@@ -38,7 +38,7 @@ from console.parsers.text import clean, clean_block
 from console.parsers.vllm_log import APP_STARTING, HTTP_START, ROUTES, STARTUP_COMPLETE, parse_line
 from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
-from console.telemetry.eta import downtime_text
+from console.telemetry.eta import downtime_text, span_text
 from console.telemetry.history import History
 from console.telemetry.server_log import LogFileCursor
 from console.snapshot import RunInfo, Snapshot
@@ -440,21 +440,38 @@ class Session:
         """What starting `stage` (a stage, pipeline, bench, serve-drafter or serve-baseline) costs the
         baseline, said before it is spent: how many server loads, how long each on this host
         (state/loads.jsonl, as the load ETA reads it)."""
-        starts = ""
+        starts = span = ""
         if stage in ("serve-drafter", "serve-baseline", "serve_drafter", "serve_baseline"):
             loads = 1
         else:
             req = req or StageRequest(stage)
             try:
-                loads = launch.request_gpu_plan(req, self.profile).loads
+                plan = launch.request_gpu_plan(req, self.profile)
             except StageError as e:
                 return clean(str(e))
+            loads = plan.loads
+            span = self._down_span(plan)
             if stages.starts_pair(stage):  # the GPU plan counts one drafter server start: one per K, and the published
                 k_values = req.bench_k_values(self.profile)[0]
                 loads += drafter_loads(self.profile, k_values) - 1
                 starts = f"{drafter_starts_text(self.profile, k_values)} and the baseline's restart: "
         s = self.profile.server
-        return starts + downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
+        return span + starts + downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
+
+    def _down_span(self, plan) -> str:
+        """The whole time the baseline is down for a GPU plan's stages, from this host's runs (the
+        question names it before the answer: a pipeline holds it down for hours, not for its loads)."""
+        down = [step.stage for step in plan.steps if step.baseline_down]
+        if not down or not set(down) <= {"extract", "train", "verify"}:
+            return ""  # a bench or a serve switch: its loads are the downtime (said after this)
+        where = f"from {down[0]} through {down[-1]}" if len(down) > 1 else f"during {down[0]}"
+        text = f"the baseline is down {where} for {span_text(down, self.collector.run_infos())}"
+        if plan.hold:
+            text += f", started again once after {plan.hold[1]}"
+        cpu = [step.stage for step in plan.steps if step.stage == "verify" and not step.baseline_down]
+        if cpu and len(plan.steps) > 1:
+            text += "; verify runs on the CPU with the baseline serving again"
+        return text + "; "
 
     async def start_stage(self, stage: str, **options) -> ActionResult:
         result, _ = await self.launch_stage(StageRequest(stage, **options))
