@@ -28,6 +28,7 @@ from console.control import switch_plan as sp
 from console.control.gpu_plan import gpu_plan
 from console.control.launch import Launch, StageError, StageRequest
 from console.control.operator_unit import OperatorUnitError, read_server_program
+from console.control.permissions import check_permission
 from console.control.units import (HostCommand, ServerProgram, live_stage_units_argv,
                                    parse_live_stage_units, server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
@@ -411,6 +412,20 @@ class Session:
     def _refused(self) -> ActionResult | None:
         return ActionResult(False, "read-only console: no action that changes the host") if self.readonly else None
 
+    async def _permission_refused(self, what: str) -> ActionResult | None:
+        """The SSH user may not start or stop systemd units (console/control/permissions.py): refused with
+        the fix before anything is stopped. Asked once per session while the answer is yes."""
+        if getattr(self, "_may_manage_units", False):
+            return None
+        try:
+            verdict = await check_permission(self.host, self.profile)
+        except HostError as e:
+            return ActionResult(False, clean_block(f"{what} failed: {e}"))
+        if verdict is not None and not verdict.ok:
+            return ActionResult(False, clean_block(f"{what} refused: {verdict.message}"))
+        self._may_manage_units = True
+        return None
+
     async def _run_all(self, commands: list[HostCommand], what: str) -> ActionResult:
         shown: list[str] = []
         for cmd in commands:
@@ -485,7 +500,8 @@ class Session:
         if refused := self._refused():
             return refused, None
         if stage == "serve":
-            if refused := await self._lock_refused("start server") or await self._drafter_running():
+            if refused := await self._permission_refused("start server") or await self._lock_refused(
+                    "start server") or await self._drafter_running():
                 return refused, None
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
@@ -518,7 +534,7 @@ class Session:
         if refused := self._refused():
             return refused
         if stage == "serve":
-            if refused := await self._lock_refused("stop server"):
+            if refused := await self._permission_refused("stop server") or await self._lock_refused("stop server"):
                 return refused
             if self.collector.active == "drafter":  # the server followed is the one the operator sees
                 return await self._run_all([ds.drafter_stop_command(self.profile)], "stop the drafter server")
@@ -546,6 +562,8 @@ class Session:
             if not running:
                 return ActionResult(False, f"no running {stage} run to stop"), None
         run = running[-1]
+        if refused := await self._permission_refused(f"stop {run.unit}"):
+            return refused, None
         try:
             shown = await launch.stop_stage_unit(self.host, self.profile, run.unit or "")
         except (StageError, HostError) as e:
@@ -604,6 +622,8 @@ class Session:
         if refused := self._refused():
             return refused
         shown: list[str] = []
+        if refused := await self._permission_refused("serve the drafter"):
+            return refused
         try:
             if refused := await self._swap_refused():
                 return refused
@@ -639,6 +659,8 @@ class Session:
         if refused := self._refused():
             return refused
         shown: list[str] = []
+        if refused := await self._permission_refused("serve the baseline"):
+            return refused
         try:
             if refused := await self._swap_refused():
                 return refused
@@ -659,7 +681,8 @@ class Session:
     async def restart_server(self) -> ActionResult:
         if refused := self._refused():
             return refused
-        if refused := await self._lock_refused("restart server") or await self._drafter_running():
+        if refused := await self._permission_refused("restart server") or await self._lock_refused(
+                "restart server") or await self._drafter_running():
             return refused
         return await self._run_all(server_restart_commands(self.profile), "restart server")
 

@@ -36,6 +36,7 @@ from console.control.bench_pair import check_against_trained, pair_argv, pair_pl
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.gpu_plan import gpu_plan
 from console.control.switch_plan import switch_plan
+from console.control.permissions import check_permission
 from console.control.operator_unit import OperatorUnitError, read_server_program, unit_user_refusal
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name, tmux_target)
@@ -601,6 +602,13 @@ class Launcher:
         return plan_file
 
 
+async def require_permission(host: Host, profile: Profile) -> None:
+    """StageError with the fix when the SSH user may not manage systemd units (console/control/permissions.py)."""
+    verdict = await check_permission(host, profile)
+    if verdict is not None and not verdict.ok:
+        raise StageError(verdict.message)
+
+
 def request_gpu_plan(req: StageRequest, profile: Profile) -> GpuPlan:
     """Who holds which GPUs at each step of `req` (backend/gpu_owners.py); StageError when they cannot be
     shared as asked (online training where the extraction server and the trainer would share a GPU)."""
@@ -627,6 +635,7 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
         raise StageError(f"stage {req.stage!r} is not started as a run (it is a server the console drives)")
     run_id = check_run_id(req.run_id or new_run_id(spec.name))
     unit = stage_unit_name(spec.name, run_id)
+    await require_permission(host, profile)  # systemd-run and systemctl stop/start: before anything else
     shown: list[str] = []
     code_dir = await ensure_backend(host, profile, shown)
     env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1", UNIT_ENV: unit}
