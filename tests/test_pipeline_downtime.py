@@ -54,3 +54,35 @@ def test_the_pipelines_question_names_the_whole_downtime_before_the_answer(tmp_p
                 in again.stderr), again.stderr
     finally:
         cli("demo-host", "stop", "--dir", str(work))
+
+
+@pytest.mark.timeout(240)
+async def test_the_apps_pipeline_dialog_names_the_whole_downtime(tmp_path):
+    from console import demo
+    from console.control import stages
+    from console.session import Session
+    from console.ui.app import ConsoleApp
+    from console.ui.screens.confirm import ConfirmScreen
+    from tests.polling import until
+
+    profile = await demo.start(tmp_path / "demo", speed=10, seed_shape=True)
+    app = ConsoleApp(Session(profile, interval=0.5))
+    try:
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until(lambda: app.last_snapshot and app.last_snapshot.server.phase == "ready", "ready",
+                        timeout=90, pause=pilot.pause)
+            for _ in range(stages.names().index("pipeline")):
+                await pilot.press("j")
+            await pilot.pause()
+            assert app.selected_stage == "pipeline"
+            await pilot.press("s")
+            await until(lambda: isinstance(app.screen, ConfirmScreen), "the question", timeout=10, pause=pilot.pause)
+            detail = app.screen.detail
+            assert ("the baseline is down from extract through train for unknown: first run (no completed extract "
+                    "or train run on this host yet), started again once after train; verify runs on the CPU with "
+                    "the baseline serving again; 2 server loads") in detail, detail
+            assert app.screen.focused.id == "no"
+            await pilot.press("enter")  # No: nothing starts
+            await pilot.pause()
+    finally:
+        await demo.stop(tmp_path / "demo")
