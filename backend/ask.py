@@ -7,6 +7,10 @@ so the console asks rather than guess from what it has seen):
         the aux layer ids a stage will use for this verifier (the given ones checked, or vLLM's default),
         as JSON {"aux_layer_ids", "num_layers", "extract_layer_ids"} (aux + the final layer, what the
         extraction server is asked for): the extraction server's command line needs them
+    python -m backend.ask vllm-floor --verifier PATH --url http://127.0.0.1:PORT/version
+        the oldest vLLM an extraction server for this verifier runs on, and what the baseline at URL
+        reports, as JSON {"floor", "why", "version", "note", "refusal"} (backend/vllm_floor.py): asked
+        before the swap stops the baseline; "refusal" (null: none) says why this server cannot extract
     python -m backend.ask servable --work-dir W [--run RUN] [--third]
         the verified checkpoint the drafter server may load (backend/servable.py), as JSON
         {"run_id", "stage", "checkpoint", "trained_k"} (trained_k: the K its config.json says it was
@@ -45,6 +49,15 @@ def aux_layers(a: argparse.Namespace) -> str:
                        "extract_layer_ids": extraction_layer_ids(aux, info.num_layers)})
 
 
+def vllm_floor(a: argparse.Namespace) -> str:
+    from backend.vllm_floor import refusal, server_version
+
+    floor = read_verifier(a.verifier).vllm_floor()
+    version, note = server_version(a.url)
+    return json.dumps({"floor": floor.text, "why": floor.why, "version": version, "note": note,
+                       "refusal": refusal(version, floor) if version else None})
+
+
 def servable(a: argparse.Namespace) -> str:
     from backend.servable import servable as choose, third
 
@@ -70,6 +83,10 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--verifier", required=True)
     q.add_argument("--ids", default="", help="comma-separated ids; none: vLLM's default")
     q.set_defaults(answer=aux_layers)
+    q = sub.add_parser("vllm-floor", help="the oldest vLLM that extracts for a verifier, and the baseline's")
+    q.add_argument("--verifier", required=True)
+    q.add_argument("--url", required=True, help="the baseline's /version")
+    q.set_defaults(answer=vllm_floor)
     q = sub.add_parser("servable", help="the verified checkpoint the drafter server may load")
     q.add_argument("--work-dir", required=True)
     q.add_argument("--run", help="a verify run, or a train run a verify run verified (default: the latest verify)")

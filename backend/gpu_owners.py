@@ -2,21 +2,23 @@
 
 Every stage and server declares the GPUs it needs: the baseline and the servers derived from it (the
 extraction server, the drafter server) hold the same GPUs (`HostShape.server`: its tensor-parallel ranks);
-the trainer (and verify, which loads the drafter the same way) holds `HostShape.trainer` (`[train] gpus`,
-empty: the CPU). From that, `plan_gpus` says for a chain, a single stage, a bench or a serve switch which
+the trainer holds `HostShape.trainer` (`[train] gpus`, empty: the CPU); verify computes on the CPU (it
+loads the drafter and the held-out hidden states with torch's default device) and needs a GPU program only
+online, where the extraction server answers for its held-out rows. From that, `plan_gpus` says for a chain, a single stage, a bench or a serve switch which
 programs hold which GPUs at each step and what must stop first, and refuses what cannot work:
 
 - generate, prepare        the baseline serves (they ask it)
 - extract                  the extraction server in the baseline's place
-- train, verify (offline)  the trainer; the baseline stops first when they share a GPU
+- train (offline)          the trainer; the baseline stops first when they share a GPU
+- verify (offline)         the CPU: the baseline serves on
 - train, verify (online)   the extraction server in the baseline's place AND the trainer: only where the
                            two have disjoint GPUs (else refused, offering offline training)
 - bench, serve-drafter     the baseline, then the drafter server in its place
 
 A chain whose steps take the baseline's GPUs more than once in a row keeps it down from the first such
 step through the last (`hold`: one stop, one start at the end) instead of a load between each: on the
-seed host (TP8 holding every GPU, training on one of them) extract, train and verify run with the
-baseline down, one load at the end. Pure functions, no I/O.
+seed host (TP8 holding every GPU, training on one of them) extract and train run with the baseline down,
+one load at the end, and verify runs on the CPU with the baseline back. Pure functions, no I/O.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ DRAFTER = "drafter server"
 TRAINER = "trainer"
 SERVED_STAGES = ("generate", "prepare")  # they ask the baseline
 TRAINER_STAGES = ("train", "verify")
+CPU_VERIFY = "verify"  # the offline verify program, on the CPU
 
 
 class OwnershipError(ValueError):
@@ -76,8 +79,8 @@ class GpuPlan:
     def describe(self) -> list[str]:
         lines = [s.describe() for s in self.steps]
         if self.hold:
-            lines.append(f"the baseline stays down from {self.hold[0]} through {self.hold[1]}, started once at "
-                         f"the end (also after a failure or a stop)")
+            lines.append(f"the baseline stays down from {self.hold[0]} through {self.hold[1]}, started once "
+                         f"after {self.hold[1]} (also after a failure or a stop)")
         return lines + self.notes
 
 
@@ -90,6 +93,8 @@ def _step(stage: str, shape: HostShape, online: bool) -> Step:
         return Step(stage, {BASELINE: shape.server})
     if stage == "extract":
         return Step(stage, {EXTRACTION: shape.server}, (BASELINE,), baseline_down=True)
+    if stage == "verify" and not online:
+        return Step(stage, {BASELINE: shape.server, CPU_VERIFY: ()})
     if stage in TRAINER_STAGES:
         if online:
             if shape.shared:

@@ -46,6 +46,7 @@ class VerifierInfo:
     architectures: tuple[str, ...] = ()
     remote_code: bool = False  # config.json names classes in `auto_map`: load with trust_remote_code
     tied: bool = False  # tie_word_embeddings: lm_head is the embedding
+    text_model_type: str = ""  # text_config's model_type (a nested checkpoint's language model), else ""
     # from the weights' headers (backend/train/verifier.py inspect_verifier; empty from config.json alone)
     pinned: dict[str, str] = field(default_factory=dict)  # speculators' name -> exact checkpoint key
     shapes: dict[str, list[int]] = field(default_factory=dict)  # exact key -> shape (pinned keys)
@@ -76,6 +77,11 @@ class VerifierInfo:
 
     def default_aux_layers(self) -> list[int]:
         return default_aux_layers(self.num_layers)
+
+    def vllm_floor(self):
+        """The oldest vLLM its extraction server runs on, and why (backend/vllm_floor.py)."""
+        from backend.vllm_floor import extraction_floor
+        return extraction_floor((self.model_type, self.text_model_type), self.architectures)
 
 
 def speculators_pick(name: str, keys: list[str]) -> str | None:
@@ -125,7 +131,8 @@ def read_verifier(path: str) -> VerifierInfo:
                         dtype=_dtype(settings) or _dtype(config) or "bfloat16",
                         architectures=tuple(str(a) for a in config.get("architectures") or ()),
                         remote_code=isinstance(config.get("auto_map"), dict),
-                        tied=bool(settings.get("tie_word_embeddings", config.get("tie_word_embeddings", False))))
+                        tied=bool(settings.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
+                        text_model_type=str(text.get("model_type") or "") if nested else "")
 
 
 def _dtype(config: dict[str, Any]) -> str | None:

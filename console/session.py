@@ -29,6 +29,7 @@ from console.control import switch_plan as sp
 from console.control.gpu_plan import gpu_plan
 from console.control.launch import Launch, StageError, StageRequest
 from console.control.operator_unit import OperatorUnitError, read_server_program
+from console.control.permissions import check_permission
 from console.control.units import (HostCommand, ServerProgram, live_stage_units_argv,
                                    parse_live_stage_units, server_restart_commands, server_start_command,
                                    server_stop_command, stage_log_path)
@@ -38,7 +39,7 @@ from console.parsers.journal import journal_follow_argv, parse_journal_json
 from console.parsers.text import clean, clean_block
 from console.profile import Profile
 from console.telemetry.collector import Collector, journal_tail_cursor
-from console.telemetry.eta import downtime_text
+from console.telemetry.eta import downtime_text, span_text
 from console.telemetry.history import History
 from console.telemetry.readiness_watch import ReadinessWatch
 from console.telemetry.server_log import LogFileCursor
@@ -363,6 +364,20 @@ class Session:
     def _refused(self) -> ActionResult | None:
         return ActionResult(False, "read-only console: no action that changes the host") if self.readonly else None
 
+    async def _permission_refused(self, what: str) -> ActionResult | None:
+        """The SSH user may not start or stop systemd units (console/control/permissions.py): refused with
+        the fix before anything is stopped. Asked once per session while the answer is yes."""
+        if getattr(self, "_may_manage_units", False):
+            return None
+        try:
+            verdict = await check_permission(self.host, self.profile)
+        except HostError as e:
+            return ActionResult(False, clean_block(f"{what} failed: {e}"))
+        if verdict is not None and not verdict.ok:
+            return ActionResult(False, clean_block(f"{what} refused: {verdict.message}"))
+        self._may_manage_units = True
+        return None
+
     async def _run_all(self, commands: list[HostCommand], what: str) -> ActionResult:
         shown: list[str] = []
         for cmd in commands:
@@ -392,21 +407,38 @@ class Session:
         """What starting `stage` (a stage, pipeline, bench, serve-drafter or serve-baseline) costs the
         baseline, said before it is spent: how many server loads, how long each on this host
         (state/loads.jsonl, as the load ETA reads it)."""
-        starts = ""
+        starts = span = ""
         if stage in ("serve-drafter", "serve-baseline", "serve_drafter", "serve_baseline"):
             loads = 1
         else:
             req = req or StageRequest(stage)
             try:
-                loads = launch.request_gpu_plan(req, self.profile).loads
+                plan = launch.request_gpu_plan(req, self.profile)
             except StageError as e:
                 return clean(str(e))
+            loads = plan.loads
+            span = self._down_span(plan)
             if stages.starts_pair(stage):  # the GPU plan counts one drafter server start: one per K, and the published
                 k_values = req.bench_k_values(self.profile)[0]
                 loads += drafter_loads(self.profile, k_values) - 1
                 starts = f"{drafter_starts_text(self.profile, k_values)} and the baseline's restart: "
         s = self.profile.server
-        return starts + downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
+        return span + starts + downtime_text(loads, self.collector.history, s.model_id, s.load_timeout_s)
+
+    def _down_span(self, plan) -> str:
+        """The whole time the baseline is down for a GPU plan's stages, from this host's runs (the
+        question names it before the answer: a pipeline holds it down for hours, not for its loads)."""
+        down = [step.stage for step in plan.steps if step.baseline_down]
+        if not down or not set(down) <= {"extract", "train", "verify"}:
+            return ""  # a bench or a serve switch: its loads are the downtime (said after this)
+        where = f"from {down[0]} through {down[-1]}" if len(down) > 1 else f"during {down[0]}"
+        text = f"the baseline is down {where} for {span_text(down, self.collector.run_infos())}"
+        if plan.hold:
+            text += f", started again once after {plan.hold[1]}"
+        cpu = [step.stage for step in plan.steps if step.stage == "verify" and not step.baseline_down]
+        if cpu and len(plan.steps) > 1:
+            text += "; verify runs on the CPU with the baseline serving again"
+        return text + "; "
 
     async def start_stage(self, stage: str, **options) -> ActionResult:
         result, _ = await self.launch_stage(StageRequest(stage, **options))
@@ -420,7 +452,8 @@ class Session:
         if refused := self._refused():
             return refused, None
         if stage == "serve":
-            if refused := await self._lock_refused("start server") or await self._drafter_running():
+            if refused := await self._permission_refused("start server") or await self._lock_refused(
+                    "start server") or await self._drafter_running():
                 return refused, None
             return await self._run_all([server_start_command(self.profile)], "start server"), None
         try:
@@ -459,7 +492,7 @@ class Session:
         if refused := self._refused():
             return refused
         if stage == "serve":
-            if refused := await self._lock_refused("stop server"):
+            if refused := await self._permission_refused("stop server") or await self._lock_refused("stop server"):
                 return refused
             if self.collector.active == "drafter":  # the server followed is the one the operator sees
                 return await self._run_all([ds.drafter_stop_command(self.profile)], "stop the drafter server")
@@ -489,6 +522,8 @@ class Session:
         else:
             return ActionResult(False, "nothing to stop: name a stage or a run"), None
         run = running[-1]
+        if refused := await self._permission_refused(f"stop {run.unit}"):
+            return refused, None
         try:
             shown = await launch.stop_stage_unit(self.host, self.profile, run.unit or "")
         except (StageError, HostError) as e:
@@ -547,6 +582,8 @@ class Session:
         if refused := self._refused():
             return refused
         shown: list[str] = []
+        if refused := await self._permission_refused("serve the drafter"):
+            return refused
         try:
             if refused := await self._swap_refused():
                 return refused
@@ -582,6 +619,8 @@ class Session:
         if refused := self._refused():
             return refused
         shown: list[str] = []
+        if refused := await self._permission_refused("serve the baseline"):
+            return refused
         try:
             if refused := await self._swap_refused():
                 return refused
@@ -602,7 +641,8 @@ class Session:
     async def restart_server(self) -> ActionResult:
         if refused := self._refused():
             return refused
-        if refused := await self._lock_refused("restart server") or await self._drafter_running():
+        if refused := await self._permission_refused("restart server") or await self._lock_refused(
+                "restart server") or await self._drafter_running():
             return refused
         return await self._run_all(server_restart_commands(self.profile), "restart server")
 

@@ -75,3 +75,19 @@ def test_the_downtime_is_said_from_the_hosts_measured_loads():
     assert downtime_text(1, history, "other", 3600).startswith("1 server load of about 60 s each")
     assert downtime_text(3, [], "kimi", 3600) == (
         "3 server loads; no load of kimi measured on this host yet ([server] load_timeout_s allows 60 min each)")
+
+
+def test_the_span_a_baseline_is_down_comes_from_this_hosts_completed_runs():
+    from console.snapshot import RunInfo
+    from console.telemetry.eta import span_text
+
+    runs = [RunInfo("extract", "e1", "done", started=1000.0, last_event={"ts": 4600.0}),
+            RunInfo("train", "t0", "done", started=100.0, last_event={"ts": 200.0}),  # older: not the estimate
+            RunInfo("train", "t1", "done", started=5000.0, last_event={"ts": 5000.0 + 4 * 3600}),
+            RunInfo("train", "t2", "failed", started=90000.0, last_event={"ts": 90010.0})]  # not completed
+    assert span_text(["extract", "train"], runs) == (
+        "about 5.0 h by the last completed runs on this host (extract about 60 min; train about 4.0 h)")
+    assert span_text(["extract", "train"], runs[:1]) == (
+        "more than 60 min by the last completed runs on this host (extract about 60 min; train unknown: first run)")
+    assert span_text(["extract", "train"], []) == \
+        "unknown: first run (no completed extract or train run on this host yet)"

@@ -231,14 +231,14 @@ def test_sigterm_stops_the_extraction_and_brings_the_baseline_back(tiny, work, t
         host.stop_all()
 
 
-def marker_plan(tmp_path: Path, aux=AUX, asked=None) -> tuple[Path, Path]:
+def marker_plan(tmp_path: Path, aux=AUX, asked=None, endpoint: str | None = None) -> tuple[Path, Path]:
     """A plan whose commands only leave a trace, to prove a refused run never touched the servers."""
     marker = tmp_path / "ran.txt"
     step = lambda name: ["sh", "-c", f"echo {name} >> {marker}"]  # noqa: E731
     server = lambda name: {"name": name, "unit": name, "start": step(f"start_{name}"),  # noqa: E731
                            "stop": step(f"stop_{name}")}
     plan = {"version": 2, "switch": {"version": 1, "home": server("baseline"), "away": [server("extractor")],
-                                     "endpoint": f"http://127.0.0.1:{free_port()}", "ready_timeout_s": 5,
+                                     "endpoint": endpoint or f"http://127.0.0.1:{free_port()}", "ready_timeout_s": 5,
                                      "lock_path": str(tmp_path / "state" / "servers.lock")},
             "storage_path": str(tmp_path / "hs"), "aux_layer_ids": aux, "extract_layer_ids": asked or [*aux, LAYERS]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
@@ -260,7 +260,14 @@ def test_an_extraction_that_cannot_fit_is_refused_before_anything_is_touched(tin
         assert "extract: disk_space: hidden states of 24 rows (" in res.stderr
         need = re.search(r" tokens x \(3 aux layers \+ 1\) x hidden 64 x 4 bytes\) need ([\d.]+) MB", res.stderr)
         assert need and float(need.group(1)) > 1.0, res.stderr  # more than the 1 MB tmpfs holds
-        assert "-> it does not fit" in res.stderr and "Train online instead: set [extract] online = true" in res.stderr
+        # without --online-ok (the console passes it only where the GPU plan allows online training, never on
+        # a host whose baseline holds every GPU) the ways out are the host's own: fewer rows, shorter rows, room
+        assert "-> it does not fit" in res.stderr and "fewer samples: about " in res.stderr, res.stderr
+        assert "another volume: move the work dir to one with at least " in res.stderr
+        assert "online" not in res.stderr
+        online = subprocess.run(cmd + ["--online-ok"], env=tmux_env, cwd=REPO, capture_output=True, text=True,
+                                timeout=120)
+        assert online.returncode == 2 and "; or train online: set [extract] online = true" in online.stderr
         assert not marker.exists() and not (mnt / "runs" / "ex-big").exists()
         pre = subprocess.run(cmd + ["--preflight-only"], env=tmux_env, cwd=REPO, capture_output=True, text=True,
                              timeout=120)
@@ -269,6 +276,36 @@ def test_an_extraction_that_cannot_fit_is_refused_before_anything_is_touched(tin
         assert report["estimate"]["rows"] == ROWS and report["estimate"]["aux_layers"] == 3
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_baseline_older_than_extraction_is_refused_before_the_swap(tiny, work, tmp_path, tmux_env):
+    """The stage asks the baseline's /version before its swap stops it (the console asked too, when it
+    started the stage; a pipeline's extract may start later): vLLM 0.16 has no extract_hidden_states."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "sim.vllm_server", "--host", "127.0.0.1", "--port", str(port),
+                               "--model", "/shared/tiny", "--load-seconds", "0.2", "--vllm-version", "0.16.0"],
+                              env=tmux_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/version", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        plan, marker = marker_plan(tmp_path, endpoint=f"http://127.0.0.1:{port}")
+        dst = tmp_path / "w"
+        copy_runs(work, dst)
+        res = subprocess.run(extract_cmd(dst, tiny, "ex-old", plan), env=tmux_env, cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().startswith(
+            "extract: vllm_version: the baseline reports vLLM 0.16.0, extraction needs vLLM >= 0.17.0: the "
+            "extract_hidden_states method and its KV connector arrived in vLLM 0.17.0 -> upgrade vLLM"), res.stderr
+        assert not marker.exists() and not (dst / "runs" / "ex-old").exists()
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 @pytest.mark.parametrize("case", ["prepare-running", "no-verifier", "layers-out-of-range", "plan-other-layers",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +15,11 @@ from backend.extract.plan import PlanError, plan_from_dict
 from console.control.stage_argv import extract_argv, prepare_argv, verifier_path
 from console.control.extraction import (ExtractionPlanError, build_plan, describe_plan, extraction_flags,
                                         extractor_unit, staging_dir)
-from console.profile import ProfileError, profile_from_dict
+from console.profile import ProfileError, load_profile, profile_from_dict
 
 AUX = [2, 30, 58]
 LAYERS = 61  # Kimi-K2.5's decoder layers: the server is asked for AUX + [61], as speculators' launcher asks
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def profile(manager: str = "systemd", **server):
@@ -233,16 +235,45 @@ def test_disk_estimate_is_tokens_times_layers_times_width_times_two_bytes():
         disk.hidden_state_bytes(10, 0, 64)
 
 
-def test_disk_check_refuses_what_does_not_fit_and_offers_online_training():
+def test_disk_check_refuses_what_does_not_fit_with_ways_out_that_fit_the_host():
     e = disk.estimate(rows=10_000, tokens=14_440_000, aux_layers=3, hidden_size=7168, free_bytes=500 * 10**9,
                       reserve_bytes=10 * 10**9, volume="/data/eagle3/runs/ex1")
     assert not e.fits
     assert "14,440,000 tokens x (3 aux layers + 1) x hidden 7,168 x 2 bytes) need 828.2 GB" in e.detail()
     assert "500.0 GB free on the volume of /data/eagle3/runs/ex1" in e.detail()
-    assert e.refusal().startswith("it does not fit (338.2 GB short). Train online instead: set [extract] online")
+    # the seed host's TP8 baseline holds every GPU: the GPU plan refuses online training, so it is never advised
+    lengths = [1444] * 10_000  # the estimate's 14,440,000 tokens
+    refusal = e.refusal(lengths)
+    assert refusal.startswith("it does not fit (338.2 GB short). Ways out: fewer samples: about 5,916 of these "
+                              "10,000 rows fit (generate or prepare fewer, e.g. [generate] samples = 5,916)")
+    assert "; or a shorter sequence length: [prepare] seq_length = 768 (rows clipped to it) fits" in refusal
+    assert "; or another volume: move the work dir to one with at least 838.2 GB free, or free 338.2 GB here" \
+        in refusal
+    assert "online" not in refusal
+    assert refusal.endswith("free 338.2 GB here")
+    assert e.refusal(lengths, online_ok=True).endswith(
+        "; or train online: set [extract] online = true and start train directly on the prepare run (speculators' "
+        "--on-missing generate fetches each batch's hidden states from the extraction server and deletes them "
+        "after use, so nothing is stored)")
+    # the clipped rows fit, the next multiple of 128 would not
+    per_token = 4 * 7168 * 2 + 8
+    clipped = lambda n: sum(min(x, n) for x in lengths) * per_token + len(lengths) * 256  # noqa: E731
+    assert clipped(768) <= e.room < clipped(768 + 128)
     ok = disk.estimate(rows=24, tokens=4284, aux_layers=3, hidden_size=64, free_bytes=10**9, reserve_bytes=0,
                        volume="/w")
     assert ok.fits and ok.to_dict()["fits"] is True and ok.need_bytes == 4284 * (4 * 64 * 2 + 8) + 24 * 256
+
+
+def test_the_extract_stage_is_told_online_training_is_possible_only_where_the_gpu_plan_allows_it():
+    from console.control.stage_argv import extract_argv
+
+    seed = load_profile(ROOT / "profiles/kimi-k25-int4.toml")  # TP8 holds all eight GPUs, train shares them
+    assert "--online-ok" not in extract_argv(seed, "ex1", "p1", plan_file="/p.json")
+    seed.train.gpus = 1  # the demo's --seed-shape: one of the server's GPUs
+    assert "--online-ok" not in extract_argv(seed, "ex1", "p1", plan_file="/p.json")
+    seed.server.vllm_args = ["--tensor-parallel-size", "4"]
+    seed.train.gpus = [4, 5, 6, 7]  # apart from the server's
+    assert "--online-ok" in extract_argv(seed, "ex1", "p1", plan_file="/p.json")
 
 
 def _verifier(tmp_path, layers: int = LAYERS):

@@ -14,10 +14,11 @@ ALL8 = tuple(range(8))
 
 # name, shape, stages, online, chain -> (hold, loads, what must stop before each step, baseline down per step)
 CASES = [
+    # offline verify computes on the CPU: the baseline is back for it
     ("one GPU: server and trainer on GPU 0", HostShape(1, (0,), (0,)), CHAIN, False, True,
-     (("extract", "verify"), 2, [(), (), (BASELINE,), (), ()], [False, False, True, True, True])),
+     (("extract", "train"), 2, [(), (), (BASELINE,), (), ()], [False, False, True, True, False])),
     ("TP8 holds all, training asks for one (the seed host)", HostShape(8, ALL8, (0,)), CHAIN, False, True,
-     (("extract", "verify"), 2, [(), (), (BASELINE,), (), ()], [False, False, True, True, True])),
+     (("extract", "train"), 2, [(), (), (BASELINE,), (), ()], [False, False, True, True, False])),
     ("trainer on GPUs the server does not use", HostShape(8, (0, 1, 2, 3), (4, 5)), CHAIN, False, True,
      (None, 2, [(), (), (BASELINE,), (), ()], [False, False, True, False, False])),
     ("online with room: TP4 server, trainer on 4..7", HostShape(8, (0, 1, 2, 3), (4, 5, 6, 7)), ONLINE_CHAIN, True,
@@ -50,7 +51,8 @@ def test_the_seed_host_plan_says_who_holds_what_at_each_step():
     lines = plan_gpus(HostShape(8, ALL8, (0,)), CHAIN, chain=True).describe()
     assert lines[2] == "extract: extraction server on GPU 0,1,2,3,4,5,6,7 (first stop: baseline)"
     assert lines[3] == "train: trainer on GPU 0"
-    assert "the baseline stays down from extract through verify, started once at the end" in lines[-1]
+    assert lines[4] == "verify: baseline on GPU 0,1,2,3,4,5,6,7, verify on the CPU"
+    assert "the baseline stays down from extract through train, started once after train" in lines[-1]
 
 
 @pytest.mark.parametrize("shape", [HostShape(8, ALL8, (0,)), HostShape(1, (0,), (0,)), HostShape(8, (0, 1), (1, 2))])
@@ -107,8 +109,8 @@ def test_train_gpus_by_index_reach_the_stage_which_sets_cuda_visible_devices():
 # GPUs (the chain keeps the baseline down, online is refused naming them); indexes off the server's (a
 # 16-GPU host) leave it serving while training runs, and online has room.
 @pytest.mark.parametrize("gpus, count, hold, trainer_step", [
-    ([6, 7], 8, ("extract", "verify"), "train: trainer on GPU 6,7"),
-    ([7, 8], 16, ("extract", "verify"), "train: trainer on GPU 7,8"),
+    ([6, 7], 8, ("extract", "train"), "train: trainer on GPU 6,7"),
+    ([7, 8], 16, ("extract", "train"), "train: trainer on GPU 7,8"),
     ([8, 9, 10, 11], 16, None, "train: baseline on GPU 0,1,2,3,4,5,6,7, trainer on GPU 8,9,10,11"),
 ])
 def test_tp8_holding_all_with_trainer_gpus_by_index(gpus, count, hold, trainer_step):
@@ -134,7 +136,7 @@ def test_tp8_holding_all_with_trainer_gpus_by_index(gpus, count, hold, trainer_s
 
 def test_the_shipped_seed_profile_plans_its_pipeline():
     """The seed host's profile (TP8 holding all eight GPUs) runs `run pipeline` as shipped: offline, the
-    baseline down once from extract through verify."""
+    baseline down once from extract through train; verify runs on the CPU with the baseline back."""
     from pathlib import Path
 
     from console.control.launch import StageRequest, request_gpu_plan
@@ -144,4 +146,4 @@ def test_the_shipped_seed_profile_plans_its_pipeline():
     req = StageRequest("pipeline")
     assert not req.is_online(p)
     plan = request_gpu_plan(req, p)
-    assert plan.hold == ("extract", "verify") and plan.loads == 2
+    assert plan.hold == ("extract", "train") and plan.loads == 2

@@ -94,6 +94,36 @@ async def test_drafter_server_runs_the_units_command_with_its_environment_and_us
         await rig_ssh.run(["systemctl", "stop", drafter, name], timeout=60)
 
 
+async def test_a_unit_running_as_a_third_user_is_refused_before_the_swap(systemd_rig, rig_ssh, tmp_path):
+    """User=e3svc, SSH as root: the extraction server would run as e3svc and could not write the staging
+    dir nor open the server lock the SSH user's commands create; extract is refused naming the unit, both
+    users and the fix, and the baseline keeps running."""
+    name = f"e3unit-{uuid.uuid4().hex[:8]}"
+    port = keys.free_port()
+    await install_service_unit(rig_ssh, name, port, f"/srv/{name}")
+    profile = load_profile(write_profile(tmp_path / f"{name}.toml", systemd_rig, name, port, f"/root/e3rig/{name}"))
+    verifier = f"/root/e3rig/{name}-verifier"
+    await sh(rig_ssh, 'mkdir -p "$1" && cat > "$1/config.json"', verifier,
+             input='{"model_type": "llama", "num_hidden_layers": 8, "hidden_size": 16, "vocab_size": 100}')
+    profile.drafter.verifier, profile.drafter.aux_layer_ids = verifier, [2, 4, 5]
+    await rig_ssh.run(["systemctl", "start", name], check=True, timeout=30)
+    try:
+        await wait_health(rig_ssh, port)
+        async with Session(profile, interval=0.5) as session:
+            result = await session.start_stage("extract", input_run="prep1")
+        assert not result.ok
+        assert (f"the unit {name} runs as User={SERVICE_USER}, the SSH user is root: the extraction server runs "
+                f"as {SERVICE_USER} and could not write its staging dir" in result.message), result.message
+        assert (f'Fix: connect as {SERVICE_USER} ([host].user = "{SERVICE_USER}" in the profile), or run the unit '
+                f"as root (User= in the unit, e.g. a `systemctl edit {name}` drop-in); nothing was stopped"
+                in result.message), result.message
+        assert (await sh(rig_ssh, 'systemctl is-active "$1" || true', name)).strip() == "active"
+        assert (await sh(rig_ssh, 'systemctl is-active "$1" || true', f"{name}-extract")).strip() != "active"
+        await wait_health(rig_ssh, port)
+    finally:
+        await rig_ssh.run(["systemctl", "stop", name], timeout=60)
+
+
 async def test_profile_init_from_unit_and_check_reports_drift(systemd_rig, rig_ssh, tmp_path):
     """The seed unit's shape (no --served-model-name), installed but never started: `profile init
     --from-unit` writes a profile that `profile check` finds matching; a served id edited in is drift."""
@@ -113,6 +143,7 @@ async def test_profile_init_from_unit_and_check_reports_drift(systemd_rig, rig_s
     assert (p.server.unit, p.server.model_path, p.server.served_model_name, p.server.port) == (
         name, "/shared/kimi-k2.5-int4", None, 8011)
     assert p.server.reasoning_parser == "kimi_k2" and p.server.model_id == "/shared/kimi-k2.5-int4"
+    assert p.drafter.trust_remote_code is True and "trust_remote_code = true" in path.read_text()
     again = cli("profile", "init", str(path), *connect, "--from-unit", name, "--work-dir", "/x")
     assert again.returncode == 2 and "already exists" in again.stderr
 
@@ -123,6 +154,9 @@ async def test_profile_init_from_unit_and_check_reports_drift(systemd_rig, rig_s
     assert res.returncode == 1, res
     assert "served model id: the profile says 'kimi-k2.5-int4', the unit serves '/shared/kimi-k2.5-int4'" in res.stdout
     assert cli("profile", "check", str(path), "--offline").returncode == 0
+    path.write_text(path.read_text().replace("trust_remote_code = true", "trust_remote_code = false", 1))
+    res = cli("profile", "check", str(path))
+    assert "drafter.trust_remote_code: the profile says false, the unit passes --trust-remote-code" in res.stdout
 
     missing = cli("profile", "init", str(tmp_path / "none.toml"), *connect, "--from-unit", "e3-no-such-unit",
                   "--work-dir", "/x")

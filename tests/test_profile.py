@@ -56,6 +56,20 @@ def test_init_then_load_round_trip(tmp_path):
     assert tomllib.loads(p.to_toml()) == tomllib.loads(out.read_text())
 
 
+def test_init_says_sudo_for_a_user_other_than_root_with_systemd(tmp_path):
+    """systemd-run and systemctl start/stop need polkit's manage-units, which a non-root SSH user cannot
+    answer: through `sudo -n` (console/control/permissions.py checks it works)."""
+    for user, sudo in (("ubuntu", True), ("root", False)):
+        out = tmp_path / f"{user}.toml"
+        assert main(["profile", "init", str(out), "--host", "h.example", "--user", user, "--model-path", "/m",
+                     "--work-dir", "/w"]) == 0
+        assert load_profile(out).server.sudo is sudo
+    tmux = tmp_path / "tmux.toml"
+    assert main(["profile", "init", str(tmux), "--host", "h.example", "--user", "ubuntu", "--manager", "tmux",
+                 "--model-path", "/m", "--work-dir", "/w"]) == 0
+    assert load_profile(tmux).server.sudo is False  # tmux sessions are the user's own
+
+
 def test_init_never_overwrites(tmp_path, capsys):
     out = tmp_path / "p.toml"
     out.write_text("# my edits\n")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from console.control.operator_unit import profile_server_values, program_from_unit, unit_drift, unit_settings
+from console.control.operator_unit import (profile_drafter_values, profile_server_values, program_from_unit,
+                                           unit_drift, unit_settings)
 from console.parsers.systemd_unit import parse_unit_show
 from console.parsers.vllm_cmdline import CmdlineError, read_serve_argv
 from console.profile import load_profile, profile_from_dict
@@ -84,6 +85,35 @@ def test_a_profile_written_from_the_unit_matches_it():
     values = profile_server_values(settings)
     assert values == {"model_path": "/shared/kimi-k2.5-int4", "port": 8000, "reasoning_parser": "kimi_k2",
                       "vllm_args": ["--tensor-parallel-size", "8", "--trust-remote-code"]}
+    assert profile_drafter_values(settings) == {"trust_remote_code": True}
     p = profile_from_dict({"host": {"name": "gpu-host.example"}, "paths": {"work_dir": "/data/eagle3"},
-                           "server": {"unit": "vllm-kimi", **values}})
+                           "server": {"unit": "vllm-kimi", **values}, "drafter": profile_drafter_values(settings)})
     assert p.server.model_id == "/shared/kimi-k2.5-int4" and unit_drift(p, settings) == []
+
+
+def test_trust_remote_code_follows_the_unit():
+    """speculators loads Kimi's remote-code processor only with trust_remote_code: a profile saying false
+    for a unit passing --trust-remote-code fails prepare, so `profile check` names it."""
+    p = load_profile(ROOT / "profiles/kimi-k25-int4.toml")
+    p.drafter.trust_remote_code = False
+    drift = unit_drift(p, seed_settings())
+    assert len(drift) == 1 and drift[0].startswith("drafter.trust_remote_code: the profile says false, the unit "
+                                                   "passes --trust-remote-code")
+    p.drafter.trust_remote_code = True
+    plain = read_serve_argv([a for a in SEED_UNIT if a != "--trust-remote-code"])
+    p.server.vllm_args = ["--tensor-parallel-size", "8"]
+    assert [d.split(":")[0] for d in unit_drift(p, plain)] == ["drafter.trust_remote_code"]
+
+
+def test_a_unit_user_other_than_root_or_the_ssh_user_is_named_with_the_fix():
+    from console.control.operator_unit import unit_user_refusal
+    from console.control.units import ServerProgram
+
+    def of(user):
+        return unit_user_refusal(ServerProgram(argv=tuple(SEED_UNIT), user=user), "vllm-kimi", "ubuntu", "/data/e3")
+
+    assert of(None) is None and of("root") is None and of("0") is None and of("ubuntu") is None
+    why = of("vllm")
+    assert why and why.startswith("the unit vllm-kimi runs as User=vllm, the SSH user is ubuntu: the extraction "
+                                  "server runs as vllm and could not write its staging dir under /data/e3/")
+    assert 'Fix: connect as vllm ([host].user = "vllm" in the profile), or run the unit as ubuntu or root' in why

@@ -28,6 +28,7 @@ class ExtractConfig:
     stop_grace_s: float = 20.0
     fresh: bool = False
     preflight_only: bool = False
+    online_ok: bool = False  # the host's GPU plan allows online training: the disk refusal may advise it
 
     def validate(self) -> None:
         if (self.plan is None) == (self.endpoint is None):
@@ -83,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--stop-grace-s", type=float, default=20.0)
     a("--fresh", action="store_true", help="archive an existing run directory and start over")
     a("--preflight-only", action="store_true", help="print the checks (and the disk estimate) as JSON, exit")
+    a("--online-ok", action="store_true",
+      help="the host's GPU plan allows online training (the console says so): a disk refusal may advise it")
     return p
 
 

@@ -2,14 +2,16 @@
 
 Each token of each row is stored once per aux layer plus once for the final layer, at the verifier's dtype:
 tokens x (aux layers + 1) x hidden size x 2 bytes for bf16 (4 for a float32 checkpoint such as the demo's). For a 7168-wide verifier with 3 aux layers
-that is 57 KB per token: 10K samples of a 1T-parameter model needed 828 GB. When that cannot fit, the
-answer is online training, which fetches each batch's hidden states from the extraction server and
-deletes them after use.
+that is 57 KB per token: 10K samples of a 1T-parameter model needed 828 GB (10,000 thinking samples of
+Kimi-K2.5 at 2,000-8,192 tokens: 1-4.7 TB). When that cannot fit, the advice fits the host: how many rows
+would fit, which shorter [prepare] seq_length would, the room another volume needs (and which old runs
+free how much, backend/disk.room_hint), and online training only where the GPU plan allows it (the console
+says so with --online-ok: on a host whose baseline holds every GPU, as the seed host's TP8, it does not).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
 BF16_BYTES = 2
 TOKEN_ID_BYTES = 8  # each file also holds the row's token ids, int64
@@ -51,16 +53,58 @@ class DiskEstimate:
                 f"{gb(self.free_bytes)} free on the volume of {self.volume}"
                 + (f" (keeping {gb(self.reserve_bytes)} free)" if self.reserve_bytes else ""))
 
-    def refusal(self) -> str:
-        """What to do when it does not fit: the operator's three ways out, online training first."""
+    @property
+    def room(self) -> int:
+        """Bytes the states may take here: what is free less what is kept free."""
+        return max(0, self.free_bytes - self.reserve_bytes)
+
+    def refusal(self, lengths: Sequence[int] = (), online_ok: bool = False) -> str:
+        """What to do when it does not fit, fitted to the host (the module docstring). `lengths`: each
+        row's token count (the rows still to extract); `online_ok`: the GPU plan allows online training."""
         short = self.need_bytes + self.reserve_bytes - self.free_bytes
-        return (f"it does not fit ({gb(short)} short). Train online instead: set [extract] online = true and "
-                f"start train directly on the prepare run (speculators' --on-missing generate fetches each "
-                f"batch's hidden states from the extraction server and deletes them after use, so nothing "
-                f"is stored); or free space there, or move the work dir to a larger volume")
+        ways = []
+        per_token = (self.aux_layers + 1) * self.hidden_size * self.dtype_bytes + TOKEN_ID_BYTES
+        if self.rows:
+            per_row = self.need_bytes / self.rows
+            fit = int(self.room // per_row) if per_row else self.rows
+            ways.append(f"fewer samples: about {fit:,} of these {self.rows:,} rows fit (generate or prepare "
+                        f"fewer, e.g. [generate] samples = {fit:,})" if fit else
+                        "fewer samples: not one row of this average length fits")
+        seq = fitting_seq_length(lengths, self.room, per_token)
+        if seq is not None:
+            ways.append(f"a shorter sequence length: [prepare] seq_length = {seq:,} (rows clipped to it) fits, "
+                        f"then prepare again")
+        ways.append(f"another volume: move the work dir to one with at least "
+                    f"{gb(self.need_bytes + self.reserve_bytes)} free, or free {gb(short)} here")
+        if online_ok:
+            ways.append("train online: set [extract] online = true and start train directly on the prepare "
+                        "run (speculators' --on-missing generate fetches each batch's hidden states from the "
+                        "extraction server and deletes them after use, so nothing is stored)")
+        return f"it does not fit ({gb(short)} short). Ways out: " + "; or ".join(ways)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "fits": self.fits}
+
+
+def fitting_seq_length(lengths: Sequence[int], room: int, per_token: int, floor: int = 16) -> int | None:
+    """The longest [prepare] seq_length (a multiple of 128 when over 128; at least `floor`, prepare's own
+    minimum) whose clipped rows fit in `room` bytes; None when none does or no row is longer than it."""
+    if not lengths or per_token < 1:
+        return None
+    longest = max(lengths)
+
+    def need(limit: int) -> int:
+        return sum(min(n, limit) for n in lengths) * per_token + len(lengths) * FILE_HEADER_BYTES
+
+    if need(floor) > room:
+        return None
+    lo, hi = floor, longest  # need(lo) fits; find the largest that does
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid) <= room else (lo, mid - 1)
+    if lo >= longest:
+        return None  # nothing to clip: the rows fit as they are (the estimate's rounding aside)
+    return lo // 128 * 128 if lo > 128 else lo
 
 
 def estimate(*, rows: int, tokens: int, aux_layers: int, hidden_size: int, free_bytes: int,

@@ -2,7 +2,8 @@
 
     preflight (nothing touched yet)  the prepare run is complete, the verifier is here and has the aux
                                      layers, speculators is installed, the swap plan is sound, and the
-                                     hidden states fit on disk (else: train online instead)
+                                     hidden states fit on disk (else: ways out that fit the host,
+                                     backend/extract/disk.py), the baseline's vLLM is new enough
     swap in (with a plan)            stop the baseline server, start the extraction server, wait until it
                                      answers /health and /v1/models
     extract                          speculators' generate-offline-data for the train and held-out rows
@@ -23,7 +24,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from backend.extract import disk
@@ -34,6 +35,7 @@ from backend.lookup import CompletedRun, InputError, completed_run
 from backend.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
 from backend.runs import Manifest, RunDir, read_manifest, run_path
 from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
+from backend.vllm_floor import UPGRADE, refusal, server_version
 from backend.verifier import (VerifierError, VerifierInfo, extraction_layer_ids, read_verifier,
                               resolve_aux_layers)
 
@@ -52,6 +54,7 @@ class Side:
     tokens: int
     first_len: int  # row 0's length: the first file's expected sequence length
     max_len: int = 0
+    lengths: tuple[int, ...] = field(default=(), repr=False, compare=False)  # each row's tokens
 
 
 @dataclass
@@ -97,7 +100,8 @@ def _read_side(name: str, path: str, output_key: str) -> Side:
     lengths = data.with_format(None)["seq_len"] if "seq_len" in data.column_names else [
         len(r) for r in data.with_format(None)["input_ids"]]
     return Side(name=name, data=path, output_key=output_key, rows=len(lengths), tokens=int(sum(lengths)),
-                first_len=int(lengths[0]) if lengths else 0, max_len=int(max(lengths)) if lengths else 0)
+                first_len=int(lengths[0]) if lengths else 0, max_len=int(max(lengths)) if lengths else 0,
+                lengths=tuple(int(n) for n in lengths))
 
 
 def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
@@ -137,6 +141,9 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
         except PlanError as exc:
             report.add("swap_plan", False, str(exc), "start the stage from the console, which writes the plan")
             plan = None
+    if info is not None and report.ok:
+        check_vllm_version(report, info, (plan.endpoint if plan else c.endpoint or "").rstrip("/"),
+                           swapped=plan is not None)
     if prep is None or info is None or aux is None or not report.ok:
         return report, None
     try:
@@ -147,32 +154,49 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
     manifest = read_manifest(prep.path)
     inputs = Inputs(prepare=prep, prepare_hash=manifest.config_hash if manifest else "", verifier=info,
                     aux_layer_ids=aux, sides=sides, plan=plan)
-    inputs.estimate = _estimate(c, inputs)
+    inputs.estimate, lengths = _estimate(c, inputs)
     e = inputs.estimate
     short = e.need_bytes + e.reserve_bytes - e.free_bytes
-    report.add("disk_space", e.fits, e.detail(), e.refusal() + ("" if e.fits else room_hint_for(c.work_dir, short, run_id=c.run_id,
-                                                                             uses=(prep.run_id,))))
+    report.add("disk_space", e.fits, e.detail(),
+               "" if e.fits else e.refusal(lengths, online_ok=c.online_ok)
+               + room_hint_for(c.work_dir, short, run_id=c.run_id, uses=(prep.run_id,)))
     return report, inputs
 
 
-def _estimate(c: ExtractConfig, inputs: Inputs) -> disk.DiskEstimate:
-    """What the rows still missing their files will take (a resumed run needs only the rest)."""
-    from datasets import load_from_disk
+def check_vllm_version(report: PreflightReport, info: VerifierInfo, endpoint: str, swapped: bool) -> None:
+    """The server at the endpoint (the baseline, before the swap stops it; or the extraction server given
+    by --endpoint) runs a vLLM the verifier's extraction works on (backend/vllm_floor.py). A server that
+    does not answer its version is not refused here: the console asked it before starting the stage."""
+    floor = info.vllm_floor()
+    version, note = server_version(f"{endpoint}/version")
+    if version is None:
+        report.add("vllm_version", True, f"not checked ({note}); extraction needs vLLM >= {floor.text}")
+        return
+    who = "the baseline" if swapped else "the extraction server"
+    why = refusal(version, floor, who)
+    report.add("vllm_version", why is None, why or f"{who} runs vLLM {version} (extraction needs >= {floor.text})",
+               UPGRADE.format(floor=floor.text))
 
+
+def _estimate(c: ExtractConfig, inputs: Inputs) -> tuple[disk.DiskEstimate, list[int]]:
+    """What the rows still missing their files will take (a resumed run needs only the rest), and those
+    rows' lengths (what a shorter sequence length would clip)."""
     run = run_path(c.work_dir, c.run_id)
     rows = tokens = 0
+    todo: list[int] = []
     for side in inputs.sides:
         have = hs_indices(os.path.join(run, side.output_key))
         if not have:
             rows, tokens = rows + side.rows, tokens + side.tokens
+            todo.extend(side.lengths)
             continue
-        lengths = load_from_disk(side.data).with_format(None)["seq_len"]
-        missing = [n for i, n in enumerate(lengths) if i not in have]
+        missing = [n for i, n in enumerate(side.lengths) if i not in have]
         rows, tokens = rows + len(missing), tokens + sum(missing)
+        todo.extend(missing)
     return disk.estimate(rows=rows, tokens=tokens, aux_layers=len(inputs.aux_layer_ids),
                          hidden_size=inputs.verifier.hidden_size, dtype_bytes=inputs.verifier.dtype_bytes,
                          free_bytes=free_bytes(run),
-                         reserve_bytes=c.reserve_bytes, volume=run)
+                         reserve_bytes=c.reserve_bytes, volume=run), todo
 
 
 def identity_of(c: ExtractConfig, inputs: Inputs) -> dict[str, Any]:

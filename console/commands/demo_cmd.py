@@ -21,6 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="shaped like the seed host: the server holds all eight simulated GPUs and training asks "
                         "for one of them ([train] gpus = 1; it still computes on the CPU)")
     add_engine_option(p, "--engine")
+    p.add_argument("--vllm-version", help="the vLLM release the stand-in imitates (default 0.33.0): its /version, "
+                                          "log lines and errors, e.g. 0.24.0 to see a version refused")
     p.set_defaults(func=cmd_demo_host)
 
 
@@ -41,7 +43,8 @@ def cmd_demo_host(a: argparse.Namespace) -> int:
             print(existing.source)
             return exitcodes.OK
         try:
-            profile = asyncio.run(start(work_dir, speed=a.speed, seed_shape=a.seed_shape, engine=a.engine))
+            profile = asyncio.run(start(work_dir, speed=a.speed, seed_shape=a.seed_shape, engine=a.engine,
+                                        vllm_version=a.vllm_version))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return exitcodes.FAILED

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import sys
 from pathlib import Path
 
 from console import exitcodes
-from console.control.operator_unit import (OperatorUnitError, profile_server_values, read_server_program,
-                                           unit_drift, unit_settings)
+from console.control.operator_unit import (OperatorUnitError, profile_drafter_values, profile_server_values,
+                                           read_server_program, unit_drift, unit_settings)
+from console.control.permissions import check_permission
 from console.host.base import HostError
 from console.host.factory import host_for_profile
 from console.parsers.text import clean_block
@@ -61,7 +63,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     check.set_defaults(func=cmd_check)
 
 
-def build_from_args(a: argparse.Namespace, extra_server: dict | None = None) -> Profile:
+def build_from_args(a: argparse.Namespace, extra_server: dict | None = None,
+                    extra_drafter: dict | None = None) -> Profile:
     data = {
         "host": {"name": a.host, "transport": a.transport, "port": a.port, "user": a.user,
                  "identity_file": a.identity_file, "jump_host": a.jump_host, "known_hosts": a.known_hosts},
@@ -70,6 +73,7 @@ def build_from_args(a: argparse.Namespace, extra_server: dict | None = None) -> 
                    "reasoning_parser": a.reasoning_parser, **(extra_server or {})},
         "paths": {"work_dir": a.work_dir, "data_dir": a.data_dir, "python": a.python},
         "gpus": {"count": a.gpus},
+        "drafter": {**(extra_drafter or {})},
         "generate": {"samples": a.samples, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
                      "request_timeout_s": a.request_timeout, "dataset": a.dataset},
     }
@@ -78,19 +82,34 @@ def build_from_args(a: argparse.Namespace, extra_server: dict | None = None) -> 
     return profile_from_dict(data, file="(command line)")
 
 
-async def _unit_program(profile: Profile):
+async def _unit_program(profile: Profile, permission: bool = False):
     host = host_for_profile(profile)
     try:
         await host.connect()
-        return await read_server_program(host, profile)
+        program = await read_server_program(host, profile)
+        user = (await host.run(["id", "-un"], timeout=30)).stdout.strip()
+        verdict = await check_permission(host, profile) if permission else None
+        return program, user, verdict
     finally:
         await host.close()
 
 
-def read_unit_settings(profile: Profile):
-    """The program and settings of the profile's unit, read over the profile's connection."""
-    program = asyncio.run(asyncio.wait_for(_unit_program(profile), UNIT_READ_TIMEOUT_S))
-    return program, unit_settings(program)
+def read_unit_settings(profile: Profile, permission: bool = False):
+    """The program and settings of the profile's unit, the SSH user's name and (`permission`) whether it may
+    manage systemd units (console/control/permissions.py), read over the profile's connection."""
+    program, user, verdict = asyncio.run(asyncio.wait_for(_unit_program(profile, permission), UNIT_READ_TIMEOUT_S))
+    return program, unit_settings(program), user, verdict
+
+
+def sudo_for(a: argparse.Namespace, remote_user: str | None) -> dict[str, object]:
+    """[server] sudo = true for a user other than root with the systemd manager: systemd-run and
+    systemctl start/stop need polkit's manage-units, which a non-interactive SSH command cannot answer
+    for a non-root user (console/control/permissions.py). The user: the one the host said it is, else
+    --user, else this machine's (what SSH logs in as when none is given)."""
+    if a.manager != "systemd":
+        return {}
+    user = remote_user or a.user or getpass.getuser()
+    return {"sudo": True} if user != "root" else {}
 
 
 def from_unit(a: argparse.Namespace) -> Profile:
@@ -98,15 +117,17 @@ def from_unit(a: argparse.Namespace) -> Profile:
     a.unit = a.from_unit
     a.model_path = a.model_path or "/unknown"  # a placeholder to connect with; the unit's replaces it
     probe = build_from_args(a)
-    program, settings = read_unit_settings(probe)
+    program, settings, user, _ = read_unit_settings(probe)
     values = profile_server_values(settings)
     a.model_path, a.server_port = settings.model, settings.port
     a.served_model_name = values.get("served_model_name")
     a.reasoning_parser = settings.reasoning_parser
-    profile = build_from_args(a, extra_server={"vllm_args": values["vllm_args"]})
+    profile = build_from_args(a, extra_server={"vllm_args": values["vllm_args"], **sudo_for(a, user)},
+                              extra_drafter=profile_drafter_values(settings))
     print(f"read unit {a.from_unit} ({program.source}): model {settings.model}, served as {settings.served_id}, "
           f"port {settings.port}, tensor parallel size {settings.tensor_parallel_size}"
-          + (f", reasoning parser {settings.reasoning_parser}" if settings.reasoning_parser else ""))
+          + (f", reasoning parser {settings.reasoning_parser}" if settings.reasoning_parser else "")
+          + (", --trust-remote-code (drafter.trust_remote_code = true)" if settings.trust_remote_code else ""))
     if program.note:
         print(f"note: {program.note}")
     return profile
@@ -123,7 +144,7 @@ def cmd_init(a: argparse.Namespace) -> int:
             print("error: --model-path is required (or --from-unit UNIT to read it from the host)", file=sys.stderr)
             return exitcodes.USAGE
         else:
-            profile = build_from_args(a)
+            profile = build_from_args(a, extra_server=sudo_for(a, None))
         write_profile(profile, a.path, overwrite=a.force)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -154,7 +175,7 @@ def cmd_check(a: argparse.Namespace) -> int:
               f"set [host].name to the GPU host")
         return exitcodes.OK
     try:
-        program, settings = read_unit_settings(p)
+        program, settings, _, verdict = read_unit_settings(p, permission=True)
     except (HostError, OSError, asyncio.TimeoutError) as e:
         print(clean_block(f"unit {p.server.unit}: not compared, the host did not answer: {e or 'timed out'}"))
         return exitcodes.OK
@@ -164,9 +185,13 @@ def cmd_check(a: argparse.Namespace) -> int:
     drift = unit_drift(p, settings)
     if program.note:
         print(f"note: {program.note}")
+    denied = verdict is not None and not verdict.ok
+    if verdict is not None:
+        print(clean_block(f"{'error: ' if denied else ''}permission: {verdict.message}"),
+              file=sys.stderr if denied else sys.stdout)
     if not drift:
         print(f"unit {p.server.unit}: matches the profile (served as {settings.served_id})")
-        return exitcodes.OK
+        return exitcodes.FAILED if denied else exitcodes.OK
     print(f"unit {p.server.unit}: drift between the profile and its unit:")
     for line in drift:
         print(clean_block(f"  {line}"))

@@ -89,6 +89,9 @@ def declined(a: argparse.Namespace, req: StageRequest, profile, downtime: str) -
     Session.downtime, from the host's measured loads), and go on (None) only when the operator agrees."""
     if not stops_baseline(req, profile) or a.yes:
         return None
+    if stages.get(req.stage).kind == "chain":  # the whole span is in `downtime`: hours, not its loads
+        return ask(f"{req.stage} stops {profile.server.unit} on {profile.host.name}: {downtime}. Go on? [y/N] ",
+                   f"{req.stage} stops the baseline server: {downtime}")
     why = ("the drafter server is benched" if stages.starts_pair(req.stage) else
            {"extract": "the hidden states are extracted"}.get(req.stage, "the extraction server is needed"))
     return ask(f"{req.stage} stops {profile.server.unit} on {profile.host.name} while {why}, and starts it "

@@ -36,7 +36,8 @@ from console.control.bench_pair import check_against_trained, pair_argv, pair_pl
 from console.control.extraction import ExtractionPlanError, build_plan, describe_plan, plan_path
 from console.control.gpu_plan import gpu_plan
 from console.control.switch_plan import switch_plan
-from console.control.operator_unit import OperatorUnitError, read_server_program
+from console.control.permissions import check_permission
+from console.control.operator_unit import OperatorUnitError, read_server_program, unit_user_refusal
 from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name, tmux_target)
 
@@ -476,9 +477,29 @@ class Launcher:
                              f"{clean(answer)[:200]!r}")
         return ids, layers
 
+    async def vllm_floor(self) -> None:
+        """Refuses, before the swap stops the baseline, an extraction the host's vLLM cannot do (the
+        DeepSeek-V2 family's final state from 0.25.0 only: backend/vllm_floor.py); the baseline's
+        /version is the version the extraction server starts with (both run the unit's program)."""
+        answer = await self.host_query(stage_argv.vllm_floor_argv(self.profile), "the vLLM version check")
+        try:
+            found = json.loads(answer)
+            floor, refusal, version = str(found["floor"]), found["refusal"], found["version"]
+        except (ValueError, KeyError, TypeError):
+            raise StageError(f"the vLLM version check: the host's answer is not one: {clean(answer)[:200]!r}") from None
+        if refusal:
+            raise StageError(clean(f"{refusal}. Upgrade vLLM on the host (the program the unit "
+                                   f"{self.profile.server.unit} runs) to {floor} or later; nothing was stopped"))
+        if version:
+            self.shown.append(clean(f"(server swap) the baseline runs vLLM {version}; extraction needs >= {floor}"))
+        else:
+            self.shown.append(clean(f"(server swap) vLLM version not checked ({found.get('note')}); extraction "
+                                    f"needs >= {floor}: {found.get('why')}"))
+
     async def swap_plan(self, run_id: str) -> tuple[str, list[int]]:
         """The server swap plan of a stage that takes the GPUs (uploaded), and the aux layer ids in it."""
         ids, layers = await self.aux_layer_ids()
+        await self.vllm_floor()
         return await self.upload_swap_plan(run_id, ids, layers), ids
 
     async def argv(self, stage: str, run_id: str, input_run: str | None, req: StageRequest,
@@ -537,6 +558,10 @@ class Launcher:
             program = await read_server_program(self.host, self.profile)
         except OperatorUnitError as exc:
             raise StageError(str(exc)) from None
+        if program.user:
+            who = await self.host_query(["id", "-un"], "the SSH user's name")
+            if refused := unit_user_refusal(program, self.profile.server.unit, who, self.profile.paths.work_dir):
+                raise StageError(clean(refused))
         plan = build_plan(self.profile, run_id, aux_layer_ids, num_layers, program)
         if program.note:
             self.shown.append(f"(server swap) note: {program.note}")
@@ -577,6 +602,13 @@ class Launcher:
         return plan_file
 
 
+async def require_permission(host: Host, profile: Profile) -> None:
+    """StageError with the fix when the SSH user may not manage systemd units (console/control/permissions.py)."""
+    verdict = await check_permission(host, profile)
+    if verdict is not None and not verdict.ok:
+        raise StageError(verdict.message)
+
+
 def request_gpu_plan(req: StageRequest, profile: Profile) -> GpuPlan:
     """Who holds which GPUs at each step of `req` (backend/gpu_owners.py); StageError when they cannot be
     shared as asked (online training where the extraction server and the trainer would share a GPU)."""
@@ -603,6 +635,7 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
         raise StageError(f"stage {req.stage!r} is not started as a run (it is a server the console drives)")
     run_id = check_run_id(req.run_id or new_run_id(spec.name))
     unit = stage_unit_name(spec.name, run_id)
+    await require_permission(host, profile)  # systemd-run and systemctl stop/start: before anything else
     shown: list[str] = []
     code_dir = await ensure_backend(host, profile, shown)
     env = {"PYTHONPATH": code_dir, "PYTHONUNBUFFERED": "1", UNIT_ENV: unit}

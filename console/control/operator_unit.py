@@ -59,6 +59,22 @@ async def read_server_program(host: Host, profile: Profile) -> ServerProgram:
         raise OperatorUnitError(f"the operator's unit {profile.server.unit}: {exc}") from None
 
 
+def unit_user_refusal(program: ServerProgram, unit: str, ssh_user: str, work_dir: str) -> str | None:
+    """Why the servers derived from the unit (they run as its User=) cannot take part in a swap: the
+    extraction server writes the connector's staging dir and the switch opens the server lock under the
+    work dir, which the SSH user's commands create; a third user can do neither. None: root, or the SSH
+    user, or no User= (a system unit runs as root)."""
+    user = program.user
+    if not user or user in ("root", "0", ssh_user):
+        return None
+    owners = ssh_user if ssh_user == "root" else f"{ssh_user} or root"
+    return (f"the unit {unit} runs as User={user}, the SSH user is {ssh_user}: the extraction server runs as "
+            f"{user} and could not write its staging dir under {work_dir}/extract-staging nor open the server "
+            f"lock under {work_dir}/state, which {ssh_user} creates. Fix: connect as {user} ([host].user = "
+            f"\"{user}\" in the profile), or run the unit as {owners} (User= in the unit, e.g. a "
+            f"`systemctl edit {unit}` drop-in); nothing was stopped")
+
+
 def unit_settings(program: ServerProgram) -> ServeSettings:
     """What the unit's server serves (raises CmdlineError when its command line is not `vllm serve`)."""
     return read_serve_argv(program.argv)
@@ -74,6 +90,12 @@ def profile_server_values(settings: ServeSettings) -> dict[str, object]:
     args = ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
     values["vllm_args"] = args + (["--trust-remote-code"] if settings.trust_remote_code else [])
     return values
+
+
+def profile_drafter_values(settings: ServeSettings) -> dict[str, object]:
+    """The [drafter] values of a profile for a unit serving `settings`: a model vLLM loads with
+    --trust-remote-code (Kimi's config, tokenizer and processor) is one speculators loads the same way."""
+    return {"trust_remote_code": settings.trust_remote_code}
 
 
 def unit_drift(profile: Profile, settings: ServeSettings) -> list[str]:
@@ -94,6 +116,12 @@ def unit_drift(profile: Profile, settings: ServeSettings) -> list[str]:
     if any(a.split("=", 1)[0] in ("-tp", "--tensor-parallel-size", "--tensor_parallel_size") for a in s.vllm_args):
         differ("tensor parallel size (server.vllm_args)", own.tensor_parallel_size, settings.tensor_parallel_size,
                "--tensor-parallel-size / -tp, default 1")
+    if profile.drafter.trust_remote_code != settings.trust_remote_code:
+        fix = ("prepare, train and verify load the verifier's own code as vLLM does: set it to true"
+               if settings.trust_remote_code else "the unit loads the model without its own code")
+        out.append(f"drafter.trust_remote_code: the profile says {str(profile.drafter.trust_remote_code).lower()}, "
+                   f"the unit {'passes' if settings.trust_remote_code else 'does not pass'} --trust-remote-code "
+                   f"({fix})")
     if profile.gpus.count is not None and profile.gpus.count < settings.tensor_parallel_size:
         out.append(f"gpus.count: the profile says {profile.gpus.count}, the unit's tensor parallel size is "
                    f"{settings.tensor_parallel_size}")

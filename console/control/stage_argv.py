@@ -75,11 +75,25 @@ def extract_argv(profile: Profile, run_id: str, input_run: str, *, plan_file: st
     if ids:
         argv += ["--aux-layer-ids", ",".join(str(i) for i in ids)]
     argv += ["--plan", plan_file] if plan_file else ["--endpoint", f"http://127.0.0.1:{profile.server.port}"]
+    if online_training_allowed(profile):
+        argv.append("--online-ok")  # only then may a disk refusal advise online training
     if fresh:
         argv.append("--fresh")
     if preflight_only:
         argv.append("--preflight-only")
     return argv
+
+
+def online_training_allowed(profile: Profile) -> bool:
+    """Whether the host's GPU plan lets train run online (the extraction server and the trainer on GPUs
+    apart): not on a host whose baseline holds every GPU the trainer asks for (the seed host's TP8)."""
+    from console.control.gpu_plan import OwnershipError, gpu_plan
+
+    try:
+        gpu_plan(profile, ["train"], online=True, chain=False)
+    except OwnershipError:
+        return False
+    return True
 
 
 def prepare_argv(profile: Profile, run_id: str, input_run: str, *, fresh: bool = False) -> list[str]:
@@ -180,6 +194,13 @@ def latest_argv(profile: Profile, stage: str) -> list[str]:
     """Asks the host for the run a stage takes by default: the latest completed run of `stage` (backend/ask.py)."""
     return [profile.paths.python, "-m", "backend.ask", "latest", "--work-dir", profile.paths.work_dir,
             "--stage", stage]
+
+
+def vllm_floor_argv(profile: Profile) -> list[str]:
+    """Asks the host the oldest vLLM the verifier's extraction server runs on and the baseline's own
+    version (backend/ask.py vllm-floor), before a swap stops the baseline."""
+    return [profile.paths.python, "-m", "backend.ask", "vllm-floor", "--verifier", verifier_path(profile),
+            "--url", f"http://127.0.0.1:{profile.server.port}/version"]
 
 
 def aux_layers_argv(profile: Profile) -> list[str]:

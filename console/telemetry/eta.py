@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-from console.snapshot import GpuInfo
+from console.snapshot import GpuInfo, RunInfo
 
 LOADS_FILE = "state/loads.jsonl"
 
@@ -140,3 +140,33 @@ def downtime_text(loads: int, records: Iterable[LoadRecord], model: str, load_ti
     each = last.duration_s
     return (f"{what} of about {_minutes(each)} each (the last load of {model} here took {_minutes(each)}): "
             f"about {_minutes(loads * each)} of loading in all")
+
+
+def run_seconds(run: RunInfo) -> float | None:
+    """How long a completed run took: its last (re)start to its finish event (a resumed run: the last
+    leg only, so an estimate errs short); None when that is not known."""
+    ts = (run.last_event or {}).get("ts")
+    if run.state != "done" or run.started is None or not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        return None
+    return float(ts) - run.started if ts >= run.started else None
+
+
+def span_text(stages: list[str], runs: Iterable[RunInfo]) -> str:
+    """How long `stages` take one after the other, from the last completed run of each on this host (the
+    console's view of the runs' events), said stage by stage; "unknown: first run" for a stage never
+    completed here."""
+    latest: dict[str, tuple[float, float]] = {}
+    for run in runs:
+        took = run_seconds(run)
+        if took is not None and run.stage in stages and (run.stage not in latest or
+                                                          (run.started or 0) > latest[run.stage][0]):
+            latest[run.stage] = (run.started or 0, took)
+    parts = [f"{s} about {_minutes(latest[s][1])}" if s in latest else f"{s} unknown: first run" for s in stages]
+    known = sum(latest[s][1] for s in stages if s in latest)
+    if len(latest) == len(set(stages)):
+        total = f"about {_minutes(known)}"
+    elif latest:
+        total = f"more than {_minutes(known)}"
+    else:
+        return "unknown: first run (no completed " + " or ".join(stages) + " run on this host yet)"
+    return f"{total} by the last completed runs on this host ({'; '.join(parts)})"

@@ -262,6 +262,11 @@ class ConsoleApp(App[None]):
         if stage == "bench":
             self.action_bench()
             return
+        if self.controller.stops_baseline(stage) and stage == "pipeline":
+            self._confirm(f"Start {stage}? It stops the vLLM server.",
+                          f"On {self.controller.host_name}: {self.controller.downtime(stage)}.", f"start {stage}",
+                          lambda: self.controller.start_stage(stage))
+            return
         if self.controller.stops_baseline(stage):
             self._confirm(f"Start {stage}? It stops the vLLM server for a while.",
                           f"The extraction server needs the GPUs: it stops the server on {self.controller.host_name}, serves "
