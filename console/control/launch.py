@@ -29,6 +29,7 @@ from backend.runs import check_run_id as _check_run_id
 from backend.events import UNIT_ENV
 from backend.chain.plan import ChainPlan, Hold, PlannedStage, chain_stage_run_id, dumps_plan
 from backend.gpu_owners import GpuPlan, OwnershipError
+from backend.redact import shown as redacted_shown
 from backend.serverlock import lock_path
 from console.control import stage_argv, stages
 from console.control import drafter_server as ds
@@ -526,7 +527,7 @@ class Launcher:
         await self.host.run(["mkdir", "-p", f"{p.paths.work_dir}/plans"], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), plan_file)
         self.shown.append(clean(f"(bench) drafter {found['checkpoint']} (verified by {found['run_id']})"))
-        self.shown.extend(f"(bench {b.get('title', 'baseline')}) {shlex.join(b['argv'])}"
+        self.shown.extend(f"(bench {b.get('title', 'baseline')}) {redacted_shown(b['argv'])}"
                           for b in (plan["baseline"], *plan["contenders"]))
         if program.note:
             self.shown.append(f"(bench) note: {program.note}")
@@ -548,7 +549,7 @@ class Launcher:
 
     async def preflight(self, argv: list[str]) -> None:
         cmd = ["env", *(f"{k}={v}" for k, v in self.env.items()), *argv]
-        self.shown.append(shlex.join(cmd))
+        self.shown.append(redacted_shown(cmd))
         res = await self.host.run(cmd, timeout=300)
         if not res.ok:
             raise StageError("preflight failed:\n" + clean_block(_preflight_text(res.stdout, res.stderr)))
@@ -573,7 +574,7 @@ class Launcher:
         hold = Hold(gpus.hold[0], gpus.hold[1], switch_plan(self.profile, [])) if gpus.hold else None
         lock = lock_path(self.profile.paths.work_dir) if stops_baseline(req, self.profile) else ""
         await self.host.upload(dumps_plan(ChainPlan(planned, lock, hold)).encode(), plan_file)
-        self.shown.extend(f"(pipeline {p.stage}) {shlex.join(p.argv)}" for p in planned)
+        self.shown.extend(f"(pipeline {p.stage}) {redacted_shown(p.argv)}" for p in planned)
         return plan_file
 
 
