@@ -10,7 +10,7 @@ from console.control.operator_unit import (OperatorUnitError, profile_server_val
                                            unit_drift, unit_settings)
 from console.host.base import HostError
 from console.host.factory import host_for_profile
-from console.parsers.text import clean_block
+from console.parsers.text import clean, clean_block
 from console.parsers.vllm_cmdline import CmdlineError
 from console.profile import Profile, ProfileError, load_profile, profile_from_dict, write_profile
 
@@ -103,11 +103,12 @@ def from_unit(a: argparse.Namespace) -> Profile:
     a.served_model_name = values.get("served_model_name")
     a.reasoning_parser = settings.reasoning_parser
     profile = build_from_args(a, extra_server={"vllm_args": values["vllm_args"]})
-    print(f"read unit {a.from_unit} ({program.source}): model {settings.model}, served as {settings.served_id}, "
-          f"port {settings.port}, tensor parallel size {settings.tensor_parallel_size}"
-          + (f", reasoning parser {settings.reasoning_parser}" if settings.reasoning_parser else ""))
+    # the unit's Id, its model and names are the host's text: escapes and controls never reach the terminal
+    print(clean(f"read unit {a.from_unit} ({program.source}): model {settings.model}, served as "
+                f"{settings.served_id}, port {settings.port}, tensor parallel size {settings.tensor_parallel_size}"
+                + (f", reasoning parser {settings.reasoning_parser}" if settings.reasoning_parser else "")))
     if program.note:
-        print(f"note: {program.note}")
+        print(clean_block(f"note: {program.note}"))
     return profile
 
 
@@ -124,8 +125,8 @@ def cmd_init(a: argparse.Namespace) -> int:
         else:
             profile = build_from_args(a)
         write_profile(profile, a.path, overwrite=a.force)
-    except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ProfileError as e:  # it quotes what it refused: with --from-unit, the host's text
+        print(clean_block(f"error: {e}"), file=sys.stderr)
         return 2
     except FileExistsError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -162,9 +163,9 @@ def cmd_check(a: argparse.Namespace) -> int:
         return 1
     drift = unit_drift(p, settings)
     if program.note:
-        print(f"note: {program.note}")
+        print(clean_block(f"note: {program.note}"))
     if not drift:
-        print(f"unit {p.server.unit}: matches the profile (served as {settings.served_id})")
+        print(clean(f"unit {p.server.unit}: matches the profile (served as {settings.served_id})"))
         return 0
     print(f"unit {p.server.unit}: drift between the profile and its unit:")
     for line in drift:
