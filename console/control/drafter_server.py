@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from backend.gpu_owners import parallel_error
 from backend.redact import shown
 from console.control.units import (HostCommand, ServerProgram, checked_session, checked_unit,
                                    derived_server_start_argv, profile_program, stage_stop_command, tmux_stop_argv)
@@ -77,9 +78,13 @@ def target_tp(argv: list[str]) -> int:
         if name in _TP_FLAGS:
             text = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
             try:
-                return int(text)
+                tp = int(text)
             except ValueError:
                 raise DrafterServerError(f"the server's command line has {name} {text!r}: not a number") from None
+            error = parallel_error(tp)
+            if error:
+                raise DrafterServerError(f"the server's command line has {name} {text!r}: {error}")
+            return tp
     return 1
 
 
