@@ -139,8 +139,26 @@ def plan_gpus(shape: HostShape, stages: Sequence[str], *, online: bool = False, 
     return GpuPlan(steps=steps, hold=hold, loads=loads)
 
 
-def server_gpus_of(tensor_parallel: int, pipeline_parallel: int = 1) -> tuple[int, ...]:
+# no host has more GPUs than this: a bigger TP x PP is a typo or a hostile unit, never a plan (and a
+# range of 100000000 GPU indices would take minutes and gigabytes to build)
+PARALLEL_MAX = 1024
+
+
+def parallel_error(tensor_parallel: int, pipeline_parallel: int = 1, host_gpus: int | None = None) -> str | None:
+    """Why this TP x PP cannot be a server's on a host of `host_gpus` GPUs (None: unknown), or None."""
+    limit = min(PARALLEL_MAX, host_gpus) if host_gpus else PARALLEL_MAX
+    if tensor_parallel < 1 or pipeline_parallel < 1 or tensor_parallel * pipeline_parallel > limit:
+        where = f"the host's {host_gpus} GPUs" if host_gpus and host_gpus < PARALLEL_MAX else f"{PARALLEL_MAX}"
+        return (f"tensor parallel {tensor_parallel} x pipeline parallel {pipeline_parallel}: expected a "
+                f"product from 1 to {limit} ({where})")
+    return None
+
+
+def server_gpus_of(tensor_parallel: int, pipeline_parallel: int = 1, host_gpus: int | None = None) -> tuple[int, ...]:
     """The GPUs a vLLM server started without CUDA_VISIBLE_DEVICES takes: the first TP x PP."""
+    error = parallel_error(max(1, tensor_parallel), max(1, pipeline_parallel), host_gpus)
+    if error:
+        raise OwnershipError(error)
     return tuple(range(max(1, tensor_parallel) * max(1, pipeline_parallel)))
 
 

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import signal
 import sys
 import time
@@ -37,7 +36,8 @@ from backend import exitcodes
 from backend.lifecycle import ignore_hangups, install_stop_handler, refuse
 from backend.numbers import finite
 from backend.plans import PlanError, argv_list
-from backend.redact import redacted
+from backend.redact import redacted_text
+from backend.redact import shown as redacted_shown
 from backend.runs import read_json_object
 from backend.serverlock import LockHeld, ServerLock
 
@@ -281,10 +281,11 @@ class Switch:
             return None, f"timed out after {timeout:g} s"
 
     async def step(self, name: str, argv: list[str], phase: str) -> bool:
-        shown = shlex.join(redacted(argv))  # events and summaries never hold a unit's secret Environment= value
+        shown = redacted_shown(argv)  # events and summaries never hold a unit's secret (Environment=, --api-key)
         self.progress(phase, force=True, step=name, command=shown)
         t0 = time.monotonic()
         rc, output = await self._exec(argv, self.plan.command_timeout_s)
+        output = redacted_text(output)  # a failing start may echo its command line
         record = StepRecord(step=name, command=shown, rc=rc, ok=rc == 0,
                             seconds=round(time.monotonic() - t0, 2), output=output)
         self.record.steps.append(record)

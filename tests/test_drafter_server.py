@@ -68,6 +68,13 @@ def test_the_drafter_server_starts_from_the_operators_unit():
         "--property=EnvironmentFile=/etc/default/vllm", "--setenv=NCCL_P2P_DISABLE=1", "--setenv=HF_TOKEN=hf_secret",
         "--setenv=CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", *unit.argv, "--speculative-config", SPEC]
     assert "hf_secret" not in start.shown and "--setenv=HF_TOKEN=***" in start.shown
+    # vLLM's own --api-key in the unit's ExecStart, a proxy password in its Environment=
+    keyed = ServerProgram((*unit.argv, "--api-key", "sk-unit"), env=(("HTTPS_PROXY", "http://u:pw-unit@proxy.example"),),
+                          source="unit vllm-kimi.service", systemd_syntax=True)
+    for shown_text in (drafter_start_command(p, CKPT, program=keyed).shown,
+                       drafter_start_command(systemd_profile(manager="tmux", command=["vllm", "serve"]), CKPT,
+                                             program=keyed).shown):
+        assert "sk-unit" not in shown_text and "pw-unit" not in shown_text and "--api-key '***'" in shown_text
     p.serve_drafter.draft_tensor_parallel_size = 4  # the target's TP is the unit's 8, not the profile's 4
     with pytest.raises(DrafterServerError, match=r"draft_tensor_parallel_size 4: .*\(8\)"):
         drafter_start_command(p, CKPT, program=unit)

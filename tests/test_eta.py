@@ -1,5 +1,5 @@
 """Load ETA from the best signal (pure)."""
-from console.telemetry.eta import LoadRecord, estimate_load, last_load, parse_load_history
+from console.telemetry.eta import LoadRecord, downtime_text, estimate_load, last_load, parse_load_history
 from console.snapshot import GpuInfo
 
 
@@ -38,8 +38,26 @@ def test_history_parsing_skips_torn_lines():
     text = ('{"model":"m","started":1,"ready":101,"weights_gib":7.6}\n{"model":"m","sta\n'
             '{"model":"m","started":200,"ready":260}\n{"model":"other","started":0,"ready":999}\n')
     recs = parse_load_history(text)
-    assert len(recs) == 3
+    assert len(recs) == 3 and recs.skipped == 1
     assert last_load(recs, "m").ready == 260
+
+
+def test_history_numbers_are_finite_and_typed_or_the_record_is_skipped():
+    """The host's file is read like any answer the host sends: a wrong-typed or non-finite number
+    makes its record unreadable (counted), never a TypeError in the ETA or an infinite downtime."""
+    bad = ['{"model":"m","started":1,"ready":101,"weights_gib":"70"}',
+           '{"model":"m","started":1,"ready":1e999}', '{"model":"m","started":NaN,"ready":5}',
+           '{"model":"m","started":1,"ready":101,"weights_s":true}', '{"model":7,"started":1,"ready":5}',
+           '{"model":"m","started":1,"ready":101,"baseline_mib":-1}', '{"model":"m","started":"1","ready":5}',
+           '{"model":"m","started":1,"ready":101,"settings":5}', "[1,2]", "[" * 100_000]
+    good = '{"model":"m","started":1,"ready":101,"phases":{"compiling":1e999,"loading_weights":4}}'
+    recs = parse_load_history("\n".join([*bad, good, '{"model":"m","started":5,"ready":5}']))
+    assert recs.skipped == len(bad) and len(recs) == 1  # the zero-length load is dropped, not counted
+    assert recs[0].phases == {"loading_weights": 4.0}
+    assert "inf" not in downtime_text(2, recs, "m", 600) and "about 3 min" in downtime_text(2, recs, "m", 600)
+    est = estimate_load(elapsed_s=5, shards=None, shard_eta_s=None, shards_live=False, gpus=[],
+                        expected_weights_gib=None, baseline_mib=None, previous=recs[0])
+    assert est.source == "previous_load" and est.eta_s == 0.0
 
 
 def test_checkpoint_size_gives_the_first_loads_expected_weights(tmp_path):

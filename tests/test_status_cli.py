@@ -135,3 +135,35 @@ def test_watch_ignores_what_changes_every_tick():
     assert watch_key(a) == watch_key(b)  # jitter of power, disk and memory is not a change of state
     b["server"]["phase"] = "failed"
     assert watch_key(a) != watch_key(b)
+
+
+async def test_one_bad_load_record_is_counted_and_skipped(tmp_path):
+    """A wrong-typed or non-finite number in the host's state/loads.jsonl: before, `status --json`
+    died in a TypeError while the server loaded, `wait-ready` exited 1 ("the load failed") and the
+    downtime read "about inf h". Now the record is skipped and counted in host.unreadable."""
+    work = tmp_path / "d"
+    profile = demo.prepare(work, speed=0.05)  # a 400 s load: the first status lands in its first steps
+    model = profile.server.model_id
+    loads = work / "state" / "loads.jsonl"
+    loads.parent.mkdir(parents=True)
+    loads.write_text("\n".join([
+        "{torn", json.dumps({"model": model, "started": 1000, "ready": 1090, "weights_gib": float("nan")}),
+        json.dumps({"model": model, "started": 1000, "ready": 1100, "weights_gib": "70", "weights_s": "30"}),
+        ""]))
+    res = cli("start-server", "--profile", profile.source)
+    try:
+        assert res.returncode == 0, res.stderr
+        status = cli("status", "--profile", profile.source, "--json")
+        assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+        snap = json.loads(status.stdout)
+        assert snap["server"]["phase"] in ("starting", "loading_weights")
+        assert snap["host"]["unreadable"] == 3 and "loads.jsonl" in snap["host"]["unreadable_note"]
+        wait = cli("wait-ready", "--profile", profile.source, "--timeout", "2", "--interval", "0.2")
+        assert wait.returncode == 2 and "timed out" in wait.stderr, wait.stderr
+        # what a server switch costs, said from the measured loads: a 1e999 one is no measurement
+        loads.write_text('{"model": "%s", "started": 1000, "ready": 1e999}\n' % model)
+        switch = cli("run", "serve-baseline", "--profile", profile.source)
+        assert "server load" in switch.stderr and "Traceback" not in switch.stderr, switch.stderr
+        assert "inf" not in switch.stderr and "about 0 s" not in switch.stderr, switch.stderr
+    finally:
+        await demo.stop(work)

@@ -197,7 +197,9 @@ def test_a_units_secret_environment_never_lands_in_the_switchs_events(tmp_path, 
     """A derived server carries the operator's unit's Environment= as --setenv; its token is run, not recorded."""
     plan = plan_dict(tmp_path, answering)
     start = plan["away"][0]["start"]
-    plan["away"][0]["start"] = ["env", "HF_TOKEN=hf_secret_value", "--setenv=API_KEY=sk-secret", *start]
+    plan["away"][0]["start"] = ["env", "HF_TOKEN=hf_secret_value", "--setenv=API_KEY=sk-secret",
+                                "HTTPS_PROXY=http://alice:pw-secret@proxy.example", *start, "--api-key", "sk-space",
+                                "--api-key=sk-eq"]
     progress: list[dict] = []
     sw = Switch(switch_from_dict(plan), holder="test",
                 progress=lambda phase, force=False, **kw: progress.append({"phase": phase, **kw}))
@@ -211,7 +213,8 @@ def test_a_units_secret_environment_never_lands_in_the_switchs_events(tmp_path, 
     asyncio.run(run())
     shown = json.dumps([sw.record.to_dict(), progress])
     assert "start_drafter" in shown and "HF_TOKEN=***" in shown
-    assert "hf_secret_value" not in shown and "sk-secret" not in shown
+    for secret in ("hf_secret_value", "sk-secret", "pw-secret", "sk-space", "sk-eq"):
+        assert secret not in shown
 
 
 def test_sigterm_stops_a_serve_switch_through_the_lifecycle_and_brings_the_baseline_back(tmp_path):

@@ -78,6 +78,11 @@ def test_secret_looking_values_are_hidden_in_shown_commands():
     from backend.redact import redacted
 
     argv = ["systemd-run", "--setenv=HF_TOKEN=hf_x", "--setenv=NCCL_P2P_DISABLE=1", "env", "OPENAI_API_KEY=k",
-            "--api-key=not-an-env", "vllm", "serve", "/m"]
+            "--api-key=sk-eq", "vllm", "serve", "/m", "--api-key", "sk-space", "--tokenizer", "/tok",
+            "--max-num-batched-tokens", "8192", "--setenv=HTTPS_PROXY=http://alice:pw-secret@proxy.example:3128",
+            "sh", "-c", "exec vllm serve /m --api-key sk-inner --hf-token=hf_inner"]
     assert redacted(argv) == ["systemd-run", "--setenv=HF_TOKEN=***", "--setenv=NCCL_P2P_DISABLE=1", "env",
-                              "OPENAI_API_KEY=***", "--api-key=not-an-env", "vllm", "serve", "/m"]
+                              "OPENAI_API_KEY=***", "--api-key=***", "vllm", "serve", "/m", "--api-key", "***",
+                              "--tokenizer", "/tok", "--max-num-batched-tokens", "8192",
+                              "--setenv=HTTPS_PROXY=http://alice:***@proxy.example:3128",
+                              "sh", "-c", "exec vllm serve /m --api-key *** --hf-token=***"]

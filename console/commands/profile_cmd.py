@@ -13,7 +13,7 @@ from console.control.operator_unit import (OperatorUnitError, profile_drafter_va
 from console.control.permissions import check_permission
 from console.host.base import HostError
 from console.host.factory import host_for_profile
-from console.parsers.text import clean_block
+from console.parsers.text import clean, clean_block
 from console.parsers.vllm_cmdline import CmdlineError
 from console.profile import Profile, ProfileError, load_profile, profile_from_dict, write_profile
 
@@ -124,12 +124,13 @@ def from_unit(a: argparse.Namespace) -> Profile:
     a.reasoning_parser = settings.reasoning_parser
     profile = build_from_args(a, extra_server={"vllm_args": values["vllm_args"], **sudo_for(a, user)},
                               extra_drafter=profile_drafter_values(settings))
-    print(f"read unit {a.from_unit} ({program.source}): model {settings.model}, served as {settings.served_id}, "
-          f"port {settings.port}, tensor parallel size {settings.tensor_parallel_size}"
-          + (f", reasoning parser {settings.reasoning_parser}" if settings.reasoning_parser else "")
-          + (", --trust-remote-code (drafter.trust_remote_code = true)" if settings.trust_remote_code else ""))
+    # the unit's Id, its model and names are the host's text: escapes and controls never reach the terminal
+    print(clean(f"read unit {a.from_unit} ({program.source}): model {settings.model}, served as "
+                f"{settings.served_id}, port {settings.port}, tensor parallel size {settings.tensor_parallel_size}"
+                + (f", reasoning parser {settings.reasoning_parser}" if settings.reasoning_parser else "")
+                + (", --trust-remote-code (drafter.trust_remote_code = true)" if settings.trust_remote_code else "")))
     if program.note:
-        print(f"note: {program.note}")
+        print(clean_block(f"note: {program.note}"))
     return profile
 
 
@@ -146,8 +147,8 @@ def cmd_init(a: argparse.Namespace) -> int:
         else:
             profile = build_from_args(a, extra_server=sudo_for(a, None))
         write_profile(profile, a.path, overwrite=a.force)
-    except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ProfileError as e:  # it quotes what it refused: with --from-unit, the host's text
+        print(clean_block(f"error: {e}"), file=sys.stderr)
         return exitcodes.USAGE
     except FileExistsError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -184,13 +185,13 @@ def cmd_check(a: argparse.Namespace) -> int:
         return exitcodes.FAILED
     drift = unit_drift(p, settings)
     if program.note:
-        print(f"note: {program.note}")
+        print(clean_block(f"note: {program.note}"))
     denied = verdict is not None and not verdict.ok
     if verdict is not None:
         print(clean_block(f"{'error: ' if denied else ''}permission: {verdict.message}"),
               file=sys.stderr if denied else sys.stdout)
     if not drift:
-        print(f"unit {p.server.unit}: matches the profile (served as {settings.served_id})")
+        print(clean(f"unit {p.server.unit}: matches the profile (served as {settings.served_id})"))
         return exitcodes.FAILED if denied else exitcodes.OK
     print(f"unit {p.server.unit}: drift between the profile and its unit:")
     for line in drift:

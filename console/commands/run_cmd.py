@@ -134,12 +134,12 @@ async def switch_server(a: argparse.Namespace, profile) -> int:
         if (code := declined_switch(a, profile, session.downtime(a.stage))) is not None:
             return code
         result = await (session.serve_drafter(a.input_run) if which == "drafter" else session.serve_baseline())
-        for cmd in result.commands:
-            print(f"$ {cmd}", file=sys.stderr)
+        for cmd in result.commands:  # the unit's command line and a checkpoint path: the host's text
+            print(f"$ {clean_block(cmd)}", file=sys.stderr)
         if not result.ok:
-            print(f"error: {result.message}", file=sys.stderr)
+            print(f"error: {clean_block(result.message)}", file=sys.stderr)
             return exitcodes.FAILED
-        print(result.message)
+        print(clean_block(result.message))
         if not a.wait:
             return exitcodes.OK
         return await wait_server(session, which, profile.server.load_timeout_s)

@@ -9,10 +9,10 @@ first (one server at a time on the GPUs) and starts it again when switching back
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any, Mapping
 
-from backend.redact import redacted
+from backend.gpu_owners import parallel_error
+from backend.redact import shown
 from console.control.units import (HostCommand, ServerProgram, checked_session, checked_unit,
                                    derived_server_start_argv, profile_program, stage_stop_command, tmux_stop_argv)
 from console.naming import SERVERS, drafter_log_path, drafter_unit, server_log, server_unit  # noqa: F401
@@ -78,9 +78,13 @@ def target_tp(argv: list[str]) -> int:
         if name in _TP_FLAGS:
             text = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
             try:
-                return int(text)
+                tp = int(text)
             except ValueError:
                 raise DrafterServerError(f"the server's command line has {name} {text!r}: not a number") from None
+            error = parallel_error(tp)
+            if error:
+                raise DrafterServerError(f"the server's command line has {name} {text!r}: {error}")
+            return tp
     return 1
 
 
@@ -124,10 +128,10 @@ def drafter_start_command(profile: Profile, checkpoint: str, env: Mapping[str, s
     flags = _drafter_flags(profile, checkpoint, program, k)
     argv = derived_server_start_argv(profile, unit, program, flags, log_path=drafter_log_path(profile), env=env)
     if profile.server.manager == "systemd":
-        shown = shlex.join(redacted(argv))
+        text = shown(argv)
     else:
-        shown = f"tmux start session {unit}: {shlex.join(redacted([*program.argv, *flags]))}"
-    return HostCommand(argv, shown)
+        text = f"tmux start session {unit}: {shown([*program.argv, *flags])}"
+    return HostCommand(argv, text)
 
 
 def drafter_stop_command(profile: Profile) -> HostCommand:

@@ -17,11 +17,10 @@ failure or SIGTERM. Pure functions, no I/O.
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any, Sequence
 
 from backend.extract.plan import EXTRACTOR, SwapPlan
-from backend.redact import redacted
+from backend.redact import shown
 from backend.verifier import extraction_layer_ids
 from console.control.switch_plan import derived_server, switch_plan
 from console.control.units import (ServerProgram, derived_server_start_argv, profile_program, stage_log_path,
@@ -121,4 +120,4 @@ def describe_plan(plan: dict[str, Any]) -> list[str]:
     home, away = switch["home"], switch["away"][0]
     steps = [(f"stop_{home['name']}", home["stop"]), (f"start_{away['name']}", away["start"]),
              (f"stop_{away['name']}", away["stop"]), (f"start_{home['name']}", home["start"])]
-    return [f"{step}: {shlex.join(redacted(argv))}" for step, argv in steps]
+    return [f"{step}: {shown(argv)}" for step, argv in steps]

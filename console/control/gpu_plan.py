@@ -14,9 +14,10 @@ def server_gpus(profile: Profile) -> tuple[int, ...]:
     from console.control.drafter_server import DrafterServerError, target_tp
 
     try:
-        return server_gpus_of(target_tp(server_command(profile)))
+        tp = target_tp(server_command(profile))
     except DrafterServerError:
         return server_gpus_of(1)
+    return server_gpus_of(tp, host_gpus=profile.gpus.count)  # OwnershipError names the range
 
 
 def trainer_gpus(profile: Profile, host_gpus: int) -> tuple[int, ...]:

@@ -29,6 +29,8 @@ from backend.runs import check_run_id as _check_run_id
 from backend.events import UNIT_ENV
 from backend.chain.plan import ChainPlan, Hold, PlannedStage, chain_stage_run_id, dumps_plan
 from backend.gpu_owners import GpuPlan, OwnershipError
+from backend.redact import shown as redacted_shown
+from console.naming import is_stage_unit
 from backend.serverlock import lock_path
 from console.control import stage_argv, stages
 from console.control import drafter_server as ds
@@ -319,12 +321,32 @@ async def stage_ended(host: Host, profile: Profile, unit: str) -> str | None:
     return f"{unit} ended ({how})" + (f"; its last lines:\n{tail}" if tail else "")
 
 
+STAGE_STOP_S = 120.0  # a stage that never holds the GPUs: SIGTERM, then this long before SIGKILL
+
+
+def gpu_stop_timeout(profile: Profile) -> float:
+    """A stage holding the GPUs stops its server and starts the baseline again on SIGTERM: that long."""
+    return EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s
+
+
+def stage_stop_timeout(profile: Profile, unit: str) -> float:
+    """The stop budget of a stage's unit, as its start gave systemd (TimeoutStopSec): a stage that may hold
+    the GPUs (whether it trains online is not known at its stop: it may) or a pipeline gets the swap's."""
+    for name in stages.names():
+        if is_stage_unit(unit, (name,)):
+            spec = stages.get(name)
+            return gpu_stop_timeout(profile) if spec.kind == "chain" or spec.takes_gpus != "no" \
+                else STAGE_STOP_S
+    return STAGE_STOP_S
+
+
 async def stop_stage_unit(host: Host, profile: Profile, unit: str) -> list[str]:
+    budget = stage_stop_timeout(profile, unit)
     try:
-        stop = stage_stop_command(profile, unit)
+        stop = stage_stop_command(profile, unit, stop_timeout_s=budget)
     except UnitNameError as exc:
         raise StageError(str(exc)) from None
-    res = await host.run(stop.argv, timeout=180)
+    res = await host.run(stop.argv, timeout=budget + 60)
     if not res.ok:
         raise StageError(f"stopping {unit} failed: {(res.stderr or res.stdout).strip()}")
     return [stop.shown]
@@ -547,7 +569,7 @@ class Launcher:
         await self.host.run(["mkdir", "-p", f"{p.paths.work_dir}/plans"], timeout=30, check=True)
         await self.host.upload(json.dumps(plan, indent=2).encode(), plan_file)
         self.shown.append(clean(f"(bench) drafter {found['checkpoint']} (verified by {found['run_id']})"))
-        self.shown.extend(f"(bench {b.get('title', 'baseline')}) {shlex.join(b['argv'])}"
+        self.shown.extend(f"(bench {b.get('title', 'baseline')}) {redacted_shown(b['argv'])}"
                           for b in (plan["baseline"], *plan["contenders"]))
         if program.note:
             self.shown.append(f"(bench) note: {program.note}")
@@ -573,7 +595,7 @@ class Launcher:
 
     async def preflight(self, argv: list[str]) -> None:
         cmd = ["env", *(f"{k}={v}" for k, v in self.env.items()), *argv]
-        self.shown.append(shlex.join(cmd))
+        self.shown.append(redacted_shown(cmd))
         res = await self.host.run(cmd, timeout=300)
         if not res.ok:
             raise StageError("preflight failed:\n" + clean_block(_preflight_text(res.stdout, res.stderr)))
@@ -598,7 +620,7 @@ class Launcher:
         hold = Hold(gpus.hold[0], gpus.hold[1], switch_plan(self.profile, [])) if gpus.hold else None
         lock = lock_path(self.profile.paths.work_dir) if stops_baseline(req, self.profile) else ""
         await self.host.upload(dumps_plan(ChainPlan(planned, lock, hold)).encode(), plan_file)
-        self.shown.extend(f"(pipeline {p.stage}) {shlex.join(p.argv)}" for p in planned)
+        self.shown.extend(f"(pipeline {p.stage}) {redacted_shown(p.argv)}" for p in planned)
         return plan_file
 
 
@@ -647,7 +669,7 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
     if preflight is not None:
         await launcher.preflight(preflight)
     # on SIGTERM a stage holding the GPUs still stops its server and starts the baseline again
-    stop_timeout = EXTRACT_STOP_S + 4 * profile.server.stop_timeout_s if stops_baseline(req, profile) else 120.0
+    stop_timeout = gpu_stop_timeout(profile) if stops_baseline(req, profile) else STAGE_STOP_S
     no_expand = profile.server.manager == "systemd" and await systemd_run_expands(host)
     try:
         start = stage_start_command(profile, unit, argv, log_path=stage_log_path(profile, unit),

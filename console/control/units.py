@@ -259,10 +259,12 @@ def stage_start_argv(profile: Profile, unit: str, argv: Sequence[str], *, log_pa
     return tmux_start_argv(unit, argv, log_path, cwd=cwd, env=env)
 
 
-def stage_stop_argv(profile: Profile, unit: str) -> list[str]:
+def stage_stop_argv(profile: Profile, unit: str, stop_timeout_s: float = 120.0) -> list[str]:
+    """systemd keeps the TimeoutStopSec the start gave the unit; under tmux the wait before SIGKILL is
+    `stop_timeout_s`, the same budget (launch.stage_stop_timeout)."""
     if profile.server.manager == "systemd":
         return _sudo(profile, ["systemctl", "stop", checked_unit(unit)])
-    return tmux_stop_argv(unit, 120)
+    return tmux_stop_argv(unit, stop_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -304,8 +306,8 @@ def stage_start_command(profile: Profile, unit: str, argv: Sequence[str], *, log
     return HostCommand(full, _shown(profile, "start", unit, full, argv))
 
 
-def stage_stop_command(profile: Profile, unit: str) -> HostCommand:
-    argv = stage_stop_argv(profile, unit)
+def stage_stop_command(profile: Profile, unit: str, stop_timeout_s: float = 120.0) -> HostCommand:
+    argv = stage_stop_argv(profile, unit, stop_timeout_s)
     return HostCommand(argv, _shown(profile, "stop (SIGTERM, then wait)", unit, argv, ()))
 
 

@@ -135,7 +135,12 @@ class Collector:
         await self.host.connect()
         self.reachable, self.error = True, None
         hist = await self.host.read_from(f"{self.profile.paths.work_dir}/{LOADS_FILE}", 0)
-        self.history = parse_load_history(hist.data.decode(errors="replace"))
+        history = parse_load_history(hist.data.decode(errors="replace"))
+        self.history = history
+        if history.skipped:
+            self.unreadable["loads"] = history.skipped
+            self.unreadable_note = (f"loads: {history.skipped} unreadable record(s) in "
+                                    f"{LOADS_FILE} skipped")
         if self.checkpoint_bytes is None:
             self.checkpoint_bytes = await self._checkpoint_bytes()
         await self._prime_server_log()
@@ -450,8 +455,9 @@ class Collector:
         rec = LoadRecord(model=self.profile.server.model_id, started=t.load_started_ts, ready=ready,
                          weights_gib=t.weights_gib, weights_s=t.weights_seconds, baseline_mib=self._baseline_mib,
                          settings=self.load_settings(), phases=step_durations(t.phase_started, ready) or None)
-        if any(abs(r.ready - rec.ready) < 1 and r.model == rec.model for r in self.history):
-            return
+        if rec.ready <= rec.started or any(abs(r.ready - rec.ready) < 1 and r.model == rec.model
+                                           for r in self.history):
+            return  # (a load seen only once ready measured nothing: parse_load_history drops it too)
         self.history.append(rec)
         if self.readonly:
             return

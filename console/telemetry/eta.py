@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
+from backend.numbers import finite
 from console.snapshot import GpuInfo, RunInfo
 
 LOADS_FILE = "state/loads.jsonl"
@@ -38,32 +39,63 @@ class LoadRecord:
         return json.dumps(asdict(self), separators=(",", ":"))
 
 
-def parse_load_history(text: str) -> list[LoadRecord]:
-    records = []
+class LoadHistory(list[LoadRecord]):
+    """The host's load records, good ones only; `skipped` counts the lines that were not one (a torn
+    write, a foreign writer's line, a wrong-typed or non-finite number): skipped, never fatal."""
+    skipped: int = 0
+
+
+# the seconds a load step or a whole load may take: beyond a week it is not a measurement
+SECONDS_MAX = 7 * 86400.0
+
+
+def parse_load_history(text: str) -> LoadHistory:
+    """Every number goes through backend/numbers.py: `"weights_gib": "70"` or `1e999` makes that line
+    unreadable (counted in `skipped`), never a TypeError in the ETA or "about inf h" of downtime."""
+    records = LoadHistory()
     for line in text.splitlines():
-        try:
-            d = json.loads(line)
-            rec = LoadRecord(model=str(d["model"]), started=float(d["started"]), ready=float(d["ready"]),
-                             weights_gib=d.get("weights_gib"), weights_s=d.get("weights_s"),
-                             baseline_mib=d.get("baseline_mib"), settings=_opt_str(d.get("settings")),
-                             phases=_phases(d.get("phases")))
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn or foreign line must not hide the good ones
-        if rec.ready > rec.started:
+        if not line.strip():
+            continue
+        rec = _record(line)
+        if rec is None:
+            records.skipped += 1  # a torn or foreign line must not hide the good ones
+        elif rec.ready > rec.started:  # a load seen only once ready (attached late) measured nothing
             records.append(rec)
     return records
 
 
-def _opt_str(value: object) -> str | None:
-    return value if isinstance(value, str) else None
+def _record(line: str) -> LoadRecord | None:
+    try:
+        d = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("model"), str):
+        return None
+    started, ready = finite(d.get("started")), finite(d.get("ready"))
+    if started is None or ready is None or not 0 <= ready - started <= SECONDS_MAX:
+        return None
+    numbers: dict[str, float | None] = {}
+    for key in ("weights_gib", "weights_s", "baseline_mib"):
+        value, number = d.get(key), finite(d.get(key))
+        if value is not None and (number is None or number < 0):
+            return None  # given but not a number: the record is not what our writer wrote
+        numbers[key] = number
+    settings = d.get("settings")
+    if settings is not None and not isinstance(settings, str):
+        return None
+    return LoadRecord(model=d["model"], started=started, ready=ready, settings=settings,
+                      phases=_phases(d.get("phases")), **numbers)
 
 
 def _phases(value: object) -> dict[str, float] | None:
-    """A record's step durations; anything but names with non-negative seconds is dropped."""
+    """A record's step durations; anything but names with finite seconds up to SECONDS_MAX is dropped."""
     if not isinstance(value, dict):
         return None
-    out = {k: float(v) for k, v in value.items()
-           if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+    out: dict[str, float] = {}
+    for k, v in value.items():
+        seconds = finite(v)
+        if isinstance(k, str) and seconds is not None and 0 <= seconds <= SECONDS_MAX:
+            out[k] = seconds
     return out or None
 
 
@@ -114,8 +146,8 @@ def estimate_load(*, elapsed_s: float | None, shards: tuple[int, int] | None, sh
     if previous and elapsed_s is not None:
         # the weights step as the previous load took it (elapsed counts from this load's weights start)
         span = (previous.phases or {}).get("loading_weights") or previous.weights_s or previous.duration_s
-        frac = max(0.0, min(0.99, elapsed_s / span)) if span > 0 else None
-        return LoadEstimate(frac, max(0.0, span - elapsed_s), "previous_load")
+        share = max(0.0, min(0.99, elapsed_s / span)) if span > 0 else None
+        return LoadEstimate(share, max(0.0, span - elapsed_s), "previous_load")
     return LoadEstimate(None, None, None)
 
 
