@@ -23,7 +23,8 @@ from backend import disk as host_disk
 from backend.events import EventLog
 from backend.runs import Manifest, open_run_dir
 from console import demo
-from console.control.units import server_command, server_start_command, server_stop_command
+from console.control.server_argv import server_command
+from console.control.units import server_start_command, server_stop_command
 from console.naming import server_log_path, stage_log_path
 from console.parsers.text import clean
 from console.profile import Profile

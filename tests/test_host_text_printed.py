@@ -18,7 +18,7 @@ def test_profile_init_from_unit_prints_the_units_id_cleaned(monkeypatch, capsys,
     # units are named by us; the reader is replaced here, the printing is the command's own
     program = ServerProgram(("vllm", "serve", "/m", "--served-model-name", "kimi"),
                             source=f"unit vllm{ESC}.service", note=f"a note{ESC}")
-    monkeypatch.setattr(profile_cmd, "read_unit_settings", lambda probe: (program, unit_settings(program)))
+    monkeypatch.setattr(profile_cmd, "read_unit_settings", lambda probe: (program, unit_settings(program), "root", None))
     from console.cli import main
 
     assert main(["profile", "init", str(tmp_path / "p.toml"), "--host", "gpu-host.example", "--from-unit", "vllm",
@@ -27,7 +27,7 @@ def test_profile_init_from_unit_prints_the_units_id_cleaned(monkeypatch, capsys,
     assert "read unit" in out and "\x1b" not in out and "\x07" not in out
     # a model path the profile refuses is quoted in the error: cleaned too
     hostile = ServerProgram(("vllm", "serve", f"/m{ESC}"), source="unit vllm.service")
-    monkeypatch.setattr(profile_cmd, "read_unit_settings", lambda probe: (hostile, unit_settings(hostile)))
+    monkeypatch.setattr(profile_cmd, "read_unit_settings", lambda probe: (hostile, unit_settings(hostile), "root", None))
     assert main(["profile", "init", str(tmp_path / "q.toml"), "--host", "gpu-host.example", "--from-unit", "vllm",
                  "--work-dir", "/data/e3"]) == 2
     err = capsys.readouterr().err

@@ -7,8 +7,10 @@ import time
 import pytest
 
 from backend.gpu_owners import OwnershipError, server_gpus_of
-from console.control.drafter_server import DrafterServerError, target_tp
 from console.control.gpu_plan import server_gpus
+from console.control.operator_unit import unit_settings
+from console.control.server_argv import ServerArgvError, target_tp
+from console.control.units import ServerProgram
 from console.parsers.vllm_cmdline import CmdlineError, read_serve_argv
 from console.profile import profile_from_dict
 
@@ -16,8 +18,8 @@ from console.profile import profile_from_dict
 def test_every_reader_bounds_tp_times_pp_and_names_the_range():
     t0 = time.monotonic()
     with pytest.raises(CmdlineError, match=r"expected a product from 1 to 1024"):
-        read_serve_argv(["vllm", "serve", "/m", "-tp", "100000000"])
-    with pytest.raises(DrafterServerError, match=r"from 1 to 1024"):
+        unit_settings(ServerProgram(("vllm", "serve", "/m", "-tp", "100000000")))
+    with pytest.raises(ServerArgvError, match=r"from 1 to 1024"):
         target_tp(["vllm", "serve", "/m", "--tensor-parallel-size=100000000"])
     with pytest.raises(OwnershipError, match=r"from 1 to 1024"):
         server_gpus_of(1024, 2)

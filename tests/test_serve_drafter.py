@@ -19,7 +19,7 @@ from backend.runs import Manifest, open_run_dir
 from backend.servable import servable
 from backend.lookup import InputError
 from console.control.drafter_server import drafter_command, live_servers_argv, parse_live_servers
-from console.control.units import server_command
+from console.control.server_argv import server_command
 from console.profile import load_profile, profile_from_dict
 
 pytestmark = pytest.mark.timeout(600)

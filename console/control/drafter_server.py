@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from backend.gpu_owners import parallel_error
 from backend.redact import shown
+from console.control.server_argv import ServerArgvError, target_tp
 from console.control.units import (HostCommand, ServerProgram, checked_session, checked_unit,
                                    derived_server_start_argv, profile_program, stage_stop_command, tmux_stop_argv)
 from console.naming import SERVERS, drafter_log_path, drafter_unit, server_log, server_unit  # noqa: F401
@@ -21,7 +21,6 @@ from console.profile import Profile, check_path
 METHOD = "eagle3"
 # flags the drafter server sets itself; a baseline command line that has one cannot be extended
 _OWN_FLAGS = ("--speculative-config", "--speculative_config")
-_TP_FLAGS = ("-tp", "--tensor-parallel-size", "--tensor_parallel_size")
 
 
 class DrafterServerError(ValueError):
@@ -71,23 +70,6 @@ def speculative_config(checkpoint: str, num_speculative_tokens: int, draft_tp: i
             "draft_tensor_parallel_size": draft_tp}
 
 
-def target_tp(argv: list[str]) -> int:
-    """The tensor-parallel size the command line gives the target (vLLM's default 1)."""
-    for i, arg in enumerate(argv):
-        name, eq, value = arg.partition("=")
-        if name in _TP_FLAGS:
-            text = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            try:
-                tp = int(text)
-            except ValueError:
-                raise DrafterServerError(f"the server's command line has {name} {text!r}: not a number") from None
-            error = parallel_error(tp)
-            if error:
-                raise DrafterServerError(f"the server's command line has {name} {text!r}: {error}")
-            return tp
-    return 1
-
-
 def _drafter_flags(profile: Profile, checkpoint: str, program: ServerProgram, k: int | None = None) -> list[str]:
     err = check_path(checkpoint)
     if err:
@@ -99,7 +81,10 @@ def _drafter_flags(profile: Profile, checkpoint: str, program: ServerProgram, k:
         raise DrafterServerError(f"the server's command line already has {', '.join(clash)} ({where}): the "
                                  f"drafter server adds its own; take it out of the baseline's arguments")
     draft_tp = profile.serve_drafter.draft_tensor_parallel_size
-    tp = target_tp(base)
+    try:
+        tp = target_tp(base)
+    except ServerArgvError as e:
+        raise DrafterServerError(str(e)) from None
     if draft_tp not in (1, tp):
         raise DrafterServerError(f"serve_drafter.draft_tensor_parallel_size {draft_tp}: vLLM takes 1 or the "
                                  f"target's tensor-parallel size ({tp})")

@@ -5,17 +5,15 @@ server loads it costs. Pure functions, no I/O."""
 from __future__ import annotations
 
 from backend.gpu_owners import GpuPlan, HostShape, OwnershipError, plan_gpus, server_gpus_of
-from console.control.units import server_command
+from console.control.server_argv import ServerArgvError, server_command, target_tp
 from console.profile import Profile
 
 
 def server_gpus(profile: Profile) -> tuple[int, ...]:
     """The baseline's GPUs: the first tensor-parallel-size of them (vLLM's own placement)."""
-    from console.control.drafter_server import DrafterServerError, target_tp
-
     try:
         tp = target_tp(server_command(profile))
-    except DrafterServerError:
+    except ServerArgvError:
         return server_gpus_of(1)
     return server_gpus_of(tp, host_gpus=profile.gpus.count)  # OwnershipError names the range
 

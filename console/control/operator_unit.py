@@ -5,10 +5,11 @@ the fallback when busctl cannot answer). tmux: the profile's command, nothing to
 from __future__ import annotations
 
 from console.control.units import ServerProgram, checked_unit, profile_program
+from backend.gpu_owners import parallel_error
 from console.host.base import Host
 from console.parsers.systemd_unit import (UnitDefinition, UnitReadError, exec_start_json_argv, parse_exec_json,
                                           parse_unit_show, server_exec, show_argv)
-from console.parsers.vllm_cmdline import ServeSettings, read_serve_argv
+from console.parsers.vllm_cmdline import CmdlineError, ServeSettings, read_serve_argv
 from console.profile import Profile
 
 READ_TIMEOUT_S = 30.0
@@ -76,8 +77,14 @@ def unit_user_refusal(program: ServerProgram, unit: str, ssh_user: str, work_dir
 
 
 def unit_settings(program: ServerProgram) -> ServeSettings:
-    """What the unit's server serves (raises CmdlineError when its command line is not `vllm serve`)."""
-    return read_serve_argv(program.argv)
+    """What the unit's server serves (raises CmdlineError when its command line is not `vllm serve`, or
+    asks for a tensor-parallel size no host has: the bound is the GPU plan's, checked here because the
+    parser imports nothing of the host side)."""
+    settings = read_serve_argv(program.argv)
+    error = parallel_error(settings.tensor_parallel_size)
+    if error:
+        raise CmdlineError(f"--tensor-parallel-size {settings.tensor_parallel_size}: {error}")
+    return settings
 
 
 def profile_server_values(settings: ServeSettings) -> dict[str, object]:

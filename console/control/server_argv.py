@@ -2,6 +2,7 @@
 stage table, the units and the GPU plan (all three read it; none of them may be imported by it)."""
 from __future__ import annotations
 
+from backend.gpu_owners import parallel_error
 from console.profile import Profile
 
 
@@ -31,7 +32,11 @@ def target_tp(argv: list[str]) -> int:
         if name in _TP_FLAGS:
             text = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
             try:
-                return int(text)
+                tp = int(text)
             except ValueError:
                 raise ServerArgvError(f"the server's command line has {name} {text!r}: not a number") from None
+            error = parallel_error(tp)
+            if error:
+                raise ServerArgvError(f"the server's command line has {name} {text!r}: {error}")
+            return tp
     return 1

@@ -10,8 +10,9 @@ from typing import Sequence
 
 from backend.serverlock import lock_path
 from backend.switch import ServerSpec, SwitchPlan
-from console.control.units import (ServerProgram, _sudo, server_command, server_log_path, server_start_argv,
-                                   server_stop_argv, stage_log_path, tmux_target)
+from console.control.server_argv import server_command
+from console.control.units import (ServerProgram, _sudo, server_log_path, server_start_argv, server_stop_argv,
+                                   stage_log_path, tmux_target)
 from console.profile import Profile
 
 LOG_LINES = 40

@@ -17,6 +17,7 @@ from console.parsers.tmux import EXIT_STATUS_PREFIX
 # the names live one layer down (telemetry reads them too); imported here for the command builders below
 from console import naming
 from console.naming import exit_status_path, server_log_path, stage_log_path, stage_unit_name, tmux_target  # noqa: F401
+from console.control.server_argv import server_command
 from console.profile import Profile, check_session, check_unit
 
 
@@ -42,18 +43,6 @@ def checked_unit(unit: str) -> str:
 
 def _sudo(profile: Profile, argv: list[str]) -> list[str]:
     return ["sudo", "-n", *argv] if profile.server.sudo else argv
-
-
-def server_command(profile: Profile) -> list[str]:
-    s = profile.server
-    if s.command:
-        return list(s.command)
-    argv = ["vllm", "serve", s.model_path, "--host", "127.0.0.1", "--port", str(s.port)]
-    if s.served_model_name:
-        argv += ["--served-model-name", s.served_model_name]
-    if s.reasoning_parser and "--reasoning-parser" not in s.vllm_args:
-        argv += ["--reasoning-parser", s.reasoning_parser]
-    return argv + list(s.vllm_args)
 
 
 @dataclass(frozen=True)

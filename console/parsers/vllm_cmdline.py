@@ -13,8 +13,6 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from backend.gpu_owners import parallel_error
-
 DEFAULT_PORT = 8000
 _VALUE_FLAGS = {"--model", "--port", "--tensor-parallel-size", "--reasoning-parser", "--host", "--config"}
 _TP_ALIASES = {"-tp": "--tensor-parallel-size"}
@@ -103,9 +101,6 @@ def read_serve_argv(argv: Sequence[str]) -> ServeSettings:
     except ValueError:
         raise CmdlineError(f"--port {values.get('--port')!r} / --tensor-parallel-size "
                            f"{values.get('--tensor-parallel-size')!r}: expected integers") from None
-    error = parallel_error(tp)
-    if error:
-        raise CmdlineError(f"--tensor-parallel-size {tp}: {error}")
     return ServeSettings(model=model, served_model_names=tuple(names), port=port, tensor_parallel_size=tp,
                          reasoning_parser=values.get("--reasoning-parser") or None, trust_remote_code=trust,
                          config_file=values.get("--config"))
