@@ -141,6 +141,11 @@ class StageRun:
         self._restore: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
+        # the host's facts (backend/hostfacts.py), in the start event and the summary; a body sets the
+        # server's command line and the checkpoint it reads before its start
+        self.host_facts: dict[str, Any] | None = None
+        self.server_command: list[str] | None = None
+        self.checkpoint: str | None = None
 
     # -- what the body uses ----------------------------------------------------------------------------
     @property
@@ -176,6 +181,13 @@ class StageRun:
         assert self.run_dir is not None
         data.setdefault("manifest", self.run_dir.manifest.to_dict())
         data.setdefault("resumed", self.run_dir.resumed)
+        if self.host_facts is None:  # provenance: the host's versions, driver, server command, checkpoint
+            from backend import hostfacts
+            try:
+                self.host_facts = hostfacts.collect(server_command=self.server_command, checkpoint=self.checkpoint)
+            except Exception as exc:  # noqa: BLE001 - facts missing must never stop a run
+                self.host_facts = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        data.setdefault("host", self.host_facts)
         data.setdefault("total", 0)
         self.emit("start", **data)
 
@@ -297,6 +309,8 @@ class StageRun:
         error = summary.get("error") if isinstance(summary.get("error"), str) else error
         if not self.started_event:
             self.start()
+        if self.host_facts is not None:
+            summary.setdefault("host", self.host_facts)
         assert self.run_dir is not None
         try:
             self.run_dir.write_summary(summary)

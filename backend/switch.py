@@ -4,7 +4,9 @@ Every program that puts another server in the baseline's place (extract, online 
 bench pair, the console's serve switches) runs a `SwitchPlan` through `Switch`:
 
     go(B)     stop whatever plan server runs (the baseline, or another drafter), SEE IT DOWN (its unit or
-              session gone, within `stop_check_s`), start B, wait until it answers /health and lists a
+              session gone, within `stop_check_s`), SEE ITS GPUS FREE (backend/gpu_free.py: no compute
+              process on B's GPUs and their memory near idle, within `gpu_free_s`: the driver can take
+              seconds to release a large server's memory, and vLLM refuses to start until it has), start B, wait until it answers /health and lists a
               model in /v1/models (a server that exits while loading is named with the end of its log)
     back()    ALWAYS, also after a failure or a stop: stop the servers this switch started (seen down), start
               the home server (the baseline) again; a home server that will not start is a fatal error
@@ -32,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from backend import exitcodes
+from backend import exitcodes, gpu_free
 from backend.lifecycle import ignore_hangups, install_stop_handler, refuse
 from backend.numbers import finite
 from backend.plans import PlanError, argv_list
@@ -104,6 +106,9 @@ class SwitchPlan:
     command_timeout_s: float = 300.0
     stop_check_s: float = DEFAULT_STOP_CHECK_S
     lock_path: str = ""  # the host's server lock (backend/serverlock.py); empty: no lock (tests)
+    nvidia_smi: list[str] = field(default_factory=list)  # how the GPUs are asked; empty: nvidia-smi
+    gpu_free_s: float = gpu_free.DEFAULT_FREE_TIMEOUT_S  # after a stop, the next start waits this long at most
+    gpu_idle_mib: int = gpu_free.DEFAULT_IDLE_MIB  # a GPU using more than this is not free yet
 
     @property
     def health_url(self) -> str:
@@ -123,7 +128,8 @@ class SwitchPlan:
         return {"version": SWITCH_VERSION, "home": self.home.to_dict(), "away": [s.to_dict() for s in self.away],
                 "endpoint": self.endpoint, "ready_timeout_s": self.ready_timeout_s,
                 "command_timeout_s": self.command_timeout_s, "stop_check_s": self.stop_check_s,
-                "lock_path": self.lock_path}
+                "lock_path": self.lock_path, "nvidia_smi": self.nvidia_smi, "gpu_free_s": self.gpu_free_s,
+                "gpu_idle_mib": self.gpu_idle_mib}
 
 
 def _argv(where: str, data: dict[str, Any], key: str, *, required: bool) -> list[str] | None:
@@ -181,7 +187,12 @@ def switch_from_dict(data: Any, path: str = "<plan>") -> SwitchPlan:
     lock = data.get("lock_path") or ""
     if not isinstance(lock, str) or (lock and not lock.startswith("/")):
         raise SwitchPlanError(f"{path}: lock_path must be an absolute path, got {lock!r}")
-    return SwitchPlan(home=home, away=servers, endpoint=endpoint.rstrip("/"),
+    smi = _argv(path, data, "nvidia_smi", required=False) or []
+    idle = data.get("gpu_idle_mib", gpu_free.DEFAULT_IDLE_MIB)
+    if not isinstance(idle, int) or isinstance(idle, bool) or idle < 0:
+        raise SwitchPlanError(f"{path}: gpu_idle_mib must be a whole number of MiB >= 0, got {idle!r}")
+    return SwitchPlan(home=home, away=servers, endpoint=endpoint.rstrip("/"), nvidia_smi=smi, gpu_idle_mib=idle,
+                      gpu_free_s=_seconds(path, data, "gpu_free_s", gpu_free.DEFAULT_FREE_TIMEOUT_S),
                       ready_timeout_s=_seconds(path, data, "ready_timeout_s", None),
                       command_timeout_s=_seconds(path, data, "command_timeout_s", 300.0),
                       stop_check_s=_seconds(path, data, "stop_check_s", DEFAULT_STOP_CHECK_S), lock_path=lock)
@@ -263,6 +274,7 @@ class Switch:
         self.current: str | None = None  # the server this switch last brought up
         self.max_model_len: int | None = None  # what the server reports in /v1/models
         self.model_id: str | None = None
+        self.freeing: str | None = None  # the server last seen down, whose GPUs may not be released yet
 
     # -- commands ------------------------------------------------------------------------------------
     async def _exec(self, argv: list[str], timeout: float) -> tuple[int | None, str]:
@@ -326,6 +338,7 @@ class Switch:
         if not ok and await self.alive(server) is None:
             raise SwitchFailed(f"could not stop the {server.name} server ({self.record.steps[-1].output}); the "
                                f"GPUs were not handed to another server")
+        self.freeing = server.name
         if server.name == self.plan.home.name:
             self.record.baseline_stopped = True
             self._home_down()
@@ -365,6 +378,9 @@ class Switch:
                 if not await self._start_home():
                     raise SwitchFailed(f"could not start the {name} server: {self.record.steps[-1].output}")
             else:
+                free, why = await self.wait_gpus_free(target)
+                if not free:
+                    raise SwitchFailed(why)
                 if not await self.step(f"start_{name}", target.start, f"starting_{name}"):
                     raise SwitchFailed(f"could not start the {name} server: {self.record.steps[-1].output}")
                 self.started.append(name)
@@ -372,8 +388,34 @@ class Switch:
         self.on_started(name)
         await self.wait_ready(target)
 
+    async def wait_gpus_free(self, target: ServerSpec) -> tuple[bool, str]:
+        """After a stop, until `target`'s GPUs (every GPU when the plan does not say) are free; (False, why,
+        naming the holders) when they are not within the plan's gpu_free_s."""
+        gone, self.freeing = self.freeing, None
+        if gone is None:
+            return True, ""
+        smi = self.plan.nvidia_smi or ["nvidia-smi"]
+        shown = f"GPU {','.join(map(str, target.gpus))}" if target.gpus else "every GPU"
+        if not gpu_free.available(smi):
+            self.progress("gpus_unchecked", force=True, server=target.name,
+                          why=f"{smi[0]} not found: cannot see whether the {gone} server's memory was released")
+            return True, ""
+        self.progress("waiting_for_gpus", force=True, server=target.name, gpus=list(target.gpus))
+        free, waited, holders = await gpu_free.wait_free(smi, target.gpus, timeout_s=self.plan.gpu_free_s,
+                                                         idle_mib=self.plan.gpu_idle_mib)
+        if free:
+            self.progress("gpus_free", force=True, server=target.name, gpus=list(target.gpus),
+                          waited_s=round(waited, 2))
+            return True, ""
+        return False, (f"{shown} still held {waited:.0f} s after the {gone} server stopped ({holders}); the "
+                       f"{target.name} server was not started on them: stop what holds them, or raise "
+                       f"gpu_free_s in the plan")
+
     async def _start_home(self) -> bool:
         home = self.plan.home
+        free, why = await self.wait_gpus_free(home)
+        if not free:  # started anyway: the baseline coming back matters more; its own error says the rest
+            self.emit("error", fatal=False, message=why.replace("was not started on them", "is started anyway"))
         ok = await self.step(f"start_{home.name}", home.start, f"starting_{home.name}")
         if self.record.baseline_restarted is not None or ok:
             self.record.baseline_restarted = ok

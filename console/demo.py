@@ -95,11 +95,13 @@ def _python() -> list[str]:
 
 
 def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed_shape: bool = False,
-            engine: str = "stand-in", vllm_version: str | None = None) -> Profile:
+            engine: str = "stand-in", vllm_version: str | None = None, gpu_release_s: float = 0.0) -> Profile:
     """Write the effective demo profile and the demo dataset; return the profile. `seed_shape`: training
     asks for one of the GPUs the server holds, as on the seed host (it still computes on the CPU).
     `engine`: the server (ENGINES; "vllm" raises DemoEngineError when its venv is missing).
-    `vllm_version`: the release the stand-in imitates (its /version, log lines and errors; sim/versions.py)."""
+    `vllm_version`: the release the stand-in imitates (its /version, log lines and errors; sim/versions.py).
+    `gpu_release_s`: the simulated GPUs keep a stopped server's memory this long after it exits (a slow
+    driver release; the next server waits for it)."""
     if engine not in ENGINES:
         raise DemoEngineError(f"unknown demo engine {engine!r}: expected one of {', '.join(ENGINES)}")
     if vllm_version is not None and engine != "stand-in":
@@ -132,6 +134,8 @@ def prepare(work_dir: Path, *, speed: float = 1.0, port: int | None = None, seed
         "--latency", f"{0.5 / max(speed, 0.01):g}", "--latency-per-token", f"{0.01 / max(speed, 0.01):g}",
         *(["--vllm-version", vllm_version] if vllm_version else []),
     ]
+    if gpu_release_s > 0:
+        p.server.command += ["--gpu-release-delay", f"{gpu_release_s:g}"]
     if engine_python is not None:
         # the real engine serves the tiny verifier under the profile's served id; nothing writes the GPU
         # state file, so the simulated GPUs show idle
@@ -192,14 +196,14 @@ async def running(work_dir: Path) -> Profile | None:
 
 
 async def start(work_dir: Path, *, speed: float = 1.0, seed_shape: bool = False, engine: str = "stand-in",
-                vllm_version: str | None = None) -> Profile:
+                vllm_version: str | None = None, gpu_release_s: float = 0.0) -> Profile:
     """Start the demo host, or return the running one's profile untouched: rewriting it (a new port)
     would cut every console and stage using the running server off from it."""
     existing = await running(work_dir)
     if existing is not None:
         return existing
     profile = await asyncio.to_thread(prepare, work_dir, speed=speed, seed_shape=seed_shape, engine=engine,
-                                      vllm_version=vllm_version)
+                                      vllm_version=vllm_version, gpu_release_s=gpu_release_s)
     argv = env_prefix(profile.paths.work_dir) + server_start_argv(profile, server_log_path(profile))
     res = await _run(argv)
     if not res.ok and "already running" not in res.stderr:

@@ -304,6 +304,9 @@ class ServerSection:
     api_key_file: str | None = knob(None, check=check_local_path)
     load_timeout_s: float = knob(3600.0, min=10, max=86400)
     stop_timeout_s: float = knob(120.0, min=1, max=3600, doc="how long a SIGTERM'd server may take to exit")
+    gpu_release_timeout_s: float = knob(120.0, min=1, max=3600,
+                                        doc="after a server stops, how long the next may wait for its GPUs' "
+                                            "memory to be released (no compute process, memory near idle)")
     sudo: bool = knob(False, doc="run systemctl / systemd-run through `sudo -n` (non-root SSH user)")
     expected_weights_gib: float | None = knob(None, min=0.001, max=100000,
                                               doc="per GPU; used for load progress until a load is seen")

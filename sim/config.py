@@ -31,6 +31,7 @@ class SimConfig:
     gpu_total_mib: int = DEFAULT_TOTAL_MIB
     weights_gib: float = 70.0
     gpu_memory_utilization: float = 0.9
+    gpu_release_s: float = 0.0  # the simulated GPUs keep the memory this long after the server exits
     drafter: str | None = None
     # "real": the drafter path holds a checkpoint (config.json), served by real EAGLE-3 decoding with the
     # tinylm backend (sim/specdec.py); "simulated": a path with nothing there, served with the made-up
@@ -104,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--gpu-total-mib", type=int, default=DEFAULT_TOTAL_MIB)
     a("--weights-gib", type=float, default=70.0)
     a("--gpu-memory-utilization", type=float, default=0.9)
+    a("--gpu-release-delay", dest="gpu_release_s", type=float, default=0.0,
+      help="SIMULATED: the GPUs keep this server's memory S seconds after it exits (a slow driver release)")
     a("--drafter")
     a("--speculative-config", "--speculative_config", dest="speculative_config",
       help="vLLM's JSON form: an eagle3 drafter (model, num_speculative_tokens), or method "
@@ -311,7 +314,8 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         import_seconds=max(0.0, ns.import_seconds),
         shards=ns.shards, max_model_len=ns.max_model_len, gpus=ns.gpus, gpu_state=ns.gpu_state,
         gpu_total_mib=ns.gpu_total_mib, weights_gib=ns.weights_gib,
-        gpu_memory_utilization=ns.gpu_memory_utilization, drafter=drafter,
+        gpu_memory_utilization=ns.gpu_memory_utilization, gpu_release_s=max(0.0, ns.gpu_release_s),
+        drafter=drafter,
         drafter_mode=(None if not drafter else
                       "real" if os.path.isfile(os.path.join(drafter, "config.json")) else "simulated"),
         num_speculative_tokens=spec_tokens, draft_tensor_parallel_size=draft_tp, aux_layers=tuple(aux),

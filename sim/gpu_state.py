@@ -4,12 +4,18 @@ File shape: {"pid": N | null, "updated": ts, "gpus": [{"index", "name", "memory_
 "memory_total_mib", "utilization_pct", "temperature_c", "power_w"}, ...]}. The writer replaces the file
 atomically (temp file + rename), so a reader never sees half a file. A reader that finds `pid` gone
 reports idle GPUs: a server killed with SIGKILL cannot reset the file, but its memory is freed anyway.
+
+A server started with a release delay (`--gpu-release-delay S`, the demo host's `--gpu-release-delay`)
+leaves its memory in the file when it exits, with "exited_at" and "release_s": for S seconds after its
+exit a reader still sees the memory held (and the dead pid as its compute process), as a driver that
+takes seconds to free a TP8 server's memory does; after that, idle.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,14 +46,23 @@ class GpuState:
     pid: int | None = None
     updated: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    exited_at: float | None = None  # the server exited then, its memory not yet released
+    release_s: float = 0.0           # how long after its exit the memory stays held
+
+    def releasing(self, now: float) -> bool:
+        """The server exited but the driver still holds its memory."""
+        return self.exited_at is not None and now < self.exited_at + self.release_s
 
     @classmethod
     def idle(cls, count: int = DEFAULT_GPUS, total_mib: int = DEFAULT_TOTAL_MIB, name: str = DEFAULT_NAME) -> "GpuState":
         return cls(gpus=[SimGpu(index=i, name=name, memory_total_mib=total_mib) for i in range(count)])
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "updated": round(self.updated, 3), "gpus": [asdict(g) for g in self.gpus],
-                **self.extra}
+        out = {"pid": self.pid, "updated": round(self.updated, 3), "gpus": [asdict(g) for g in self.gpus],
+               **self.extra}
+        if self.exited_at is not None:
+            out.update(exited_at=round(self.exited_at, 3), release_s=self.release_s)
+        return out
 
     def set_memory(self, used_mib: float) -> None:
         for gpu in self.gpus:
@@ -111,6 +126,11 @@ def read_state(path: str | None, *, default_count: int = DEFAULT_GPUS) -> GpuSta
         raise ValueError(f"{path}: not a simulated GPU state file ({exc})") from exc
     pid = raw.get("pid")
     state = GpuState(gpus=gpus, pid=pid if isinstance(pid, int) else None, updated=float(raw.get("updated", 0)))
+    exited, release = raw.get("exited_at"), raw.get("release_s")
+    if isinstance(exited, (int, float)) and isinstance(release, (int, float)):
+        state.exited_at, state.release_s = float(exited), float(release)
+        if state.releasing(time.time()):
+            return state  # the server is gone, its memory not yet
     if state.pid is None or not pid_alive(state.pid):
         return GpuState(gpus=[SimGpu(index=g.index, name=g.name, memory_total_mib=g.memory_total_mib) for g in gpus])
     return state

@@ -193,6 +193,19 @@ def address_in_use(sink: LogSink, host: str, port: int) -> None:
         sink.raw(API, text)
 
 
+def memory_not_free(sink: LogSink, free_gib: float, total_gib: float, utilization: float) -> None:
+    """vLLM's refusal when another process (or one the driver has not released yet) holds the memory."""
+    for text in (
+        "Traceback (most recent call last):",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_worker.py", line 214, in init_device',
+        "    raise ValueError(",
+        f"ValueError: Free memory on device ({free_gib:.2f}/{total_gib:.2f} GiB) on startup is less than desired "
+        f"GPU memory utilization ({utilization}, {utilization * total_gib:.2f} GiB). Decrease GPU memory "
+        f"utilization or reduce GPU memory used by other processes.",
+    ):
+        sink.raw(WORKER, text)
+
+
 def engine_fatal(sink: LogSink) -> None:
     sink.line(ENGINE, "core.py:793", "EngineCore encountered a fatal error.", "ERROR")
     for text in (

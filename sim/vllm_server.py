@@ -21,7 +21,7 @@ from aiohttp import web
 from sim import loadlog
 from sim.api import SimApi
 from sim.config import SimConfig, parse_args
-from sim.gpu_state import GpuState, write_state
+from sim.gpu_state import GpuState, read_state, write_state
 from sim.loading import Loader, LoadFailed
 from sim.loadlog import API, LogSink
 from sim.textbackend import start_resolve
@@ -50,6 +50,7 @@ class Server:
         self.gpus = GpuState.idle(cfg.gpus, cfg.gpu_total_mib)
         self.gpus.pid = sink.pids[API]
         self.stop = asyncio.Event()
+        self.refused = False
         self.rng = random.Random(cfg.port)
 
     def _write_gpus(self) -> None:
@@ -57,7 +58,34 @@ class Server:
             self.gpus.updated = time.time()
             write_state(self.cfg.gpu_state, self.gpus)
 
+    def _memory_free(self) -> bool:
+        """vLLM refuses to start while the memory of a server that exited is not released yet (free memory
+        below its --gpu-memory-utilization share); a live server's file is not checked here."""
+        if not self.cfg.gpu_state:
+            return True
+        try:
+            held = read_state(self.cfg.gpu_state, default_count=self.cfg.gpus)
+        except ValueError:
+            return True
+        if not held.releasing(time.time()):
+            return True
+        gpu = max(held.gpus, key=lambda g: g.memory_used_mib)
+        free_gib = (gpu.memory_total_mib - gpu.memory_used_mib) / 1024
+        total_gib = gpu.memory_total_mib / 1024
+        if free_gib >= self.cfg.gpu_memory_utilization * total_gib:
+            return True
+        loadlog.memory_not_free(self.sink, free_gib, total_gib, self.cfg.gpu_memory_utilization)
+        return False
+
     def _reset_gpus(self) -> None:
+        if self.refused:
+            return
+        if self.cfg.gpu_state and self.cfg.gpu_release_s > 0:
+            # the driver frees the memory late: the file keeps it (and this pid) for the delay
+            self.gpus.exited_at = self.gpus.updated = time.time()
+            self.gpus.release_s = self.cfg.gpu_release_s
+            write_state(self.cfg.gpu_state, self.gpus)
+            return
         if self.cfg.gpu_state:
             idle = GpuState.idle(self.cfg.gpus, self.cfg.gpu_total_mib)
             idle.updated = time.time()
@@ -83,6 +111,10 @@ class Server:
             if exc.errno != errno.EADDRINUSE:
                 raise
             loadlog.address_in_use(sink, cfg.host, cfg.port)
+            return 1
+        if not self._memory_free():
+            self.refused = True  # the memory in the file is the other server's: left as it is
+            sock.close()
             return 1
         self._write_gpus()
         if cfg.import_seconds:

@@ -282,6 +282,8 @@ class Stage:
             return refuse("train", exc)
         if c.nvidia_smi:
             pf.NVIDIA_SMI = list(c.nvidia_smi)
+            from backend import hostfacts
+            hostfacts.NVIDIA_SMI = list(c.nvidia_smi)
         available = simulated_gpu_count() if c.simulated_gpus else gpu_count()
         processes = processes_for(c, available)
         if c.preflight_only:
@@ -342,6 +344,7 @@ class Stage:
         plan.selection = selection_settings(c, inputs)
         plan_path = plan.save()
         print(f"train: {inputs.vocab.describe()}", file=sys.stderr)
+        self.ctx.checkpoint = inputs.info.path  # the verifier it trains against: its hash in the host facts
         self.ctx.start(total=0, processes=plan.processes, device=plan.device, verifier=inputs.info.to_dict(),
                        aux_layer_ids=inputs.layer_ids, input_run=inputs.run.run_id, draft_vocab=inputs.vocab.to_dict())
         try:

@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                               "train_run": run.run_id, "verifier": info.path, "k": k}
     pre = PreflightReport()
 
+    ctx.checkpoint = ckpt  # the drafter checked: its hash in the host facts
+
     def body(ctx: StageRun) -> None:
         ctx.start(total=c.samples)
         checks.check_format(pre, ckpt, config, keys)

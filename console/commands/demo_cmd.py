@@ -20,6 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed-shape", action="store_true",
                    help="shaped like the seed host: the server holds all eight simulated GPUs and training asks "
                         "for one of them ([train] gpus = 1; it still computes on the CPU)")
+    p.add_argument("--gpu-release-delay", type=float, default=0.0, metavar="S",
+                   help="the simulated GPUs keep a stopped server's memory S seconds after it exits, as a driver "
+                        "slow to release a large server's memory (the server switch waits for it)")
     add_engine_option(p, "--engine")
     p.add_argument("--vllm-version", help="the vLLM release the stand-in imitates (default 0.33.0): its /version, "
                                           "log lines and errors, e.g. 0.24.0 to see a version refused")
@@ -44,7 +47,7 @@ def cmd_demo_host(a: argparse.Namespace) -> int:
             return exitcodes.OK
         try:
             profile = asyncio.run(start(work_dir, speed=a.speed, seed_shape=a.seed_shape, engine=a.engine,
-                                        vllm_version=a.vllm_version))
+                                        vllm_version=a.vllm_version, gpu_release_s=max(0.0, a.gpu_release_delay)))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return exitcodes.FAILED

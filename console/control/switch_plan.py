@@ -11,6 +11,7 @@ from typing import Sequence
 from backend.serverlock import lock_path
 from backend.switch import ServerSpec, SwitchPlan
 from console.control.server_argv import server_command
+from console.control.stage_argv import nvidia_smi_prefix
 from console.control.units import (ServerProgram, _sudo, server_log_path, server_start_argv, server_stop_argv,
                                    stage_log_path, tmux_target)
 from console.profile import Profile
@@ -40,14 +41,22 @@ def baseline_server(profile: Profile) -> ServerSpec:
     log = server_log_path(profile)
     return ServerSpec(name="baseline", unit=unit, start=server_start_argv(profile, log), stop=server_stop_argv(profile),
                       alive=alive_argv(profile, unit), log_tail=log_tail_argv(profile, unit, log),
-                      command=server_command(profile))
+                      command=server_command(profile), gpus=_server_gpus(profile))
+
+
+def _server_gpus(profile: Profile) -> list[int]:
+    """The GPUs the baseline and every server derived from it hold (the switch sees them free first)."""
+    from console.control.gpu_plan import server_gpus
+
+    return list(server_gpus(profile))
 
 
 def derived_server(profile: Profile, name: str, unit: str, start: Sequence[str], stop: Sequence[str],
                    command: Sequence[str]) -> ServerSpec:
     """A server the console derives from the baseline (extraction, drafter): its own unit beside it."""
     return ServerSpec(name=name, unit=unit, start=list(start), stop=list(stop), alive=alive_argv(profile, unit),
-                      log_tail=log_tail_argv(profile, unit, stage_log_path(profile, unit)), command=list(command))
+                      log_tail=log_tail_argv(profile, unit, stage_log_path(profile, unit)), command=list(command),
+                      gpus=_server_gpus(profile))
 
 
 def switch_plan(profile: Profile, away: Sequence[ServerSpec], *, ready_timeout_s: float | None = None) -> SwitchPlan:
@@ -55,7 +64,8 @@ def switch_plan(profile: Profile, away: Sequence[ServerSpec], *, ready_timeout_s
     return SwitchPlan(home=baseline_server(profile), away=list(away), endpoint=f"http://127.0.0.1:{s.port}",
                       ready_timeout_s=float(ready_timeout_s or s.load_timeout_s),
                       command_timeout_s=s.stop_timeout_s + 60, stop_check_s=s.stop_timeout_s + 30,
-                      lock_path=lock_path(profile.paths.work_dir))
+                      lock_path=lock_path(profile.paths.work_dir), nvidia_smi=nvidia_smi_prefix(profile),
+                      gpu_free_s=s.gpu_release_timeout_s)
 
 
 def switch_argv(profile: Profile, plan_file: str, to: str) -> list[str]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from backend.events import Event, read_events
 from backend.numbers import count, finite
+from console.parsers.text import clean
 from console.naming import UNIT_STAGE, is_stage_unit, stage_unit_name, unit_stages
 from console.snapshot import RunInfo
 from console.telemetry.probe import EventsRead, RunFile
@@ -30,6 +31,25 @@ READ_LIMIT_MAX = 64 << 20  # a single line longer than this is skipped
 PROBE_EVENTS_BUDGET = 2 << 20  # bytes of events in one probe, all runs together
 TAIL_BYTES = 64 * 1024  # how much of an old run is read when it is found
 FULL_HISTORY_RUNS = 4  # the newest runs are read whole (their curves), older ones from the tail
+
+
+HOST_KEYS = ("vllm_version", "speculators_version", "torch_version", "torch_cuda", "driver_version", "python")
+CHECKPOINT_KEYS = ("path", "sha256", "method", "weight_files", "error")
+
+
+def host_facts(data: object) -> dict | None:
+    """A start event's `host` (backend/hostfacts.py) as the console keeps it: the known keys only, each
+    value a short cleaned string (a host's text is untrusted), the command line at most 200 arguments."""
+    if not isinstance(data, dict):
+        return None
+    out: dict = {k: (clean(data[k], 80) if data.get(k) is not None else None) for k in HOST_KEYS if k in data}
+    cmd = data.get("server_command")
+    if isinstance(cmd, list):
+        out["server_command"] = [clean(a, 400) for a in cmd[:200]]
+    ck = data.get("checkpoint")
+    if isinstance(ck, dict):
+        out["checkpoint"] = {k: clean(ck[k], 400) for k in CHECKPOINT_KEYS if ck.get(k) is not None}
+    return out
 
 
 @dataclass
@@ -51,6 +71,7 @@ class RunTrack:
     started: float | None = None
     history: list[dict] = field(default_factory=list)
     series: TrainSeries | None = None  # train runs only
+    host: dict | None = None  # the host's facts of its latest start
 
     @property
     def unit(self) -> str:
@@ -69,6 +90,7 @@ class RunTrack:
         if ev.kind == "start":
             self.total = count(ev.data.get("total"))
             self.started = ev.ts
+            self.host = host_facts(ev.data.get("host"))
             self.finish = None  # a resumed run starts again
             unit = ev.data.get("unit")
             # only a unit this project names is believed: a foreign or hostile writer naming another unit
@@ -211,5 +233,5 @@ class RunBook:
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
                                failed=count(p.get("failed")), rate=rate, eta_s=eta, last_event=p or None,
                                series=t.series.to_dict() if t.series is not None else None,
-                               skipped_lines=t.skipped_lines, started=t.started))
+                               skipped_lines=t.skipped_lines, started=t.started, host=t.host))
         return out
