@@ -153,7 +153,7 @@ def listeners(port: int, proc: str = "/proc") -> list[int]:
             # local_address is HEXIP:HEXPORT, state 0A is LISTEN, inode the 10th column
             if len(cells) > 9 and cells[3] == "0A" and int(cells[1].rsplit(":", 1)[1], 16) == port:
                 inodes.add(cells[9])
-    pids = []
+    pids: list[int] = []
     if not inodes:
         return pids
     for pid in (p for p in os.listdir(proc) if p.isdigit()):
