@@ -83,7 +83,9 @@ def _own_functions(value) -> list:
     candidates = vars(value).values() if inspect.isclass(value) else [value]
     found = []
     for c in candidates:
-        c = inspect.unwrap(getattr(c, "__func__", c)) if callable(c) or isinstance(c, (staticmethod, classmethod)) else c
+        c = getattr(c, "__func__", c)  # a staticmethod's or classmethod's function
+        if callable(c):
+            c = inspect.unwrap(c)  # a fixture's or a decorator's wrapper: the code that was written
         if inspect.isfunction(c) and c.__code__.co_filename.startswith(_OWN_CODE):
             found.append(c)
     return found

@@ -3,7 +3,8 @@ into a venv made for this test (never the venv running the tests, so a missing i
 then a demo host, `run pipeline --yes --wait`, `run bench --yes --wait`, and the demo host stopped.
 
 Only pip's download cache and the tiny verifier's cache (~/.cache) are shared with other runs; the venv is
-new each time. Slow by rule (it starts programs): the full run has it, the fast lane does not."""
+new each time. Slow by rule (it starts programs): the full run has it, the fast lane does not. Measured on
+the shared 2-core machine: about 7.5 minutes at a load of 6, 17 minutes at a load of 10 (hence the timeout)."""
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = pytest.mark.timeout(2500)
 
 
 def test_demo_script_check_from_a_fresh_venv(tmp_path):
@@ -25,10 +26,9 @@ def test_demo_script_check_from_a_fresh_venv(tmp_path):
     own_bin = str(Path(sys.prefix) / "bin")
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != own_bin)
     env["E3_VENV"] = str(tmp_path / ".venv")
-    env["TMPDIR"] = str(tmp_path)
     started = time.monotonic()
     done = subprocess.run([str(ROOT / "scripts" / "demo.sh"), "--check"], cwd=tmp_path, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1700)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=2400)
     took = time.monotonic() - started
     assert done.returncode == 0, f"demo.sh --check exit {done.returncode} after {took:.0f} s:\n" \
                                  f"{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
