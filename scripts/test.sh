@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# Installs everything the test suite needs on a fresh machine (apt packages, the python extras, a CPU
-# torch), then runs pytest. Extra arguments go to pytest. Used by .ci/run.
+# Installs everything the test suite needs on a fresh machine (apt packages, then through
+# scripts/install.sh, the one install step it shares with scripts/demo.sh: a venv, .venv or $E3_VENV,
+# with a CPU torch, the console and its extras, the demo's tiny verifier), then runs pytest in that venv.
+# Extra arguments go to pytest. Used by .ci/run.
+#
+#   ./scripts/test.sh --fast [pytest args]   the fast lane: `-m "not slow"` (no program, demo host or
+#                                            rig is started) after a lighter install (the console and the
+#                                            test extra: no torch, no tiny model, no apt packages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# shellcheck source=scripts/install.sh
+. scripts/install.sh
+
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    e3_install fast || exit 1
+    exec "$E3_PY" -m pytest -m "not slow" "$@"
+fi
 
 bash scripts/install-system-deps.sh
-
-# CPU torch first, from the wheel on disk: asked for indirectly, pip would fetch a multi-GB CUDA build.
-if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
-    "$PY" -m pip install -q torch==2.13.0
-fi
-"$PY" -m pip install -q -e '.[test,train,host]' torch==2.13.0
-# CUDA builds of these break `import transformers` next to a CPU torch; speculators never uses them.
-if "$PY" -m pip show -q torchvision >/dev/null 2>&1 || "$PY" -m pip show -q torchaudio >/dev/null 2>&1; then
-    "$PY" -m pip uninstall -q -y torchvision torchaudio
-fi
-
-# The demo's tiny verifier, built once into the user cache (about a minute of CPU on first use): the demo
-# tests start the stand-in against that cache and would otherwise spend their ready timeout building it.
-"$PY" -c 'from sim import tinylm; tinylm.ensure_model()'
-
-exec "$PY" -m pytest "$@"
+e3_install full || exit 1
+# the slowest tests named at the end of every full run: where the suite's time goes
+exec "$E3_PY" -m pytest --durations=15 "$@"

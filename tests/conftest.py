@@ -6,8 +6,11 @@ exactly the bugs they exist to catch.
 """
 from __future__ import annotations
 
+import asyncio
 import http.server
+import inspect
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -23,6 +26,90 @@ if _REPO_ROOT not in sys.path:
 from harness.rig.availability import rig_unavailable  # noqa: E402
 from harness.rig.rootfs import RigUnavailable  # noqa: E402
 from harness.rig.sshd import SshdServer  # noqa: E402
+
+from console import demo  # noqa: E402
+
+# What makes a test slow, for the `slow` marker below (the fast lane, `./scripts/test.sh --fast`, runs
+# `-m "not slow"` in a venv without torch): what starts a program, a demo host or a rig (the subprocess
+# module, asyncio's subprocess calls, the demo host's start, the harness modules that start the stand-in,
+# stage programs and the rigs), and the training stack with the sim modules that load it (the tiny verifier,
+# its hidden states): a test that loads torch needs the full install.
+_STARTERS = (asyncio.create_subprocess_exec, asyncio.create_subprocess_shell, demo.start)
+_STARTER_MODULES = ("subprocess", "harness.sim_support", "harness.drafter_support", "harness.specdec_support",
+                    "harness.train_support", "harness.rig", "torch", "speculators", "transformers",
+                    "sim.tinylm", "sim.hidden_states", "sim.extraction")
+_OWN_CODE = (str(Path(_REPO_ROOT) / "tests"), str(Path(_REPO_ROOT) / "harness"))
+
+
+def _from_starter_module(name: str | None) -> bool:
+    return bool(name) and any(name == m or name.startswith(m + ".") for m in _STARTER_MODULES)
+
+
+def _starts_programs(code, namespace: dict, seen: set) -> bool:
+    """Whether this code, or the tests' and harness's own functions and classes it names, reach a starter.
+
+    Read from the code objects' names (what they call or import), never by running anything; the
+    console's own code is not followed: a LocalHost command it runs is a quick shell call, not a program
+    the test waits for."""
+    if code in seen:
+        return False
+    seen.add(code)
+    for const in code.co_consts:
+        if inspect.iscode(const) and _starts_programs(const, namespace, seen):
+            return True
+    for name in code.co_names:
+        if _from_starter_module(name):  # `import subprocess`, `from harness.sim_support import ...` inside
+            return True
+        value = namespace.get(name)
+        if value is None:
+            continue
+        if inspect.ismodule(value):
+            if _from_starter_module(value.__name__):
+                return True
+            # `demo.start(...)`, `asyncio.create_subprocess_exec(...)`: the module's attribute named here
+            if any(getattr(value, attr, None) in _STARTERS for attr in code.co_names if attr != name):
+                return True
+            continue
+        if any(value is s for s in _STARTERS) or _from_starter_module(getattr(value, "__module__", None)):
+            return True
+        for func in _own_functions(value):
+            if _starts_programs(func.__code__, func.__globals__, seen):
+                return True
+    return False
+
+
+def _own_functions(value) -> list:
+    """The functions of a helper defined in tests/ or harness/ (a class: its methods)."""
+    candidates = vars(value).values() if inspect.isclass(value) else [value]
+    found = []
+    for c in candidates:
+        c = getattr(c, "__func__", c)  # a staticmethod's or classmethod's function
+        if callable(c):
+            c = inspect.unwrap(c)  # a fixture's or a decorator's wrapper: the code that was written
+        if inspect.isfunction(c) and c.__code__.co_filename.startswith(_OWN_CODE):
+            found.append(c)
+    return found
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    if item.get_closest_marker("rig") or item.get_closest_marker("packaging"):
+        return True
+    seen: set = set()
+    funcs = _own_functions(getattr(item, "function", None)) if hasattr(item, "function") else []
+    info = getattr(item, "_fixtureinfo", None)
+    for name in item.fixturenames:
+        for fixturedef in (info.name2fixturedefs.get(name, ()) if info else ()):
+            funcs.extend(_own_functions(fixturedef.func))
+    return any(_starts_programs(f.__code__, f.__globals__, seen) for f in funcs)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`slow`, by rule: a test that starts a program, a demo host or a rig, or loads the training stack
+    (itself, through a fixture, or through a helper of tests/ or harness/), or carries the rig or packaging
+    marker; the fast lane (`./scripts/test.sh --fast`) runs the rest."""
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
 
 
 def _start_sshd(workdir: Path) -> SshdServer:
