@@ -92,7 +92,7 @@ def _own_functions(value) -> list:
 
 
 def _is_slow(item: pytest.Item) -> bool:
-    if item.get_closest_marker("rig") or item.get_closest_marker("packaging"):
+    if any(item.get_closest_marker(m) for m in ("rig", "packaging", "engine")):
         return True
     seen: set = set()
     funcs = _own_functions(getattr(item, "function", None)) if hasattr(item, "function") else []
@@ -105,7 +105,7 @@ def _is_slow(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     """`slow`, by rule: a test that starts a program, a demo host or a rig, or loads the training stack
-    (itself, through a fixture, or through a helper of tests/ or harness/), or carries the rig or packaging
+    (itself, through a fixture, or through a helper of tests/ or harness/), or carries the rig, packaging or engine
     marker; the fast lane (`./scripts/test.sh --fast`) runs the rest."""
     for item in items:
         if _is_slow(item):
