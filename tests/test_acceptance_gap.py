@@ -63,3 +63,13 @@ def test_the_bench_table_finds_the_verify_run_of_the_benched_checkpoint():
     assert found is not None and found[0] == "v1" and found[1].k == 3
     assert gap_of({**summary, "checkpoint": "/elsewhere"}, runs) is None
     assert gap_of({"runs": {"drafter": "missing"}, "checkpoint": ckpt}, runs) is None
+
+
+def test_of_several_k_the_verify_runs_k_is_compared():
+    verify, bench = _verify(), _bench()
+    runs = (RunInfo(stage="verify", run_id="v1", state="done", last_event={"kind": "finish", **verify}),
+            RunInfo(stage="bench", run_id="ks-k3", state="done", last_event={"kind": "finish", "result": bench}))
+    summary = {"runs": {"baseline": "ks-baseline", "drafter_k2": "ks-k2", "drafter_k3": "ks-k3"},
+               "checkpoint": verify["checkpoint"]}
+    found = gap_of(summary, runs)
+    assert found is not None and found[1].k == 3

@@ -115,13 +115,17 @@ def gap_of(summary: Any, runs: Sequence[RunInfo]) -> tuple[str, AcceptanceGap] |
     None when either is missing among `runs` (the console's run book) or the K differ."""
     if not isinstance(summary, dict) or not isinstance(summary.get("runs"), dict):
         return None
-    drafter_id, checkpoint = summary["runs"].get("drafter"), summary.get("checkpoint")
-    drafter = next((r for r in runs if r.run_id == drafter_id and r.state == "done"), None)
+    checkpoint = summary.get("checkpoint")
     verified = [r for r in runs if r.stage == "verify" and r.state == "done"
                 and isinstance(r.last_event, dict) and r.last_event.get("checkpoint") == checkpoint]
-    if drafter is None or not verified or not isinstance(checkpoint, str):
+    if not verified or not isinstance(checkpoint, str):
         return None
     verify = max(verified, key=lambda r: r.started or 0)
+    # one K benched: "drafter"; several: "drafter_k<K>", of which the verify run's K is the comparable one
+    drafter_id = summary["runs"].get("drafter") or summary["runs"].get(f"drafter_k{count((verify.last_event or {}).get('k'))}")
+    drafter = next((r for r in runs if r.run_id == drafter_id and r.state == "done"), None)
+    if drafter is None:
+        return None
     result = finish_summary(drafter.last_event).get("result")
     raw = result.get("levels") if isinstance(result, dict) else None
     if not isinstance(raw, list):
