@@ -73,3 +73,19 @@ def test_of_several_k_the_verify_runs_k_is_compared():
                "checkpoint": verify["checkpoint"]}
     found = gap_of(summary, runs)
     assert found is not None and found[1].k == 3
+
+
+def test_the_snapshot_keeps_a_bench_levels_per_position_acceptance():
+    """The console reads the bench run through its sanitized snapshot, where the per-position figures sit
+    nine levels down (a depth bound of 8 dropped them: the table had no gap to show)."""
+    import dataclasses
+
+    from console.telemetry.sanitize import sanitized
+    from harness.fake_controller import base_snapshot
+
+    verify, bench = _verify(), _bench()
+    runs = (RunInfo(stage="verify", run_id="v1", state="done", last_event={"kind": "finish", **verify}),
+            RunInfo(stage="bench", run_id="b-drafter", state="done", last_event={"kind": "finish", "result": bench}))
+    snap = sanitized(dataclasses.replace(base_snapshot(), runs=runs))
+    found = gap_of({"runs": {"drafter": "b-drafter"}, "checkpoint": verify["checkpoint"]}, snap.runs)
+    assert found is not None and len(found[1].online.per_position) == 3
