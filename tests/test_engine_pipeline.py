@@ -1,4 +1,4 @@
-"""The whole pipeline and the bench on vLLM's own engine (`pytest -m engine`; slow: about 20 min on 2 cores).
+"""The whole pipeline and the bench on vLLM's own engine (`pytest -m engine`; slow: 4 to 8 min on 2 shared cores).
 
 One demo host with vLLM's CPU build as its baseline, driven once per session through the operator's commands
 (harness/real_engine.py: `run pipeline --limit 64`, `run bench` of the trained drafter, an untrained one
