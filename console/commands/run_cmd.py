@@ -322,7 +322,10 @@ async def follow_run(session: Session, stage: str, run_id: str, before: RunInfo 
         if view.finished:
             if run.state != "done" and view.error:
                 print(f"error: {view.error}", file=sys.stderr)
-            for text in results(view, snap.runs):
+            # the results read other runs too (the bench's: its drafter bench, the verify run it compares
+            # with), whose last events this session may not have read yet: read every run to the end first
+            settled = await session.settle()
+            for text in results(view, settled.runs if settled.host.reachable else snap.runs):
                 print(text)
             if run.state == "done" and view.slower:
                 print("the drafter is SLOWER than the baseline at some concurrency level: do not serve it",

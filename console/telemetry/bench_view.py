@@ -8,8 +8,9 @@ that does not read is reported as the view's error instead of reaching the scree
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
+from backend.bench.acceptance_gap import AcceptanceGap, acceptance_gap
 from backend.bench.compare import MAX_LABEL, MAX_ROWS, CompareError, Row, comparison_from_dict
 from backend.bench.results import BenchResultError, LevelResult
 from backend.numbers import count, finite
@@ -106,3 +107,32 @@ def bench_view(run: RunInfo) -> BenchView:
         return replace(base, label=label, rows=_own_rows(summary.get("result")), error=error)
     except (CompareError, BenchResultError, TypeError, ValueError) as exc:
         return replace(base, label=label, error=f"unreadable bench summary: {exc}")
+
+
+def gap_of(summary: Any, runs: Sequence[RunInfo]) -> tuple[str, AcceptanceGap] | None:
+    """A finished bench pair's offline-vs-online acceptance: the drafter bench run's levels (vLLM's counts)
+    next to the completed verify run that verified the benched checkpoint (its prediction at the same K).
+    None when either is missing among `runs` (the console's run book) or the K differ."""
+    if not isinstance(summary, dict) or not isinstance(summary.get("runs"), dict):
+        return None
+    checkpoint = summary.get("checkpoint")
+    verified = [r for r in runs if r.stage == "verify" and r.state == "done"
+                and isinstance(r.last_event, dict) and r.last_event.get("checkpoint") == checkpoint]
+    if not verified or not isinstance(checkpoint, str):
+        return None
+    verify = max(verified, key=lambda r: r.started or 0)
+    # one K benched: "drafter"; several: "drafter_k<K>", of which the verify run's K is the comparable one
+    drafter_id = summary["runs"].get("drafter") or summary["runs"].get(f"drafter_k{count((verify.last_event or {}).get('k'))}")
+    drafter = next((r for r in runs if r.run_id == drafter_id and r.state == "done"), None)
+    if drafter is None:
+        return None
+    result = finish_summary(drafter.last_event).get("result")
+    raw = result.get("levels") if isinstance(result, dict) else None
+    if not isinstance(raw, list):
+        return None
+    try:
+        levels = [LevelResult.from_dict(x) for x in raw[:MAX_ROWS]]
+    except (BenchResultError, TypeError, ValueError):
+        return None
+    gap = acceptance_gap(verify.last_event, levels)
+    return (verify.run_id, gap) if gap is not None else None

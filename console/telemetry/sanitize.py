@@ -15,7 +15,10 @@ from typing import Any, TypeVar
 from console.parsers.text import clean
 
 T = TypeVar("T")
-MAX_DEPTH = 8  # events are nested a few levels at most; deeper is not worth showing
+# a snapshot holds a run's last event three levels down (runs, the RunInfo, last_event), and a bench event's
+# per-position acceptance (result, levels, a level, acceptance, per_position) six below that; deeper is not
+# worth showing
+MAX_DEPTH = 12
 
 
 def sanitized(value: T, _depth: int = 0) -> T:
