@@ -9,15 +9,15 @@ so the console asks rather than guess from what it has seen):
         extraction server is asked for): the extraction server's command line needs them
     python -m backend.ask vllm-floor --verifier PATH --url http://127.0.0.1:PORT/version
         the oldest vLLM an extraction server for this verifier runs on, and what the baseline at URL
-        reports, as JSON {"floor", "why", "version", "note", "refusal"} (backend/vllm_floor.py): asked
+        reports, as JSON {"floor", "why", "version", "note", "refusal"} (backend/kit/vllm_floor.py): asked
         before the swap stops the baseline; "refusal" (null: none) says why this server cannot extract
     python -m backend.ask servable --work-dir W [--run RUN] [--third]
-        the verified checkpoint the drafter server may load (backend/servable.py), as JSON
+        the verified checkpoint the drafter server may load (backend/kit/servable.py), as JSON
         {"run_id", "stage", "checkpoint", "trained_k"} (trained_k: the K its config.json says it was
         trained for, null when it does not say; a bench of several K stays within it)
 
 An answer that cannot be given (no such run, a verifier that does not fit) is one line on stderr, exit 2
-(backend/exitcodes.py).
+(backend/contract/exitcodes.py).
 """
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ import os
 import sys
 from dataclasses import asdict
 
-from backend import exitcodes
-from backend.lookup import STAGES, latest_completed
-from backend.runs import RunDirError, read_json_object
-from backend.verify.checks import trained_k as checkpoint_k
-from backend.verifier import VerifierError, extraction_layer_ids, read_verifier, resolve_aux_layers
+from backend.contract import exitcodes
+from backend.contract.lookup import STAGES, latest_completed
+from backend.contract.runs import RunDirError, read_json_object
+from backend.drafter.checks import trained_k as checkpoint_k
+from backend.kit.verifier import VerifierError, extraction_layer_ids, read_verifier, resolve_aux_layers
 
 
 def latest(a: argparse.Namespace) -> str:
@@ -50,7 +50,7 @@ def aux_layers(a: argparse.Namespace) -> str:
 
 
 def vllm_floor(a: argparse.Namespace) -> str:
-    from backend.vllm_floor import refusal, server_version
+    from backend.kit.vllm_floor import refusal, server_version
 
     floor = read_verifier(a.verifier).vllm_floor()
     version, note = server_version(a.url)
@@ -59,7 +59,7 @@ def vllm_floor(a: argparse.Namespace) -> str:
 
 
 def servable(a: argparse.Namespace) -> str:
-    from backend.servable import servable as choose, third
+    from backend.kit.servable import servable as choose, third
 
     found = third(a.work_dir) if a.third else choose(a.work_dir, a.run)
     if not os.path.isdir(found.checkpoint):

@@ -4,7 +4,7 @@
 console/control/bench_pair.py) holds the baseline's bench command line (`python -m backend.bench`, run id
 `R-baseline`), its contenders in the order they are benched (each a server of the switch, a bench command
 line compared with the baseline's, a title for its steps), and the one server switch's plan
-(backend/switch.py: the baseline home, the contenders' servers away), which runs every change of server
+(backend/kit/switch.py: the baseline home, the contenders' servers away), which runs every change of server
 and holds the host's server lock for the whole pair. The contenders: our drafter (`R-drafter`), or the
 same drafter at several K (`R-k2`, `R-k3`: one drafter server start each, `num_speculative_tokens` = K),
 and a published drafter (`R-third`, in the drafter server's unit) when the profile names one. Steps:
@@ -19,7 +19,7 @@ and a published drafter (`R-third`, in the drafter server's unit) when the profi
 The run directory R holds its events (progress per step) and a summary with one comparison of every
 contender benched against the baseline, and with several K the best of them (`best_k`: the highest mean
 speed-up over the concurrency levels), so the console shows it as a bench run. Exit codes
-(backend/exitcodes.py): 0 done, 3 done and our drafter (at its best K) is slower at some level, 1 failed,
+(backend/contract/exitcodes.py): 0 done, 3 done and our drafter (at its best K) is slower at some level, 1 failed,
 2 bad plan or run directory; a stop (SIGTERM) ends as stopped, exit 0, after step 4.
 """
 from __future__ import annotations
@@ -36,11 +36,11 @@ from typing import Any
 
 from backend.bench import PAIR_STAGE, STAGE as BENCH_STAGE
 from backend.bench.compare import MAX_RESULTS, CompareError, best, compare, load_run_result
-from backend.lifecycle import StageFailed, StageRun, refuse
-from backend.lookup import InputError, completed_run, last_finish
-from backend.plans import PlanError, argv_list, read_plan
-from backend.runs import Manifest, run_path, write_json_atomic
-from backend.switch import Switch, SwitchFailed, SwitchPlan, SwitchPlanError, SwitchStopped, switch_from_dict
+from backend.contract.lookup import InputError, completed_run, last_finish
+from backend.contract.plans import PlanError, argv_list, read_plan
+from backend.contract.runs import Manifest, run_path, write_json_atomic
+from backend.kit.lifecycle import StageFailed, StageRun, refuse
+from backend.kit.switch import Switch, SwitchFailed, SwitchPlan, SwitchPlanError, SwitchStopped, switch_from_dict
 
 STAGE = PAIR_STAGE  # the console's bench row shows these runs; its benches are "bench" runs
 PLAN_FILE = "benchpair-plan.json"
@@ -62,7 +62,7 @@ class Bench:
 @dataclass(frozen=True)
 class PairPlan:
     """The baseline's bench, the contenders' in order, and the one server switch that puts each server on
-    the GPUs (backend/switch.py; every contender runs in the drafter server's unit)."""
+    the GPUs (backend/kit/switch.py; every contender runs in the drafter server's unit)."""
     switch: SwitchPlan
     baseline: Bench
     contenders: tuple[Bench, ...]

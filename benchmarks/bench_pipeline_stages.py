@@ -67,9 +67,9 @@ def stock_checkpoint(runs: Path, work: Path) -> tuple[str, float, int]:
     import torch
 
     import bench_train_overhead as bto
-    from backend.train import adapters
+    from backend.drafter import adapters
+    from backend.drafter.verifier import inspect_verifier
     from backend.train.plan import PLAN_FILE
-    from backend.train.verifier import inspect_verifier
     from speculators.train.logger import setup_metric_logger, setup_root_logger
 
     plan = json.loads((runs / f"{RUN_ID}-train" / PLAN_FILE).read_text())

@@ -7,7 +7,7 @@ time: on a shared machine wall time mostly measures the neighbours), with the wa
 
 - stock: speculators' own `Trainer`, untouched on a GPU host. On a machine without an accelerator stock
   speculators cannot train at all, so there the stock side gets only the device handling that makes it run
-  (backend/train/adapters.py's `no_accelerator()` plus `.to("cpu")`/CPU autocast): the figure then measures
+  (backend/drafter/adapters.py's `no_accelerator()` plus `.to("cpu")`/CPU autocast): the figure then measures
   our metrics capture and stop/plan hooks, and the device handling is the same on both sides.
 - ours: `HostTrainer` with the MetricsHandler on `speculators.metrics` writing events.jsonl, the step
   callback, the per-epoch plan and the checkpoint/best events.
@@ -92,7 +92,7 @@ def stock_trainer_class():
         """Stock Trainer plus only what lets it run without an accelerator (the same as ours)."""
 
         def setup_trainer(self):
-            from backend.train.adapters import autocast_device_type, host_device
+            from backend.drafter.adapters import autocast_device_type, host_device
 
             self.local_rank = host_device(self.local_rank)
             self.device_type = autocast_device_type()
@@ -102,10 +102,11 @@ def stock_trainer_class():
 
 
 def one_run(kind: str, data: ts.Dataset, steps: int) -> tuple[float, float, int]:
-    from backend.events import EventLog
-    from backend.train import adapters, metrics
+    from backend.contract.events import EventLog
+    from backend.drafter import adapters
+    from backend.drafter.verifier import inspect_verifier
+    from backend.train import metrics
     from backend.train.trainer import HostTrainer
-    from backend.train.verifier import inspect_verifier
     from backend.train.worker import EventsReporter
 
     with tempfile.TemporaryDirectory(prefix=f"bench-{kind}-") as tmp:
@@ -135,7 +136,7 @@ def one_run(kind: str, data: ts.Dataset, steps: int) -> tuple[float, float, int]
 
 def handler_cost(records: int = 2000) -> float:
     """Seconds per metrics record through MetricsHandler into an events.jsonl."""
-    from backend.events import EventLog
+    from backend.contract.events import EventLog
     from backend.train.metrics import MetricsHandler
 
     with tempfile.TemporaryDirectory() as tmp:

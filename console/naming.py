@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from backend.bench import PAIR_STAGE, STAGE as BENCH_STAGE
-from backend.runs import RUN_ID_PATTERN, stage_unit_name  # noqa: F401 - the one definition, the host's too
+from backend.contract.runs import RUN_ID_PATTERN, stage_unit_name  # noqa: F401 - the one definition, the host's too
 from console.profile import Profile, check_unit
 
 # A pipeline run's stages run in its own unit, the chain's (their events name it)

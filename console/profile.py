@@ -449,7 +449,7 @@ def check_train_args(v: list[str]) -> str | None:
 
 def check_from_pretrained(v: str) -> str | None:
     """A run id of the work dir (train or fetch_drafter run) or an absolute checkpoint directory."""
-    from backend.runs import RUN_ID_PATTERN
+    from backend.contract.runs import RUN_ID_PATTERN
 
     if RUN_ID_PATTERN.fullmatch(v) or check_path(v) is None:
         return None

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Protocol
 
-from backend.serverlock import describe_holder, lock_path
+from backend.kit.serverlock import describe_holder, lock_path
 from console.control import disk, launch, stages
 from console.control.bench_pair import drafter_loads, drafter_starts_text
 from console.control.disk import DiskReport
@@ -462,7 +462,7 @@ class Session:
             return ActionResult(False, f"start {stage} failed: {e}"), None
         holder = next((r for r in self.collector.run_infos() if r.run_id == req.run_id and r.state == "running"),
                       None) if req.run_id else None
-        if holder is not None:  # the host refuses it too (backend/runlock.py); said here before any start
+        if holder is not None:  # the host refuses it too (backend/kit/runlock.py); said here before any start
             return ActionResult(False, clean(f"run {holder.run_id} is in use by its {holder.stage} program (one "
                                              f"program at a time writes a run directory): stop it first, wait "
                                              f"for it, or choose another --run-id")), None
@@ -548,7 +548,7 @@ class Session:
 
     async def _switch(self, to: str, checkpoint: str | None, code_dir: str, shown: list[str],
                       program: ServerProgram | None = None) -> ActionResult:
-        """Run the one server switch (backend/switch.py) on the host, detached: it stops the other server and
+        """Run the one server switch (backend/kit/switch.py) on the host, detached: it stops the other server and
         sees it down, starts `to`, and answers here once `to` started; waiting until it answers, and the
         baseline's return when the drafter server never does, go on there even if this link drops."""
         no_expand = self.profile.server.manager == "systemd" and await launch.systemd_run_expands(self.host)
@@ -652,7 +652,7 @@ class Session:
         return await self._lock_refused("") is None
 
     async def _lock_refused(self, what: str) -> ActionResult | None:
-        """A program on the host holds the server lock (backend/serverlock.py: an extract, a bench, a
+        """A program on the host holds the server lock (backend/kit/serverlock.py: an extract, a bench, a
         switch, a pipeline): starting or stopping a server now would cut into its switch."""
         path = lock_path(self.profile.paths.work_dir)
         script = ('[ -e "$1" ] || exit 0; command -v flock >/dev/null 2>&1 || exit 0; '
@@ -707,7 +707,7 @@ class Session:
                               f"NOT deleted: {by[n].reason if n in by else 'no answer from the host'}") for n in names]
         lines += [f"left out: {s}" for s in done.skipped]
         return ActionResult(len(done.deleted) == len(names), clean_block("\n".join(lines)),
-                            (f"python -m backend.disk prune --delete ({len(names)} run(s))",))
+                            (f"python -m backend.kit.disk prune --delete ({len(names)} run(s))",))
 
     async def deep_check(self) -> ActionResult:
         try:

@@ -138,7 +138,7 @@ class RunInfo:
     series: dict[str, Any] | None = None  # train runs: curves and checkpoints (console/telemetry/train_view.py)
     skipped_lines: int = 0  # lines of its events.jsonl that were not events (a foreign or broken writer)
     started: float | None = None  # its latest start event's time (host clock): a resume starts it again
-    host: dict[str, Any] | None = None  # the host's facts its start recorded (backend/hostfacts.py), cleaned
+    host: dict[str, Any] | None = None  # the host's facts its start recorded (backend/kit/hostfacts.py), cleaned
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backend.events import EventLog
+from backend.contract.events import EventLog
+from backend.contract.runs import Manifest, open_run_dir
 from backend.generate.records import Completion, build_record, token_row
-from backend.runs import Manifest, open_run_dir
 from sim import textgen, tinycorpus, tinylm
 from harness.rig.availability import rig_unavailable
 

@@ -151,7 +151,7 @@ class FakeController:
 
     async def prune_runs(self, names: list[str]) -> ActionResult:
         self.calls.append(("prune_runs", *names))
-        return self._result("prune_runs", ["python", "-m", "backend.disk", "prune", "--delete", *names])
+        return self._result("prune_runs", ["python", "-m", "backend.kit.disk", "prune", "--delete", *names])
 
     async def deep_check(self) -> ActionResult:
         self.calls.append(("deep_check",))

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from backend.events import EventLog
-from backend.runs import Manifest, open_run_dir
+from backend.contract.events import EventLog
+from backend.contract.runs import Manifest, open_run_dir
 from harness.drafter_support import REPO, run_stage, stage_cmd, stage_env, tiny_verifier, xdg_home  # noqa: F401
 
 LAYERS = [1, 2, 3]  # aux layer ids for the 4-layer tiny verifier (speculators' default needs >= 6 layers)
@@ -92,7 +92,7 @@ def write_hidden_states(out: Path, verifier: Path, rows: list[dict[str, list[int
 def completed_run(work_dir: Path, stage: str, run_id: str, outputs: dict[str, str], *,
                   identity: dict[str, Any] | None = None, status: str | None = "completed",
                   **summary: Any) -> Path:
-    """A finished (or, with status None, still running) run of `stage` as backend/lookup.py reads it."""
+    """A finished (or, with status None, still running) run of `stage` as backend/contract/lookup.py reads it."""
     manifest = Manifest(stage=stage, run_id=run_id, identity=identity or {"test": run_id})
     run_dir = open_run_dir(str(work_dir), run_id, manifest)
     log = EventLog(run_dir.events_path, stage, run_id)
@@ -131,7 +131,7 @@ class Dataset:
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     """Every complete event (a line torn by a kill -9 is skipped, as the console's reader does)."""
-    from backend.events import parse_events
+    from backend.contract.events import parse_events
 
     path = run_dir / "events.jsonl"
     if not path.exists():

@@ -19,9 +19,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from backend import disk as host_disk
-from backend.events import EventLog
-from backend.runs import Manifest, open_run_dir
+from backend.contract.events import EventLog
+from backend.contract.runs import Manifest, open_run_dir
+from backend.kit import disk as host_disk
 from console import demo
 from console.control.server_argv import server_command
 from console.control.units import server_start_command, server_stop_command

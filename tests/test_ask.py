@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from backend.ask import main
-from tests.train_support import completed_run
+from harness.train_support import completed_run
 
 
 def test_latest_run_of_a_stage(tmp_path, capsys):

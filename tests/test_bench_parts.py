@@ -13,7 +13,7 @@ from backend.bench.config import ConfigError, parse_config
 from backend.bench.results import (VLLM_BENCH, BenchResult, BenchResultError, LevelResult, RequestOutcome, figures,
                                    parse_vllm_bench_result, percentile)
 from backend.bench.scrape import acceptance_between, parse_spec_counters
-from backend.lookup import InputError
+from backend.contract.lookup import InputError
 from console.parsers.metrics import parse_vllm_metrics
 from console.telemetry.spec_window import spec_decode_window
 
@@ -212,8 +212,8 @@ def test_workload_from_a_file_is_deterministic(tmp_path):
 
 
 def _completed(work: Path, stage: str, run_id: str, outputs: dict, **summary):
-    from backend.events import EventLog
-    from backend.runs import Manifest, open_run_dir
+    from backend.contract.events import EventLog
+    from backend.contract.runs import Manifest, open_run_dir
 
     run_dir = open_run_dir(str(work), run_id, Manifest(stage=stage, run_id=run_id, identity={"r": run_id}))
     body = {"stage": stage, "run_id": run_id, "status": "completed", "outputs": outputs, **summary}
@@ -272,7 +272,7 @@ def test_output_length_defaults_to_the_workloads_median_completion(tmp_path):
 
     from backend.bench import workload as wl
     from backend.bench.runner import with_output_length
-    from backend.runs import RunDirError
+    from backend.contract.runs import RunDirError
 
     path = tmp_path / "records.jsonl"
     rows = [{"id": f"s{i}", "conversations": [{"role": "user", "content": f"q{i}"},

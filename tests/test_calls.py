@@ -19,7 +19,7 @@ from console import demo
 from console.profile import NotifySection, ProfileError, notify_settings, profile_from_dict
 from console.ui.calls import CallEvent, Caller, tmux_message
 from console.ui.panes.notices import transitions
-from tests.fake_controller import base_snapshot
+from harness.fake_controller import base_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 EVENT = CallEvent(event="stage_failed", text="Stage train failed (night-train)", profile="p", host="gpu-host",

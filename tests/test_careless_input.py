@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.runs import RunDirError, run_path
+from backend.contract.runs import RunDirError, run_path
 from console.control.launch import StageError, check_run_id
 from console.host.jump import parse_jump_host
 from console.profile import ProfileError, profile_from_dict

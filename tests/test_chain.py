@@ -1,7 +1,7 @@
 """The host-side pipeline chain (backend/chain): order, the first failure's reason, resume, SIGTERM.
 
 The stages here are small programs that keep the run-directory contract exactly as the real stage
-programs do (backend/runs.py, backend/events.py); the whole chain over the real stages runs in the
+programs do (backend/contract/runs.py, backend/contract/events.py); the whole chain over the real stages runs in the
 pipeline's end-to-end test.
 """
 from __future__ import annotations
@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from backend.chain.plan import PlanError, parse_plan
-from backend.lookup import completed_run
+from backend.contract.lookup import completed_run
 
 REPO = Path(__file__).resolve().parent.parent
 STAGE_PROGRAM = """
 import os, signal, sys, time
-from backend.events import EventLog
-from backend.runs import Manifest, open_run_dir
+from backend.contract.events import EventLog
+from backend.contract.runs import Manifest, open_run_dir
 stage, run_id, work = sys.argv[1:4]
 rd = open_run_dir(work, run_id, Manifest(stage=stage, run_id=run_id, identity={"stage": stage}))
 log = EventLog(rd.events_path, stage, run_id)

@@ -1,5 +1,5 @@
 """A kill -9 at any instant of a checkpoint save leaves a resumable save root, and a restart at an epoch
-boundary measures the epoch a kill left unmeasured (backend/train/checkpoints.py, backend/train/trainer.py).
+boundary measures the epoch a kill left unmeasured (backend/drafter/checkpoints.py, backend/train/trainer.py).
 
 speculators writes `<save>/<epoch>/` in place; these are the states a kill can leave between the stage's
 staged write and its two-rename commit, made on disk directly so each instant is tested, not hoped for."""
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backend.train import checkpoints as ck
+from backend.drafter import checkpoints as ck
 
 
 def _ckpt(path: Path, tag: str) -> Path:

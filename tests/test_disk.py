@@ -1,5 +1,5 @@
 """Disk: the host's survey of run directories and the prune that never touches a protected run
-(backend/disk.py), through `eagle3-console runs prune` on the demo host."""
+(backend/kit/disk.py), through `eagle3-console runs prune` on the demo host."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from backend import disk
-from backend.events import EventLog
-from backend.runs import Manifest, archive, open_run_dir
+from backend.contract.events import EventLog
+from backend.contract.runs import Manifest, archive, open_run_dir
+from backend.kit import disk
 from console import demo
 from console.control.disk import DiskError, parse_duration
 
@@ -158,8 +158,8 @@ def test_prune_on_the_demo_host_never_touches_protected_runs(tmp_path):
 
 
 def test_preflight_disk_checks_name_the_runs_whose_removal_makes_room(tmp_path, monkeypatch):
-    from backend import preflight as shared
     from backend.generate import preflight as gp
+    from backend.kit import preflight as shared
     from backend.train import preflight as tp
     work = tmp_path / "w"
     make_run(work, "old-gen", "generate", age_s=9 * DAY, payload=1 << 20)
@@ -202,7 +202,7 @@ async def test_u_shows_the_disk_pane_and_p_asks_before_pruning_what_it_lists():
     from console.ui.app import ConsoleApp
     from console.ui.panes.disk import DiskPane
     from console.ui.screens.confirm import ConfirmScreen
-    from tests.fake_controller import FakeController, base_snapshot
+    from harness.fake_controller import FakeController, base_snapshot
 
     old = RunSpace("gen-1.archived-20261130T0101", "gen-1", "generate", "completed", 143 * 2**30, 0.0, True)
     newest = RunSpace("gen-2", "gen-2", "generate", "completed", 2**30, 0.0, False, "the newest completed generate run")
@@ -256,7 +256,7 @@ async def test_u_shows_the_disk_pane_and_p_asks_before_pruning_what_it_lists():
 
 async def test_prune_is_not_offered_read_only():
     from console.ui.app import ConsoleApp
-    from tests.fake_controller import FakeController, base_snapshot
+    from harness.fake_controller import FakeController, base_snapshot
     app = ConsoleApp(FakeController([base_snapshot()]), readonly=True, clock=lambda: 1_700_000_010.0)
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.pause()

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from backend.events import EventLog, EventWriteFailed, parse_events
-from backend.runs import write_json_atomic
+from backend.contract.events import EventLog, EventWriteFailed, parse_events
+from backend.contract.runs import write_json_atomic
 from console.telemetry.runs import RunBook
 from console.telemetry.probe import RunFile
 from harness.rig.tmpfs import small_tmpfs

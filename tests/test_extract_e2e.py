@@ -311,8 +311,8 @@ def test_a_baseline_older_than_extraction_is_refused_before_the_swap(tiny, work,
 @pytest.mark.parametrize("case", ["prepare-running", "no-verifier", "layers-out-of-range", "plan-other-layers",
                                   "plan-without-final"])
 def test_bad_input_is_one_clear_line_and_the_servers_are_never_touched(case, tiny, work, tmp_path, tmux_env):
-    from backend.events import EventLog
-    from backend.runs import Manifest, open_run_dir
+    from backend.contract.events import EventLog
+    from backend.contract.runs import Manifest, open_run_dir
 
     dst = tmp_path / "w"
     copy_runs(work, dst)

@@ -1,5 +1,5 @@
 """The extraction swap plan built from the profile (console/control/extraction.py), read back by the stage
-(backend/extract/plan.py); the data stages' command lines; the disk estimate; the new profile sections.
+(backend/kit/swap_plan.py); the data stages' command lines; the disk estimate; the new profile sections.
 Pure: argv lists and numbers, no host."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from backend.extract import disk
-from backend.extract.plan import PlanError, plan_from_dict
+from backend.kit.swap_plan import PlanError, plan_from_dict
 from console.control.stage_argv import extract_argv, prepare_argv, verifier_path
 from console.control.extraction import (ExtractionPlanError, build_plan, describe_plan, extraction_flags,
                                         extractor_unit, staging_dir)
@@ -181,7 +181,7 @@ def test_a_bad_plan_names_the_key(change, message):
     ('{"nested": {"list": [1, -Infinity]}}', "nested.list[1]"),
 ])
 def test_a_plan_file_with_a_non_finite_number_is_refused_naming_the_key(tmp_path, text, key):
-    from backend.extract.plan import load_plan
+    from backend.kit.swap_plan import load_plan
     path = tmp_path / "plan.json"
     path.write_text(text)
     with pytest.raises(PlanError, match=rf"plan.json: {re.escape(key)}: expected a finite number"):
@@ -285,9 +285,9 @@ def _verifier(tmp_path, layers: int = LAYERS):
 def test_the_server_is_asked_for_the_aux_ids_and_the_final_layer_training_gets_the_aux_ids(tmp_path, capsys):
     """vLLM writes one state per listed id; speculators reads the last as the verifier's final state: id n is
     valid for the extraction server (and only there), the aux ids stay 0..n-1."""
-    from backend.extract.plan import check_server_layers
     from backend.ask import main
-    from backend.verifier import (VerifierError, check_extraction_layer_ids, check_layer_ids, extraction_layer_ids,
+    from backend.kit.swap_plan import check_server_layers
+    from backend.kit.verifier import (VerifierError, check_extraction_layer_ids, check_layer_ids, extraction_layer_ids,
                                   read_verifier)
 
     info = read_verifier(_verifier(tmp_path))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.events import parse_events
+from backend.contract.events import parse_events
 from harness.drafter_support import run_stage, stage_env, tiny_verifier
 from tests.fake_hub import FakeHub, HubServer, Repo
 from tests.hub_support import original_eagle3_files
@@ -117,7 +117,7 @@ def test_a_stopped_download_keeps_its_partial_file_and_resumes(tmp_path, big_rep
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err  # a stop is not a failure (backend/exitcodes.py)
+        assert proc.returncode == 0, err  # a stop is not a failure (backend/contract/exitcodes.py)
         ended = finish(tmp_path)
         assert ended["status"] == "stopped" and "run again to resume" in ended["summary"]["error"]
         kept = part.stat().st_size

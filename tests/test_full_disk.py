@@ -1,4 +1,4 @@
-"""A full disk ends every host program the same way (backend/lifecycle.py): exit 1, no traceback, and the
+"""A full disk ends every host program the same way (backend/kit/lifecycle.py): exit 1, no traceback, and the
 last event a finish that says "failed" and names the full volume, so the console never shows "stale".
 
 Each program runs as in the stage contract (tests/test_stage_contract.py's cases, real inputs) with its work
@@ -19,7 +19,7 @@ import pytest
 
 from harness.rig.tmpfs import small_tmpfs
 from tests.test_stage_contract import LAYERS, Case, Kit, events, make_case, py, start
-from tests.drafter_support import copy_runs
+from harness.drafter_support import copy_runs
 
 pytestmark = pytest.mark.timeout(600)
 FILLER = "filler"
@@ -54,9 +54,9 @@ def fill(volume: Path, leave: int = 0) -> None:
 def verify_case(tmp: Path, kit: Kit, request) -> Case:
     """verify on a train run with no stored held-out states: it fetches them from the extraction stand-in
     into the train run's cache (on the small volume) while it runs."""
-    from tests.sim_support import SimServer
+    from harness.sim_support import SimServer
     from tests.test_sim_extraction import ASKED, extraction_flags
-    from tests.train_support import completed_run
+    from harness.train_support import completed_run
 
     work = tmp / "work"
     storage = tmp / "hs-storage"

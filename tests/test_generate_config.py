@@ -7,8 +7,8 @@ import pytest
 
 from backend.generate.client import backoff_delay, read_api_key
 from backend.generate.config import ConfigError, parse_config
-from backend.generate.preflight import (REQUIRED_MODULES, PreflightReport, check_disk, check_modules, estimate_bytes,
-                                       modules_for)
+from backend.generate.preflight import REQUIRED_MODULES, check_disk, check_modules, estimate_bytes, modules_for
+from backend.kit.preflight import PreflightReport
 
 
 def test_config_file_and_flag_precedence(tmp_path):

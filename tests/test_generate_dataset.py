@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from backend.generate import dataset as ds
+from backend.kit import dataset as ds
 
 SHAREGPT = {"conversations": [{"from": "system", "value": "Be brief."},
                               {"from": "human", "value": "Hi?"},

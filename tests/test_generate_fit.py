@@ -6,9 +6,10 @@ import pytest
 from backend.generate.fit import (PROMPT_OVER_BUDGET, PROMPT_TOO_LONG, ContextLimits, Overflow, Plan,
                                   count_from_tokenize, error_message, parse_overflow, plan, surely_fits,
                                   template_allowance, transient_400)
-from backend.generate.preflight import PreflightReport, check_context, check_disk, human_bytes
 from backend.generate.config import parse_config
+from backend.generate.preflight import check_context, check_disk, human_bytes
 from backend.generate.runner import settle
+from backend.kit.preflight import PreflightReport
 
 # Every wording vLLM has used for a request that does not fit, verbatim from the release named (the
 # 0.11 one is the issue's own answer from the demo host).

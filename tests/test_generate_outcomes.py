@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.generate import dataset as ds
+from backend.kit import dataset as ds
 from console.telemetry.probe import RunFile
 from console.telemetry.runs import RunBook
 from tests.test_generate_e2e import ROOT, events, gen_argv, records, run_gen, standin, write_dataset  # noqa: F401
@@ -96,7 +96,7 @@ def test_killed_run_shows_what_is_on_disk_and_counts_total_alike(standin, tmp_pa
 def test_resumed_run_starts_from_what_is_on_disk():
     """The start event carries the counters found on disk: a resumed run shows them before its first
     progress event, not the previous run's last one."""
-    from backend.events import Event
+    from backend.contract.events import Event
 
     def line(kind, **data) -> bytes:
         return Event(kind=kind, stage="generate", run_id="r1", ts=1.0, data=data).to_line()

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from backend.runs import (ManifestMismatch, Manifest, RunDirError, compare_manifests, open_run_dir,
+from backend.contract.runs import (ManifestMismatch, Manifest, RunDirError, compare_manifests, open_run_dir,
                           read_manifest)
 
 

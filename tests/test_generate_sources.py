@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from backend.contract.runs import Manifest, ManifestMismatch, open_run_dir
 from backend.generate import sources as src
-from backend.runs import Manifest, ManifestMismatch, open_run_dir
 from tests.test_generate_e2e import ROOT, events, gen_argv, records, run_gen, standin  # noqa: F401
 
 

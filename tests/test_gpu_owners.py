@@ -1,10 +1,10 @@
-"""Who holds which GPUs (backend/gpu_owners.py), decided before anything starts: a table over host shapes.
+"""Who holds which GPUs (backend/kit/gpu_owners.py), decided before anything starts: a table over host shapes.
 Pure: no host, no processes."""
 from __future__ import annotations
 
 import pytest
 
-from backend.gpu_owners import BASELINE, EXTRACTION, TRAINER, HostShape, OwnershipError, plan_gpus
+from backend.kit.gpu_owners import BASELINE, EXTRACTION, TRAINER, HostShape, OwnershipError, plan_gpus
 from console.control.gpu_plan import host_shape
 from console.profile import profile_from_dict
 
@@ -96,7 +96,7 @@ def test_train_gpus_by_index_reach_the_stage_which_sets_cuda_visible_devices():
         parse_config(["--work-dir", "/w", "--run-id", "r", "--verifier", "/v", "--gpu-ids", "6,7", "--gpus", "1"])
     # the stage sets CUDA_VISIBLE_DEVICES before torch counts the GPUs (a preflight run shows what it saw)
     import subprocess, sys, json as _json
-    from tests.sim_support import REPO
+    from harness.sim_support import REPO
     code = ("import os, sys; import backend.train.__main__ as m; from backend.train import runner; "
             "runner.Stage.run = lambda self: print(os.environ['CUDA_VISIBLE_DEVICES'], self.c.gpus) or 0; "
             "sys.exit(m.main(sys.argv[1:]))")

@@ -1,5 +1,5 @@
 """The server switch waits for the stopped server's GPU memory to be released before starting the next
-(backend/gpu_free.py), on the demo host whose simulated GPUs keep a stopped server's memory for a while
+(backend/kit/gpu_free.py), on the demo host whose simulated GPUs keep a stopped server's memory for a while
 (`--gpu-release-delay`), as a driver freeing a TP8 server of a large model does. Without the wait the
 stand-in refuses to start as vLLM does (free memory below its gpu_memory_utilization share)."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from backend import gpu_free
-from backend.switch import Switch, SwitchFailed, switch_from_dict
+from backend.kit import gpu_free
+from backend.kit.switch import Switch, SwitchFailed, switch_from_dict
 from console import demo
 from console.control.extraction import build_plan
 from console.control.stage_argv import nvidia_smi_prefix

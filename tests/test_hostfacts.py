@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from backend import hostfacts
-from backend.preflight import PreflightReport
+from backend.kit import hostfacts
+from backend.kit.preflight import PreflightReport
 from console.telemetry.runs import host_facts
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.events import Event, read_events
+from backend.contract.events import Event, read_events
 from backend.verify.report import K_MAX, table
 from console import demo
 from console.session import Session

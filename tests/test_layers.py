@@ -80,7 +80,7 @@ def test_backend_imports_nothing_of_the_operator_side():
 
 # a signal handler belongs to the stage lifecycle (one SIGTERM/SIGINT handling per program) and to the
 # torchrun worker (a separate process, no lifecycle in it); everything else asks them
-SIGNAL_HANDLERS_ALLOWED = {"backend/lifecycle.py", "backend/train/worker.py"}
+SIGNAL_HANDLERS_ALLOWED = {"backend/kit/lifecycle.py", "backend/train/worker.py"}
 
 
 def test_only_the_lifecycle_and_the_torchrun_worker_install_signal_handlers():
@@ -128,7 +128,7 @@ def test_telemetry_does_not_import_control():
             (mod, deps)
     # unit and log names: one module below both, which imports only the profile, the run id rule and the
     # bench stages' run names
-    assert graph["console.naming"] <= {"console.profile", "backend.runs", "backend.bench"}
+    assert graph["console.naming"] <= {"console.profile", "backend.contract.runs", "backend.bench"}
 
 
 def test_the_ui_and_the_parsers_import_no_host_code():
@@ -167,3 +167,65 @@ def test_benchmarks_import_nothing_from_tests_and_run_without_pytest():
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# ---- the host side's rooms (backend/): the run contract at the bottom, the kit the programs are built from
+# above it, the drafter (what train and verify share) above the kit, the programs on top. No arrow runs back up.
+ROOM_BELOW = {"backend.contract": ("backend.contract",),
+              "backend.kit": ("backend.contract", "backend.kit"),
+              "backend.drafter": ("backend.contract", "backend.kit", "backend.drafter")}
+# programs that run other programs' stages (the pipeline, the bench pair): they may read a stage's own modules
+COMPOSERS = ("backend.chain", "backend.benchpair")
+
+
+def _top(mod: str) -> str:
+    return ".".join(mod.split(".")[:2])
+
+
+def room_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every arrow that runs up or sideways: a room importing above itself (the contract anything of the
+    kit, the drafter or a program; the kit the drafter or a program; the drafter a program), and a program
+    importing another program (a stage another stage), the composers aside."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        if not mod.startswith("backend."):
+            continue
+        top = _top(mod)
+        for dep in sorted(d for d in deps if d.startswith("backend.")):
+            if top in ROOM_BELOW:
+                if _top(dep) not in ROOM_BELOW[top]:
+                    bad.append(f"{mod} -> {dep}")
+            elif _top(dep) not in ROOM_BELOW and _top(dep) != top and top not in COMPOSERS:
+                bad.append(f"{mod} -> {dep}")
+    return bad
+
+
+def test_every_backend_module_is_in_a_room_or_is_a_program():
+    tops = {p.name.removesuffix(".py") for p in (REPO / "backend").iterdir() if p.name != "__pycache__"}
+    rooms = {r.split(".")[1] for r in ROOM_BELOW}
+    assert rooms <= tops
+    for name in sorted(tops - rooms - {"__init__"}):
+        # a program: `python -m backend.<name>` runs it
+        path = REPO / "backend" / name
+        assert (path / "__main__.py").exists() or path.with_suffix(".py").exists(), name
+
+
+def test_the_rooms_and_the_programs_import_only_below_themselves():
+    assert room_violations(module_imports()) == []
+
+
+def test_the_room_rules_refuse_an_arrow_back_up():
+    graph = {
+        "backend.verify.runner": {"backend.train.runner"},      # a stage importing another stage
+        "backend.kit.swap": {"backend.extract.runner"},         # the kit importing a stage
+        "backend.kit.switch": {"backend.drafter.verifier"},     # the kit importing the drafter
+        "backend.contract.runs": {"backend.kit.lifecycle"},     # the contract importing the kit
+        "backend.drafter.draft": {"backend.verify.report"},     # the drafter importing a stage
+        "backend.chain.requirements": {"backend.train.runner"},  # a composer: allowed
+        "backend.train.runner": {"backend.drafter.verifier", "backend.kit.swap", "backend.contract.runs",
+                                 "backend.train.config"},
+    }
+    assert room_violations(graph) == [
+        "backend.contract.runs -> backend.kit.lifecycle", "backend.drafter.draft -> backend.verify.report",
+        "backend.kit.swap -> backend.extract.runner", "backend.kit.switch -> backend.drafter.verifier",
+        "backend.verify.runner -> backend.train.runner"]

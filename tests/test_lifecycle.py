@@ -1,4 +1,4 @@
-"""The stage lifecycle (backend/lifecycle.py) with a toy stage that writes only its body: the run directory,
+"""The stage lifecycle (backend/kit/lifecycle.py) with a toy stage that writes only its body: the run directory,
 events, signals, summary, finish and exit code come from the lifecycle. Also a full disk (a real, tiny
 tmpfs): every program ends with a finish, the toy's naming the full volume."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import exitcodes
+from backend.contract import exitcodes
 from harness.rig.tmpfs import small_tmpfs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 TOY = textwrap.dedent('''
     """A toy stage: its body and nothing else."""
     import os, sys, time
-    from backend.lifecycle import StageFailed, StageRun
-    from backend.runs import Manifest
+    from backend.contract.runs import Manifest
+    from backend.kit.lifecycle import StageFailed, StageRun
 
     def body(ctx):
         ctx.start(total=3)
@@ -171,8 +171,8 @@ def test_bad_input_creates_nothing(tmp_path):
 
 
 def test_a_failed_event_write_never_takes_the_run_down(tmp_path, capsys):
-    from backend.lifecycle import StageRun
-    from backend.runs import Manifest
+    from backend.contract.runs import Manifest
+    from backend.kit.lifecycle import StageRun
 
     ctx = StageRun("toy", "t", work_dir=str(tmp_path), manifest=Manifest(stage="toy", run_id="t", identity={}))
 

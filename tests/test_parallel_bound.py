@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from backend.gpu_owners import OwnershipError, server_gpus_of
+from backend.kit.gpu_owners import OwnershipError, server_gpus_of
 from console.control.gpu_plan import server_gpus
 from console.control.operator_unit import unit_settings
 from console.control.server_argv import ServerArgvError, target_tp

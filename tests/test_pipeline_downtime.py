@@ -21,7 +21,7 @@ def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 
 def completed(work: Path, stage: str, run_id: str, started: float, seconds: float) -> None:
-    """A completed run's events as the stage writes them (backend/events.py): its start and its finish."""
+    """A completed run's events as the stage writes them (backend/contract/events.py): its start and its finish."""
     run = work / "runs" / run_id
     run.mkdir(parents=True)
     events = [{"ts": started, "kind": "start", "stage": stage, "run_id": run_id, "total": 1},

@@ -1,11 +1,11 @@
-"""How a stage finds its input run (backend/lookup.py): only a completed run of the right stage."""
+"""How a stage finds its input run (backend/contract/lookup.py): only a completed run of the right stage."""
 from __future__ import annotations
 
 import pytest
 
-from backend.events import EventLog
-from backend.lookup import InputError, completed_run, latest_completed
-from backend.runs import Manifest, open_run_dir
+from backend.contract.events import EventLog
+from backend.contract.lookup import InputError, completed_run, latest_completed
+from backend.contract.runs import Manifest, open_run_dir
 
 
 def make_run(work, stage, run_id, *, finish=None, summary=None):

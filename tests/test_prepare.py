@@ -178,7 +178,7 @@ def test_bad_input_is_one_clear_line_and_nothing_is_created(case, tiny, tok, env
 
 
 def test_a_run_dir_holding_another_prepare_is_refused_and_kept(tiny, tok, env, tmp_path):
-    from backend.runs import Manifest, open_run_dir
+    from backend.contract.runs import Manifest, open_run_dir
 
     write_generate_run(tmp_path, "gen", [sample_record(tok, i) for i in range(6)])
     old = open_run_dir(str(tmp_path), "p", Manifest(stage="prepare", run_id="p", identity={"seq_length": 128}))

@@ -1,7 +1,7 @@
 """Prune never deletes what a run needs (issue 28): one dependency graph read from every key of every run
 record, the host's own live units, sessions and processes, resumable runs kept, the disk hint never
 naming the run that asks, per-run delete results, never across a mount point, and a hostile answer
-from the host left out and said (backend/disk.py, console/control/disk.py)."""
+from the host left out and said (backend/kit/disk.py, console/control/disk.py)."""
 from __future__ import annotations
 
 import json
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from backend import disk
-from backend.events import EventLog
-from backend.runs import Manifest, open_run_dir, stage_unit_name, unit_run
+from backend.contract.events import EventLog
+from backend.contract.runs import Manifest, open_run_dir, stage_unit_name, unit_run
+from backend.kit import disk
 from console.control.disk import DiskError, parse_plan, parse_survey
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,7 +172,7 @@ def test_a_live_tmux_session_of_another_console_keeps_its_run(tmp_path):
     session = stage_unit_name("train", "old-train")
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "sleep 60"], env=env, check=True)
     try:
-        out = subprocess.run([sys.executable, "-m", "backend.disk", "prune", "--work-dir", str(work)], env=env,
+        out = subprocess.run([sys.executable, "-m", "backend.kit.disk", "prune", "--work-dir", str(work)], env=env,
                              cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
         plan = json.loads(out.stdout)
         kept = {k["name"]: k["reason"] for k in plan["keep"]}
@@ -185,7 +185,7 @@ def test_a_live_tmux_session_of_another_console_keeps_its_run(tmp_path):
 # ---- the disk hint ----------------------------------------------------------------------------------
 
 def test_the_disk_hint_never_names_the_run_resuming_nor_its_inputs(tmp_path):
-    from backend import preflight
+    from backend.kit import preflight
     work = tmp_path / "w"
     run(work, "big-gen", "generate", age_s=9 * DAY, payload=1 << 20)
     run(work, "gen-new", "generate", age_s=DAY)
@@ -231,7 +231,7 @@ def test_a_run_the_user_cannot_delete_is_said_and_the_rest_still_go():
         subprocess.run(["chown", "-R", "65534:65534", str(work)], check=True)
         subprocess.run(["chown", "-R", "0:0", str(work / "runs" / "b" / "rows")], check=True)  # a root stage's
         out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                              "-m", "backend.disk", "prune", "--work-dir", str(work), "--delete", "--only", "a",
+                              "-m", "backend.kit.disk", "prune", "--work-dir", str(work), "--delete", "--only", "a",
                               "--only", "b", "--only", "c"], cwd=REPO, capture_output=True, text=True,
                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert out.returncode == 0, out.stderr
@@ -355,7 +355,7 @@ def test_randomized_graphs_never_lose_what_a_kept_run_needs(tmp_path, seed):
         run(work, name, rnd.choice(stages), status=rnd.choice(states), identity=identity, files=files,
             age_s=rnd.uniform(0, 30) * DAY if rnd.random() > 0.1 else rnd.uniform(0, 300))
         names.append(name)
-    truth = {}  # every dependency as written, read back independently of backend.disk's parser
+    truth = {}  # every dependency as written, read back independently of backend.kit.disk's parser
     for name in names:
         blob = "".join(p.read_text() for p in (work / "runs" / name).glob("*.json"))
         truth[name] = {d for d in names if d != name and (f'"{d}"' in blob or f"/runs/{d}/" in blob)}
@@ -419,7 +419,7 @@ async def test_the_delete_runs_as_the_stages_do_through_sudo_where_the_profile_s
     finally:
         await host.close()
     assert done.results == (cdisk.Deletion("old", True),) and not (work / "runs" / "old").exists()
-    assert log.read_text().startswith("-n env PYTHONPATH=") and "backend.disk prune --delete --only old" in log.read_text()
+    assert log.read_text().startswith("-n env PYTHONPATH=") and "backend.kit.disk prune --delete --only old" in log.read_text()
 
 
 async def test_p_lists_every_run_it_deletes_and_deletes_exactly_those():
@@ -430,7 +430,7 @@ async def test_p_lists_every_run_it_deletes_and_deletes_exactly_those():
     from console.session import ActionResult
     from console.ui.app import ConsoleApp
     from console.ui.screens.confirm import ConfirmScreen
-    from tests.fake_controller import FakeController, base_snapshot
+    from harness.fake_controller import FakeController, base_snapshot
 
     runs = tuple(RunSpace(f"gen-{i:02d}", f"gen-{i:02d}", "generate", "completed", (i + 1) << 20, 0.0, False,
                           breaks="breaks prep-9 (manifest.json: identity.input_run)" if i == 29 else "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from backend.events import Event
+from backend.contract.events import Event
 from console.control.units import stage_unit_name
 from console.host.local import LocalHost
 from console.profile import profile_from_dict

@@ -1,5 +1,5 @@
 """Run states from events and units (pure), including the races between a stage's exit and the probe."""
-from backend.events import Event
+from backend.contract.events import Event
 from console.telemetry.probe import RunFile
 from console.telemetry.runs import RunBook
 

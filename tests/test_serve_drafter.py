@@ -1,7 +1,7 @@
 """Switching servers: `run serve-drafter` stops the baseline and serves the verified drafter as
 `<unit>-drafter`, `run serve-baseline` brings the baseline back; one server at a time, checked on the
 host. On the demo host for real (its tmux sessions and the processes in them), with the host-side
-choice of checkpoint (backend/servable.py) and the parsers of the service manager's answer."""
+choice of checkpoint (backend/kit/servable.py) and the parsers of the service manager's answer."""
 from __future__ import annotations
 
 import asyncio
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from backend.events import EventLog
-from backend.runs import Manifest, open_run_dir
-from backend.servable import servable
-from backend.lookup import InputError
+from backend.contract.events import EventLog
+from backend.contract.lookup import InputError
+from backend.contract.runs import Manifest, open_run_dir
+from backend.kit.servable import servable
 from console.control.drafter_server import drafter_command, live_servers_argv, parse_live_servers
 from console.control.server_argv import server_command
 from console.profile import load_profile, profile_from_dict
@@ -68,7 +68,7 @@ def test_servable_takes_the_latest_verified_checkpoint(tmp_path):
 
 
 def test_a_published_drafter_is_benched_as_the_third_never_served_by_default(tmp_path):
-    from backend.servable import third
+    from backend.kit.servable import third
 
     ours, published = tmp_path / "ck-ours", tmp_path / "ck-published"
     ours.mkdir(), published.mkdir()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.events import EventLog
-from backend.runs import Manifest, open_run_dir
+from backend.contract.events import EventLog
+from backend.contract.runs import Manifest, open_run_dir
 from console.control.drafter_server import drafter_command, drafter_unit
 from console.control.operator_unit import read_server_program
 from console.profile import load_profile

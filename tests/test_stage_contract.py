@@ -1,4 +1,4 @@
-"""The stage contract, one test over every host program (backend/lifecycle.py, backend/exitcodes.py):
+"""The stage contract, one test over every host program (backend/kit/lifecycle.py, backend/contract/exitcodes.py):
 
 - SIGTERM mid-body: exit 0, a summary.json and a finish event that say "stopped"; a program that switched
   servers has the baseline back (the stand-in baseline answers again);
@@ -26,8 +26,8 @@ import pytest
 
 from sim.tinylm import DEFAULT_RECIPE
 
-from tests.drafter_support import REPO, copy_runs, prepared_work, stage_env, tiny_verifier, write_generate_run
-from tests.sim_support import free_port
+from harness.drafter_support import REPO, copy_runs, prepared_work, stage_env, tiny_verifier, write_generate_run
+from harness.sim_support import free_port
 
 pytestmark = pytest.mark.timeout(900)
 LAYERS = [1, 2, 3]
@@ -105,7 +105,7 @@ class Baseline:
 
 
 def switch_of(baseline: Baseline, away: list[dict[str, Any]], endpoint: str, **extra: Any) -> dict[str, Any]:
-    """The one server switch's plan (backend/switch.py): the stand-in baseline home, `away` to switch to."""
+    """The one server switch's plan (backend/kit/switch.py): the stand-in baseline home, `away` to switch to."""
     home = {"name": "baseline", "unit": "baseline", "start": baseline.cmd("start"), "stop": baseline.cmd("stop"),
             "alive": baseline.cmd("alive")}
     return {"version": 1, "home": home, "away": away, "endpoint": endpoint, "ready_timeout_s": 600,
@@ -177,7 +177,7 @@ class Kit:
             elif key == "prepared":
                 self._made[key] = prepared_work(self.factory, self["tiny"])
             elif key == "checkpoint":
-                from tests.specdec_support import dry_run
+                from harness.specdec_support import dry_run
 
                 root = self.factory.mktemp("contract-draft")
                 self._made[key] = dry_run(self["tiny"], root / "draft", self.env, layers=LAYERS)
@@ -212,7 +212,7 @@ def make_case(program: str, scenario: str, tmp: Path, kit: dict[str, Any], reque
                                 for i in range(200)))
         endpoint = dead
         if scenario == "stop":
-            from tests.sim_support import SimServer
+            from harness.sim_support import SimServer
 
             sim = SimServer(tmp, "--served-model-name", "m", "--latency", "0.3").start().wait_ready()
             request.addfinalizer(sim.kill)
@@ -228,7 +228,7 @@ def make_case(program: str, scenario: str, tmp: Path, kit: dict[str, Any], reque
         if scenario != "fail":
             copy_runs(kit["prepared"], work, ("gen",))
         else:  # records only: the render endpoint must answer, and none does
-            from tests.drafter_support import Tokenizer, sample_record
+            from harness.drafter_support import Tokenizer, sample_record
 
             tok = Tokenizer(kit["tiny"])
             write_generate_run(work, "gen", [sample_record(tok, i) for i in range(4)], token_rows=False)
@@ -253,7 +253,7 @@ def make_case(program: str, scenario: str, tmp: Path, kit: dict[str, Any], reque
                        "--optimizer", "adamw"), work, "t", ready=waiting, baseline=baseline, env=env)
 
     if program == "verify":
-        from tests.train_support import completed_run
+        from harness.train_support import completed_run
 
         copy_runs(kit["prepared"], work, ("gen", "prep"))
         prep = json.loads((work / "runs" / "prep" / "summary.json").read_text())
@@ -270,7 +270,7 @@ def make_case(program: str, scenario: str, tmp: Path, kit: dict[str, Any], reque
                                    for i in range(8)))
         endpoint = dead
         if scenario == "stop":
-            from tests.sim_support import SimServer
+            from harness.sim_support import SimServer
 
             sim = SimServer(tmp, "--served-model-name", "m", "--response-tokens", "40",
                             "--latency-per-token", "0.05").start().wait_ready()
@@ -311,7 +311,7 @@ def make_case(program: str, scenario: str, tmp: Path, kit: dict[str, Any], reque
         # written as backend.bench writes one); the K=2 drafter server never answers (the endpoint is the
         # baseline's), so a stop finds the pair waiting in its swap; a failure: it cannot start. Either way
         # the drafter server is stopped and the baseline serves again
-        done = ("from tests.train_support import completed_run; import sys; "
+        done = ("from harness.train_support import completed_run; import sys; "
                 "completed_run(__import__('pathlib').Path(sys.argv[1]), 'bench', 'bp-baseline', {})")
         flag = tmp / "drafter.up"  # the drafter server's unit runs while its flag is there
         servers = [{"name": f"drafter_k{k}", "unit": "drafter",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from backend.lookup import INPUT_STAGE, STAGES as HOST_STAGES
+from backend.contract.lookup import INPUT_STAGE, STAGES as HOST_STAGES
 from console.cli import main
 from console.control import stages
 from console.control.launch import StageRequest, busy_stages, pipeline_range, stops_baseline
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TOY_PROGRAM = """
 import os, sys, time
-from backend.events import EventLog
+from backend.contract.events import EventLog
 work, run_id, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 run_dir = os.path.join(work, "runs", run_id)
 os.makedirs(run_dir, exist_ok=True)
@@ -188,6 +188,9 @@ async def test_wait_after_a_resumed_pipeline_follows_the_new_start(monkeypatch, 
         async def snapshots(self, connecting=True):
             for run in (before, before, *resumed):
                 yield Snapshot(HostInfo("h", reachable=True), ServiceInfo("tmux", "u"), runs=(run,))
+
+        async def settle(self):  # run --wait reads every run to the end before it prints the results
+            return Snapshot(HostInfo("h", reachable=True), ServiceInfo("tmux", "u"), runs=(resumed[-1],))
 
     async def alive(*args):
         return None  # its unit still runs: the resume has not written its start yet

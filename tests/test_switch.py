@@ -1,4 +1,4 @@
-"""The one server switch (backend/switch.py) and the host's server lock (backend/serverlock.py), with real
+"""The one server switch (backend/kit/switch.py) and the host's server lock (backend/kit/serverlock.py), with real
 processes: servers are marker files handled by the plan's commands (a service manager reduced to
 `touch`/`rm`/`test`), readiness is a real HTTP endpoint."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.serverlock import LockHeld, ServerLock
-from backend.switch import Switch, SwitchFailed, switch_from_dict
-from tests.sim_support import REPO
+from backend.kit.serverlock import LockHeld, ServerLock
+from backend.kit.switch import Switch, SwitchFailed, switch_from_dict
+from harness.sim_support import REPO
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,7 +99,7 @@ def test_the_lock_names_its_holder_and_is_passed_to_a_child(tmp_path):
     with pytest.raises(LockHeld, match=r"switched by pipeline run p1 \(pid \d+, since .*UTC\).*wait for it"):
         ServerLock(path, "bench run b1").acquire()
     # a child given the descriptor holds it too (the pipeline's stages)
-    code = ("import sys; from backend.serverlock import ServerLock; l = ServerLock(sys.argv[1], 'extract').acquire(); "
+    code = ("import sys; from backend.kit.serverlock import ServerLock; l = ServerLock(sys.argv[1], 'extract').acquire(); "
             "print(l.inherited)")
     out = subprocess.run([sys.executable, "-c", code, path], env={**os.environ, **first.child_env(),
                                                                   "PYTHONPATH": str(REPO)},
@@ -110,7 +110,7 @@ def test_the_lock_names_its_holder_and_is_passed_to_a_child(tmp_path):
 
 
 def switch_cli(plan: Path, to: str, events: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "backend.switch", "--plan", str(plan), "--to", to,
+    return subprocess.Popen([sys.executable, "-m", "backend.kit.switch", "--plan", str(plan), "--to", to,
                              "--events", str(events)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -161,7 +161,7 @@ def test_detached_the_caller_returns_once_the_server_started_and_the_switch_goes
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(data))
     events = tmp_path / "switches.jsonl"
-    out = subprocess.run([sys.executable, "-m", "backend.switch", "--plan", str(plan), "--to", "drafter", "--events",
+    out = subprocess.run([sys.executable, "-m", "backend.kit.switch", "--plan", str(plan), "--to", "drafter", "--events",
                           str(events), "--detach", str(tmp_path / "logs" / "switch.log")], cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "started drafter; it goes on detached" in out.stdout, out
@@ -218,7 +218,7 @@ def test_a_units_secret_environment_never_lands_in_the_switchs_events(tmp_path, 
 
 
 def test_sigterm_stops_a_serve_switch_through_the_lifecycle_and_brings_the_baseline_back(tmp_path):
-    """The serve switch's own program has no signal handler of its own: the lifecycle's (backend/lifecycle.py
+    """The serve switch's own program has no signal handler of its own: the lifecycle's (backend/kit/lifecycle.py
     install_stop_handler) stops it while its server loads; it ends stopped, exit 1, the baseline back."""
     (tmp_path / "servers").mkdir()
     (tmp_path / "servers" / "baseline").touch()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.events import EventLog
+from backend.contract.events import EventLog
 from console.snapshot import LOAD_ORDER as SNAPSHOT_LOAD_ORDER
 from console.profile import profile_from_dict
 from console import demo

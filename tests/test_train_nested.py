@@ -31,8 +31,8 @@ def test_the_decoy_is_what_speculators_alone_would_load_and_pinning_avoids_it(ne
     from safetensors.torch import load_file
     from speculators.utils import loading  # called through the module, as speculators' model.py does
 
-    from backend.train.adapters import pinned_verifier_tensors
-    from backend.train.verifier import NORM, inspect_verifier
+    from backend.drafter.adapters import pinned_verifier_tensors
+    from backend.drafter.verifier import NORM, inspect_verifier
 
     info = inspect_verifier(str(nested))
     assert info.nested and info.remote_code and info.num_layers == 4
@@ -65,8 +65,8 @@ def test_nested_remote_code_verifier_trains_and_reloads_with_its_own_tensors(tmp
     import torch
     from safetensors.torch import load_file
 
-    from backend.train.verifier import inspect_verifier
-    from backend.verify.draft import load_draft
+    from backend.drafter.draft import load_draft
+    from backend.drafter.verifier import inspect_verifier
 
     data = ts.Dataset(tmp_path / "data", tiny, train=12, heldout=4)  # same weights: same hidden states
     work = tmp_path / "work"

@@ -1,6 +1,6 @@
 """Online training from the console on the demo host, for real on CPU: `run train --online` trains on a prepare
 run with no extract stage, the train stage itself swapping the stand-in's extraction server in for the
-baseline (backend/swap.py) and speculators fetching each batch's hidden states from it; `run verify --online`
+baseline (backend/kit/swap.py) and speculators fetching each batch's hidden states from it; `run verify --online`
 fetches the held-out ones the same way. The baseline is back afterwards, each time."""
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from backend.train import checkpoints as ck
+from backend.drafter import checkpoints as ck
 from backend.train import selection as sel
 
 

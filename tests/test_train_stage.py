@@ -172,8 +172,8 @@ def test_training_completes_loss_falls_and_checkpoint_reloads(faulted_run, verif
     assert os.path.islink(r["run_dir"] / "checkpoints" / "checkpoint_best")
     for name in ("checkpoints", "heldout_data", "heldout_hidden_states", "token_freq"):
         assert os.path.exists(summary["outputs"][name]), name
-    from backend.train.verifier import inspect_verifier
-    from backend.verify.draft import load_draft
+    from backend.drafter.draft import load_draft
+    from backend.drafter.verifier import inspect_verifier
 
     model = load_draft(ckpt, inspect_verifier(str(verifier)))
     assert model.config.eagle_aux_hidden_state_layer_ids == ts.LAYERS and model.lm_head.weight.shape[0] == 512
@@ -237,8 +237,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path, data, verifier, capsys):
 
 
 def test_checkpoints_of_another_verifier_are_refused_and_kept(faulted_run, tmp_path, verifier, env, capsys):
-    from backend.runs import Manifest, read_manifest, write_json_atomic
-    from backend.train.verifier import inspect_verifier
+    from backend.contract.runs import Manifest, read_manifest, write_json_atomic
+    from backend.drafter.verifier import inspect_verifier
 
     other = tmp_path / "other-verifier"
     shutil.copytree(verifier, other)

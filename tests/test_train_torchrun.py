@@ -1,5 +1,5 @@
 """The train stage's torchrun and its ranks die with the stage (backend/train/launch.py), and hold its run
-lock (backend/runlock.py) until they are gone: a kill -9 of the stage (tmux's session killed, the OOM
+lock (backend/kit/runlock.py) until they are gone: a kill -9 of the stage (tmux's session killed, the OOM
 killer) leaves no rank training on, and a resume started afterwards is refused until the last one exits.
 
 Real processes: the stage with two CPU ranks under torchrun (simulated GPUs, the demo host's way), the
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.hostlock import LockHeld
-from backend.runlock import RunLock
+from backend.kit.hostlock import LockHeld
+from backend.kit.runlock import RunLock
 from harness import train_support as ts
 
 pytestmark = pytest.mark.timeout(300)

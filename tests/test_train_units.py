@@ -11,11 +11,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("speculators")
 
-from backend.preflight import PreflightReport  # noqa: E402
-from backend.train import adapters, preflight  # noqa: E402
+from backend.drafter import adapters
+from backend.drafter.acceptance import Acceptance, chain_accepted  # noqa: E402
+from backend.kit.preflight import PreflightReport  # noqa: E402
+from backend.train import preflight  # noqa: E402
 from backend.train.config import ConfigError, parse_config  # noqa: E402
 from backend.train.metrics import MetricsHandler, positional  # noqa: E402
-from backend.verify.acceptance import Acceptance, chain_accepted  # noqa: E402
 from console.telemetry.train_view import TrainSeries  # noqa: E402
 
 SAMPLES = Path(__file__).parent / "samples" / "nvidia_smi"
@@ -198,8 +199,8 @@ def _fake_checkpoint(path: Path, *, d2t: torch.Tensor | None, t2d: torch.Tensor 
 
 
 def test_checks_catch_a_bad_mapping_out_of_range_layers_and_a_missing_verifier(tmp_path):
-    from backend.train.verifier import VerifierInfo
-    from backend.verify import checks
+    from backend.drafter import checks
+    from backend.drafter.verifier import VerifierInfo
 
     info = VerifierInfo(path=str(tmp_path), architectures=["LlamaForCausalLM"], model_type="llama", nested=False,
                         remote_code=False, num_layers=4, hidden_size=8, vocab_size=10)

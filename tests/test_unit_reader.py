@@ -75,7 +75,7 @@ def test_bus_label_matches_systemd():
 
 
 def test_secret_looking_values_are_hidden_in_shown_commands():
-    from backend.redact import redacted
+    from backend.kit.redact import redacted
 
     argv = ["systemd-run", "--setenv=HF_TOKEN=hf_x", "--setenv=NCCL_P2P_DISABLE=1", "env", "OPENAI_API_KEY=k",
             "--api-key=sk-eq", "vllm", "serve", "/m", "--api-key", "sk-space", "--tokenizer", "/tok",

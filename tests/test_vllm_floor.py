@@ -1,4 +1,4 @@
-"""The oldest vLLM an extraction runs on (backend/vllm_floor.py): 0.17.0 for every verifier, 0.25.0 for the
+"""The oldest vLLM an extraction runs on (backend/kit/vllm_floor.py): 0.17.0 for every verifier, 0.25.0 for the
 DeepSeek-V2 family (Kimi-K2.5 wraps one), whose final-layer state older releases do not return. A baseline
 reporting an older release is refused before the swap stops it: on the demo host, its stand-in told to
 imitate vLLM 0.24.0, with a Kimi-K2.5-shaped verifier config."""
@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from backend.ask import main
-from backend.verifier import read_verifier
-from backend.vllm_floor import extraction_floor, parse_version, refusal
+from backend.kit.verifier import read_verifier
+from backend.kit.vllm_floor import extraction_floor, parse_version, refusal
 from console import demo
 from console.session import Session
 from tests.polling import until

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import train_support as ts
+from harness import train_support as ts
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -56,8 +56,8 @@ def _copy(cold: dict, tmp_path: Path, edit) -> Path:
 
 
 def _refusal(cold: dict, verifier: Path, source: str, draft_vocab: int | None = None) -> str:
+    from backend.drafter.verifier import inspect_verifier
     from backend.train import warm_start
-    from backend.train.verifier import inspect_verifier
 
     info = inspect_verifier(str(verifier))
     with pytest.raises(warm_start.WarmStartError) as err:
@@ -175,8 +175,8 @@ def test_a_warm_started_run_trains_from_the_checkpoint_and_resumes_after_kill9(c
     warm_first = [e["loss"] for e in events if e.get("phase") == "train"][:3]
     assert sum(warm_first) < 0.8 * sum(cold_first), (warm_first, cold_first)
     # and its checkpoint keeps the cold drafter's vocabulary mapping (verify checks it as vLLM will)
-    from backend.train.verifier import inspect_verifier
-    from backend.verify.draft import load_draft
+    from backend.drafter.draft import load_draft
+    from backend.drafter.verifier import inspect_verifier
 
     model = load_draft(summary["outputs"]["checkpoint"], inspect_verifier(str(verifier)))
     assert model.lm_head.weight.shape[0] == VOCAB

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from backend.events import Event
+from backend.contract.events import Event
 from console import demo
 from console.control import launch
 from console.control.units import is_stage_unit

@@ -1,6 +1,6 @@
 """`python -m backend.bench ...`: see backend/bench/runner.py.
 
-Exit codes (backend/exitcodes.py): 0 completed (or stopped by SIGTERM), 1 failed (the server did not
+Exit codes (backend/contract/exitcodes.py): 0 completed (or stopped by SIGTERM), 1 failed (the server did not
 answer, every request of a level failed, vllm bench serve failed), 2 bad input (nothing created), 3
 completed but slower than the --baseline-run it was compared with (a drafter that does not pay).
 """
@@ -10,7 +10,7 @@ import sys
 
 from backend.bench.config import ConfigError, parse_config
 from backend.bench.runner import main as run
-from backend.lifecycle import refuse
+from backend.kit.lifecycle import refuse
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 while the bench decoded with it (same drafter, same K, the same held-out prompts: the bench's workload is the
 prepare run's held-out rows, which verify measures too).
 
-Offline: verify's greedy-chain acceptance on the held-out rows (backend/verify/acceptance.py), per position
+Offline: verify's greedy-chain acceptance on the held-out rows (backend/drafter/acceptance.py), per position
 the share of anchors whose first i draft tokens were all accepted. Online: vLLM's spec-decode counters over
 the bench's windows, pooled over its concurrency levels, per position accepted-at-i / drafts, which is the
 same cumulative quantity. Both lengths are 1 + mean accepted per draft. Pure; reads host data defensively.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from backend.bench.results import LevelResult
-from backend.numbers import count, finite
+from backend.contract.numbers import count, finite
 
 
 @dataclass(frozen=True)

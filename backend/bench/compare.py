@@ -21,8 +21,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from backend import exitcodes
 from backend.bench.results import BenchResult, BenchResultError
+from backend.contract import exitcodes
 
 EXIT_SLOWER = exitcodes.SLOWER  # the bench measured fine, and a drafter made generation slower
 BASELINE = "baseline"
@@ -196,7 +196,7 @@ def format_table(cmp: Comparison) -> str:
 # ---- finished runs -----------------------------------------------------------------------------------
 def load_run_result(work_dir: str, run_id: str) -> BenchResult:
     """The result of a completed bench run (via the pipeline's input rule: completed runs only)."""
-    from backend.lookup import InputError, completed_run
+    from backend.contract.lookup import InputError, completed_run
 
     run = completed_run(work_dir, run_id, "bench")
     path = run.outputs.get("results") or os.path.join(run.path, "bench.json")
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     p.add_argument("runs", nargs="+", metavar="RUN")
     ns = p.parse_args(argv)
-    from backend.runs import RunDirError
+    from backend.contract.runs import RunDirError
 
     try:
         cmp = compare([load_run_result(ns.work_dir, r) for r in ns.runs], ns.baseline)

@@ -5,7 +5,7 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from backend.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
+from backend.kit.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 CLIENTS = ("auto", "vllm", "ours")

@@ -25,8 +25,8 @@ from backend.bench.config import BenchConfig
 from backend.bench.results import (OUR_CLIENT, VLLM_BENCH, BenchResult, BenchResultError, LevelResult, figures,
                                    parse_vllm_bench_result)
 from backend.bench.scrape import acceptance_between
-from backend.lifecycle import StageFailed, StageRun, refuse
-from backend.runs import Manifest, RunDir, RunDirError, write_json_atomic
+from backend.contract.runs import Manifest, RunDir, RunDirError, write_json_atomic
+from backend.kit.lifecycle import StageFailed, StageRun, refuse
 
 RESULT_FILE = "bench.json"
 VLLM_DIR = "vllm-bench"
@@ -54,7 +54,7 @@ class BenchRun:
     # -- events ---------------------------------------------------------------------------------------
     def emit(self, kind: str, **data: Any) -> None:
         if self.ctx is not None:
-            self.ctx.emit(kind, **data)  # backend/lifecycle.py: never takes the run down
+            self.ctx.emit(kind, **data)  # backend/kit/lifecycle.py: never takes the run down
 
     def _progress(self, level: int) -> None:
         elapsed = max(1e-9, time.monotonic() - self.started)
@@ -63,7 +63,7 @@ class BenchRun:
 
     # -- the run --------------------------------------------------------------------------------------
     async def run(self, ctx: StageRun) -> None:
-        """The body (backend/lifecycle.py): a stop cancels it; the levels measured so far are kept."""
+        """The body (backend/kit/lifecycle.py): a stop cancels it; the levels measured so far are kept."""
         c = self.c
         self.ctx = ctx
         run_dir = ctx.run_dir

@@ -5,7 +5,7 @@ held out (its split.json), which the drafter never trained on. From a generate r
 marked as not held out. From a file (`--prompts`): generation records (output.jsonl) or chat rows
 (`messages` or ShareGPT `conversations`), parquet or json as the generation stage reads them.
 
-The prompt of a row is its turns up to the last user turn (backend/generate/dataset.extract_prompt, the
+The prompt of a row is its turns up to the last user turn (backend/kit/dataset.extract_prompt, the
 generation stage's own rule). The selection is deterministic: rows ordered by a hash of (seed, sample id),
 the first N taken, so the baseline and the drafter get exactly the same workload. Random tokens are never
 used: a drafter accepts almost nothing on them, which says nothing about the operator's traffic.
@@ -22,9 +22,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from backend.generate import dataset as ds
-from backend.lookup import InputError, completed_run
-from backend.runs import read_manifest, run_path
+from backend.contract.lookup import InputError, completed_run
+from backend.contract.runs import read_manifest, run_path
+from backend.kit import dataset as ds
 
 MAX_LINE = 64 * 2**20  # a generation record with a long answer is big, but not this big
 

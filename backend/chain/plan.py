@@ -4,10 +4,10 @@
                  "argv": ["python3", "-m", "backend.prepare", "--work-dir", ...],
                  "env": {"PYTHONPATH": "..."}}, ...],
      "lock_path": "/w/state/servers.lock",                    (optional: some stage switches servers)
-     "hold": {"from": "extract", "to": "verify", "switch": {...}}}   (optional, backend/gpu_owners.py)
+     "hold": {"from": "extract", "to": "verify", "switch": {...}}}   (optional, backend/kit/gpu_owners.py)
 
-`lock_path`: the chain takes the host's server lock (backend/serverlock.py) for its whole run and hands
-it to its stages. `hold`: the baseline is stopped (with the one server switch, backend/switch.py) before
+`lock_path`: the chain takes the host's server lock (backend/kit/serverlock.py) for its whole run and hands
+it to its stages. `hold`: the baseline is stopped (with the one server switch, backend/kit/switch.py) before
 stage `from` and started again after stage `to`, or as soon as the chain ends early; the stages between
 run with E3_BASELINE_HELD=1 and leave it down.
 """
@@ -17,10 +17,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.lookup import STAGES
-from backend.plans import PlanError, argv_list, read_plan
-from backend.runs import RunDirError, check_run_id
-from backend.switch import SwitchPlan, SwitchPlanError, switch_from_dict
+from backend.contract.lookup import STAGES
+from backend.contract.plans import PlanError, argv_list, read_plan
+from backend.contract.runs import RunDirError, check_run_id
+from backend.kit.switch import SwitchPlan, SwitchPlanError, switch_from_dict
 
 PLAN_FILE = "plan.json"
 

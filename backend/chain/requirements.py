@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from backend.chain.plan import PlannedStage
 from backend.generate.preflight import JSONL_MODULES
-from backend.preflight import free_bytes, human_bytes
-from backend.verifier import VerifierError, VerifierInfo, read_verifier
+from backend.kit.preflight import free_bytes, human_bytes
+from backend.kit.verifier import VerifierError, VerifierInfo, read_verifier
 
 # The modules each stage program imports (the one list per stage lives with that stage's own check;
 # generate's depend on its dataset's format: the jsonl minimum here, its own preflight checks the rest)

@@ -13,11 +13,11 @@ from typing import Any
 
 from backend.chain.plan import PLAN_FILE, ChainPlan, Hold, PlanError, PlannedStage, dumps_plan, load_chain
 from backend.chain.requirements import check_plan
-from backend.lifecycle import StageFailed, StageRun, refuse
-from backend.lookup import InputError, completed_run, last_finish
-from backend.runs import Manifest, run_path
-from backend.serverlock import LockHeld, ServerLock
-from backend.switch import BASELINE_HELD_ENV, Switch, SwitchFailed
+from backend.contract.lookup import InputError, completed_run, last_finish
+from backend.contract.runs import Manifest, run_path
+from backend.kit.lifecycle import StageFailed, StageRun, refuse
+from backend.kit.serverlock import LockHeld, ServerLock
+from backend.kit.switch import BASELINE_HELD_ENV, Switch, SwitchFailed
 
 STAGE = "pipeline"
 

@@ -1,6 +1,6 @@
 """`python -m backend.extract ...`: see backend/extract/config.py for every flag.
 
-Exit codes (backend/exitcodes.py): 0 completed or stopped (SIGTERM; with a plan the baseline is back), 1 failed (the finish event
+Exit codes (backend/contract/exitcodes.py): 0 completed or stopped (SIGTERM; with a plan the baseline is back), 1 failed (the finish event
 and summary say why; with a plan the baseline is back), 2 a failed preflight or unusable arguments: one
 line per failed check on stderr, nothing created, the baseline never touched. `--preflight-only` prints
 the checks and the disk estimate as JSON and exits 0 (all pass) or 1.
@@ -11,11 +11,11 @@ import asyncio
 import json
 import sys
 
-from backend import exitcodes
+from backend.contract import exitcodes
+from backend.contract.runs import RunDirError
 from backend.extract.config import ConfigError, parse_config
-from backend.lifecycle import refuse
-from backend.preflight import offline_env
-from backend.runs import RunDirError
+from backend.kit.lifecycle import refuse
+from backend.kit.preflight import offline_env
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ import argparse
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from backend.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
+from backend.kit.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
 
 
 @dataclass

@@ -5,7 +5,7 @@ tokens x (aux layers + 1) x hidden size x 2 bytes for bf16 (4 for a float32 chec
 that is 57 KB per token: 10K samples of a 1T-parameter model needed 828 GB (10,000 thinking samples of
 Kimi-K2.5 at 2,000-8,192 tokens: 1-4.7 TB). When that cannot fit, the advice fits the host: how many rows
 would fit, which shorter [prepare] seq_length would, the room another volume needs (and which old runs
-free how much, backend/disk.room_hint), and online training only where the GPU plan allows it (the console
+free how much, backend/kit/disk.room_hint), and online training only where the GPU plan allows it (the console
 says so with --online-ok: on a host whose baseline holds every GPU, as the seed host's TP8, it does not).
 """
 from __future__ import annotations

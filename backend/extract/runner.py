@@ -11,7 +11,7 @@
                                      the server's health and unit checked so a server that dies midway
                                      ends the run at once with the reason, and the first file of each
                                      side checked for one state per layer id asked for (the aux ids and
-                                     the final layer: backend/verifier.extraction_layer_ids)
+                                     the final layer: backend/kit/verifier.extraction_layer_ids)
     swap back (always)               stop the extraction server and start the baseline again, also after a
                                      failure or SIGTERM; every command and its outcome goes to events.jsonl
 
@@ -27,16 +27,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.contract.lookup import CompletedRun, InputError, completed_run
+from backend.contract.runs import Manifest, RunDir, read_manifest, run_path
 from backend.extract import disk
 from backend.extract.config import ExtractConfig
-from backend.extract.plan import PlanError, SwapPlan, check_server_layers, load_plan
-from backend.lifecycle import StageFailed, StageRun, Stopped
-from backend.lookup import CompletedRun, InputError, completed_run
-from backend.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
-from backend.runs import Manifest, RunDir, read_manifest, run_path
-from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
-from backend.vllm_floor import UPGRADE, refusal, server_version
-from backend.verifier import (VerifierError, VerifierInfo, extraction_layer_ids, read_verifier,
+from backend.kit.lifecycle import StageFailed, StageRun, Stopped
+from backend.kit.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
+from backend.kit.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
+from backend.kit.swap_plan import PlanError, SwapPlan, check_server_layers, load_plan
+from backend.kit.vllm_floor import UPGRADE, refusal, server_version
+from backend.kit.verifier import (VerifierError, VerifierInfo, extraction_layer_ids, read_verifier,
                               resolve_aux_layers)
 
 STAGE = "extract"
@@ -165,7 +165,7 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
 
 def check_vllm_version(report: PreflightReport, info: VerifierInfo, endpoint: str, swapped: bool) -> None:
     """The server at the endpoint (the baseline, before the swap stops it; or the extraction server given
-    by --endpoint) runs a vLLM the verifier's extraction works on (backend/vllm_floor.py). A server that
+    by --endpoint) runs a vLLM the verifier's extraction works on (backend/kit/vllm_floor.py). A server that
     does not answer its version is not refused here: the console asked it before starting the stage."""
     floor = info.vllm_floor()
     version, note = server_version(f"{endpoint}/version")
@@ -229,7 +229,7 @@ class ExtractRunner:
     # -- events ----------------------------------------------------------------------------------------
     def emit(self, kind: str, **data: Any) -> None:
         if self.ctx is not None:
-            self.ctx.emit(kind, **data)  # backend/lifecycle.py: never takes the run down
+            self.ctx.emit(kind, **data)  # backend/kit/lifecycle.py: never takes the run down
         elif kind == "error":
             print(f"extract: {data.get('message')}", file=sys.stderr)
 
@@ -294,7 +294,7 @@ class ExtractRunner:
             if self.plan:
                 self._clean_staging()
 
-    # -- the server (backend/swap.py) ------------------------------------------------------------------
+    # -- the server (backend/kit/swap.py) ------------------------------------------------------------------
     def _check_lengths(self) -> None:
         """Every row must fit the extraction server's context with the one token it generates; a longer
         row would fail alone, late, and be skipped: say it now."""

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from backend.runs import read_json_object, write_json_atomic
+from backend.contract.runs import read_json_object, write_json_atomic
 
 CONVERT_TIMEOUT_S = 3600.0
 LOG_FILE = "convert.log"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from backend.fetch_drafter.names import folder_name
-from backend.lifecycle import is_full_disk
+from backend.kit.lifecycle import is_full_disk
 
 # what a drafter needs; a repo's pictures, notebooks, code and training state (optimizer files can be
 # several times the weights) are left on the Hub

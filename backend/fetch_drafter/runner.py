@@ -10,12 +10,12 @@ checkpoint is not in speculators format, converts it with `speculators convert -
 `<run dir>/checkpoint/`. The summary's `outputs.checkpoint` is what `python -m backend.verify --checkpoint`
 and the drafter server take.
 
-Events (backend/events.py): start; progress with `phase` download (done/total in bytes, rate in bytes/s,
+Events (backend/contract/events.py): start; progress with `phase` download (done/total in bytes, rate in bytes/s,
 files_done, files_total, file) or convert; finish with the summary. The token comes from --token-file or
 the HF_TOKEN environment variable, never from the command line, and is never written anywhere; the
 console's copy is removed as soon as it is read (--remove-token-file). Plain http reaches only loopback.
 
-Exit codes (backend/exitcodes.py): 0 ready or stopped (SIGTERM; the partial download is kept), 1 the
+Exit codes (backend/contract/exitcodes.py): 0 ready or stopped (SIGTERM; the partial download is kept), 1 the
 download or conversion failed (a partial download is kept for the next run), 2 unusable arguments or run
 directory (nothing was written).
 """
@@ -30,12 +30,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from backend.fetch_drafter import STAGE
+from backend.contract.runs import Manifest
+from backend.contract.stages import FETCH_DRAFTER as STAGE
 from backend.fetch_drafter import convert as cv
 from backend.fetch_drafter import download as dl
 from backend.fetch_drafter.names import endpoint_problem, repo_id_problem, revision_problem
-from backend.lifecycle import StageRun, refuse
-from backend.runs import Manifest
+from backend.kit.lifecycle import StageRun, refuse
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TOKEN_ENV = "HF_TOKEN"

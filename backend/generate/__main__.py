@@ -1,6 +1,6 @@
 """`python -m backend.generate ...`: see backend/generate/config.py for every flag.
 
-Exit codes (backend/exitcodes.py): 0 completed or stopped (SIGTERM), 1 failed (samples failed, disk full,
+Exit codes (backend/contract/exitcodes.py): 0 completed or stopped (SIGTERM), 1 failed (samples failed, disk full,
 preflight failed), 2 unusable arguments, dataset or run directory (nothing was started).
 """
 from __future__ import annotations
@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from backend.contract.runs import RunDirError
 from backend.generate.client import read_api_key
 from backend.generate.config import ConfigError, parse_config
-from backend.generate.dataset import DatasetError
 from backend.generate.runner import Runner
-from backend.lifecycle import refuse
-from backend.runs import RunDirError
+from backend.kit.dataset import DatasetError
+from backend.kit.lifecycle import refuse
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from backend.generate.fit import POLICIES
-from backend.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
+from backend.kit.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
 
 
 @dataclass

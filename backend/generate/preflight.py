@@ -13,14 +13,14 @@ from typing import Any
 
 import aiohttp
 
-from backend import preflight as shared
-from backend.preflight import Check, PreflightReport, free_bytes, human_bytes  # noqa: F401 - the shared kit
+from backend.kit import preflight as shared
+from backend.kit.preflight import Check, PreflightReport, free_bytes, human_bytes  # noqa: F401 - the shared kit
 
 from backend.generate.client import ChatClient
 from backend.generate.config import GenerateConfig
-from backend.generate.dataset import DatasetError, data_files
 from backend.generate.fit import ContextLimits, discover
 from backend.generate.records import ResponseError, dumps_line, loads, parse_completion
+from backend.kit.dataset import DatasetError, data_files
 
 REQUIRED_MODULES = ("aiohttp", "datasets", "pyarrow")
 # .jsonl is read line by line with json; only parquet and .json go through `datasets` (and pyarrow), so a
@@ -37,7 +37,7 @@ EXPECTED_FILL = 0.5
 
 @dataclass
 class GenerationPreflight(PreflightReport):
-    """The shared report (backend/preflight.py) with what the generation's checks found about the server."""
+    """The shared report (backend/kit/preflight.py) with what the generation's checks found about the server."""
     token_ids: bool | None = None  # whether the server returned token ids in the smoke completion
     context: ContextLimits | None = None  # the served context and whether /tokenize answers
     max_model_len: int | None = None  # from the served model's card in /v1/models

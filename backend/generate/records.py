@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backend.jsonl import dumps_line, loads  # noqa: F401 - the shared JSONL helpers, used here
+from backend.contract.jsonl import dumps_line, loads  # noqa: F401 - the shared JSONL helpers, used here
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

@@ -19,19 +19,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.generate import dataset as ds
+from backend.contract import exitcodes
+from backend.contract.runs import Manifest, RunDir, run_path
 from backend.generate.client import REJECTED, ChatClient, ClientSettings, RequestFailed, ServerGone
 from backend.generate.config import GenerateConfig
 from backend.generate.fit import PROMPT_REASONS, ContextLimits, discover
 from backend.generate.preflight import run_preflight
-from backend.preflight import free_bytes, human_bytes
 from backend.generate.records import ResponseError, build_record, dumps_line
 from backend.generate.request import Generated, PromptFitter, Skipped
 from backend.generate.tokens import export_token_rows
 from backend.generate.writer import DurableWriter, ResumeIndex, WriteFailed, drop_torn_tail, scan_output
-from backend import exitcodes
-from backend.lifecycle import StageRun
-from backend.runs import Manifest, RunDir, run_path
+from backend.kit import dataset as ds
+from backend.kit.lifecycle import StageRun
+from backend.kit.preflight import free_bytes, human_bytes
 
 STAGE = "generate"
 OUTPUT_FILE = "output.jsonl"
@@ -114,7 +114,7 @@ class Runner:
     # -- events that must never take the run down (the disk may be full) --
     def emit(self, kind: str, **data: Any) -> None:
         if self.ctx is not None:
-            self.ctx.emit(kind, **data)  # backend/lifecycle.py: never takes the run down
+            self.ctx.emit(kind, **data)  # backend/kit/lifecycle.py: never takes the run down
         elif kind in ("error", "pause", "resume"):
             print(f"generate: {kind}: {data.get('message') or data.get('reason') or data}", file=sys.stderr)
 
@@ -429,7 +429,7 @@ class Runner:
                 side.discard()
 
     def _summarize(self, status: str, error: str | None) -> dict[str, Any]:
-        """The summary (backend/lifecycle.py writes it and the finish): the counters decide, unless the body
+        """The summary (backend/kit/lifecycle.py writes it and the finish): the counters decide, unless the body
         ended on something it did not expect (a full disk, a crash), which fails the run with that reason."""
         assert self.ctx is not None
         if status == "failed" and error and self.fatal is None:

@@ -1,6 +1,6 @@
 """`python -m backend.prepare ...`: see backend/prepare/config.py for every flag.
 
-Exit codes (backend/exitcodes.py): 0 completed or stopped (SIGTERM), 1 failed (the finish event and summary say why), 2 unusable
+Exit codes (backend/contract/exitcodes.py): 0 completed or stopped (SIGTERM), 1 failed (the finish event and summary say why), 2 unusable
 arguments or input (a generation run that is not complete, a verifier not on this host, a run directory
 holding another run): one line on stderr, nothing created or changed.
 """
@@ -10,11 +10,11 @@ import importlib.util
 import os
 import sys
 
-from backend.lifecycle import refuse
-from backend.preflight import offline_env
+from backend.contract.runs import RunDirError, run_path
+from backend.kit.lifecycle import refuse
+from backend.kit.preflight import offline_env
+from backend.kit.verifier import VerifierError
 from backend.prepare.config import ConfigError, parse_config
-from backend.runs import RunDirError, run_path
-from backend.verifier import VerifierError
 
 REQUIRED_MODULES = ("speculators", "datasets", "httpx")
 

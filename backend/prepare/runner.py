@@ -22,14 +22,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from backend.lifecycle import StageFailed, StageRun
-from backend.jsonl import dumps_line, loads
-from backend.lookup import InputError, completed_run
+from backend.contract.jsonl import dumps_line, loads
+from backend.contract.lookup import InputError, completed_run
+from backend.contract.runs import Manifest, RunDir, read_manifest, write_json_atomic
+from backend.kit.lifecycle import StageFailed, StageRun
+from backend.kit.verifier import VerifierInfo, read_verifier
 from backend.prepare import rows as R
 from backend.prepare.config import PrepareConfig
 from backend.prepare.render import render_row
-from backend.runs import Manifest, RunDir, read_manifest, write_json_atomic
-from backend.verifier import VerifierInfo, read_verifier
 
 STAGE = "prepare"
 TRAIN_DIR = "train"

@@ -1,6 +1,6 @@
 """`python -m backend.train ...`: see backend/train/config.py for every flag.
 
-Exit codes (backend/exitcodes.py): 0 completed or stopped (SIGTERM: a resumable checkpoint was saved; the same command
+Exit codes (backend/contract/exitcodes.py): 0 completed or stopped (SIGTERM: a resumable checkpoint was saved; the same command
 resumes), 1 failed (training error, preflight failed), 2 unusable arguments, input run, verifier or run
 directory (nothing was started and nothing was changed).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from backend.lifecycle import refuse
+from backend.kit.lifecycle import refuse
 from backend.train.config import ConfigError, parse_config
 
 

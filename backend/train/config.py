@@ -12,7 +12,7 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from backend.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
+from backend.kit.lifecycle import ConfigError  # noqa: F401 - the one definition, raised here
 
 _URL = re.compile(r"https?://[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+")
 
@@ -66,7 +66,7 @@ class TrainStageConfig:
     max_steps: int | None = None
     vllm_endpoint: str | None = None  # online: an extraction server (speculators' --on-missing generate)
     served_model: str | None = None  # the id that server reports in /v1/models (default: the verifier path)
-    plan: str | None = None  # online under the swap (backend/swap.py): the extraction server takes the baseline's place
+    plan: str | None = None  # online under the swap (backend/kit/swap.py): the extraction server takes the baseline's place
     trust_remote_code: str = "auto"  # auto (when config.json has auto_map) | on | off
     acceptance_samples: int = 16  # held-out rows each checkpoint's acceptance is measured on (0: off)
     acceptance_patience: int = 3  # stop after this many epochs without a better acceptance (0: never)

@@ -7,7 +7,7 @@ the stage dies torchrun gets SIGTERM, which it forwards to its ranks (they save 
 exit; torchrun kills them after 30 s); when torchrun dies its ranks get SIGTERM themselves.
 
 `python -m backend.train.launch TORCHRUN-ARGS...` is torchrun (torch.distributed.run) with the tie made
-first. The stage passes its run lock's descriptor to it (backend/runlock.py), so the run stays locked
+first. The stage passes its run lock's descriptor to it (backend/kit/runlock.py), so the run stays locked
 until torchrun, which outlives its ranks, has exited.
 """
 from __future__ import annotations

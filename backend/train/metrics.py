@@ -3,7 +3,7 @@
 speculators' Trainer logs one dict per logged step and one per validation epoch on the Python logger
 `speculators.metrics` (rich prints them to stdout, wrapped at 80 columns when piped: never parsed here).
 `MetricsHandler` is a `logging.Handler` on that logger that turns each dict into a `progress` event of
-events.jsonl (backend/events.py) at the moment it is logged:
+events.jsonl (backend/contract/events.py) at the moment it is logged:
 
 - train step: phase "train", step (speculators' global_step, 0-based), done (steps finished), total,
   epoch, loss, loss_k / acc_k / cond_acc_k (lists by draft position: acc_k is the chain accuracy,

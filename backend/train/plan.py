@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.runs import write_json_atomic
+from backend.contract.runs import write_json_atomic
 from backend.train.config import TrainStageConfig, check_extra_args
 
 PLAN_FILE = "train_plan.json"
@@ -48,7 +48,7 @@ def speculators_argv(c: TrainStageConfig, *, train_data: str, hidden_states: str
                      layer_ids: list[int], vocab: tuple[int, str, str] | None, remote_code: bool,
                      cpu: bool, num_workers: int, log_dir: str, cache_dir: str,
                      warm_start: str | None = None) -> list[str]:
-    """The `speculators train` flags for this run (see backend/train/adapters.py for the CPU ones).
+    """The `speculators train` flags for this run (see backend/drafter/adapters.py for the CPU ones).
 
     A warm start (`warm_start`: the staged checkpoint, backend/train/warm_start.py) passes --from-pretrained
     and leaves out what the checkpoint defines: the decoder shape (speculators refuses --num-layers beside

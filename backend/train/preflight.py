@@ -17,8 +17,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from backend import preflight as shared
-from backend.preflight import PreflightReport
+from backend.kit import preflight as shared
+from backend.kit.preflight import PreflightReport
 
 __all__ = ["PreflightReport", "GpuProcess", "check_modules", "check_gpus", "check_disk",
            "parse_compute_apps", "checkpoint_bytes"]

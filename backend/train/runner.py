@@ -17,18 +17,18 @@ import subprocess
 import sys
 from typing import Any
 
-from backend import exitcodes
-from backend.lifecycle import StageFailed, StageRun, Stopped, refuse
-from backend.extract.plan import PlanError, SwapPlan, check_server_layers, load_plan
-from backend.lookup import CompletedRun, InputError, completed_run, latest_completed
-from backend.runs import Manifest, RunDir, read_manifest, run_path
-from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
-from backend.train import checkpoints as ck
+from backend.contract import exitcodes
+from backend.contract.lookup import CompletedRun, InputError, completed_run, latest_completed
+from backend.contract.runs import Manifest, RunDir, read_manifest, run_path
+from backend.drafter import checkpoints as ck
+from backend.drafter.verifier import VerifierError, VerifierInfo, check_layer_ids, inspect_verifier
+from backend.kit.lifecycle import StageFailed, StageRun, Stopped, refuse
+from backend.kit.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
+from backend.kit.swap_plan import PlanError, SwapPlan, check_server_layers, load_plan
 from backend.train import launch
 from backend.train import preflight as pf
 from backend.train.config import ConfigError, TrainStageConfig
 from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_status, speculators_argv
-from backend.train.verifier import VerifierError, VerifierInfo, check_layer_ids, inspect_verifier
 from backend.train.vocab import VocabChoice
 from backend.train.warm_start import WarmStart, WarmStartError
 
@@ -249,7 +249,7 @@ class Stage:
 
     def emit(self, kind: str, **data: Any) -> None:
         if self.ctx is not None:
-            self.ctx.emit(kind, **data)  # backend/lifecycle.py: never takes the run down
+            self.ctx.emit(kind, **data)  # backend/kit/lifecycle.py: never takes the run down
         elif kind == "error":
             print(f"train: error: {data.get('message')}", file=sys.stderr)
 
@@ -282,7 +282,7 @@ class Stage:
             return refuse("train", exc)
         if c.nvidia_smi:
             pf.NVIDIA_SMI = list(c.nvidia_smi)
-            from backend import hostfacts
+            from backend.kit import hostfacts
             hostfacts.NVIDIA_SMI = list(c.nvidia_smi)
         available = simulated_gpu_count() if c.simulated_gpus else gpu_count()
         processes = processes_for(c, available)

@@ -2,7 +2,7 @@
 
 Acceptance (mean accepted length) is what decides the speed-up, and it can peak and fall while the
 validation loss still improves. At the end of each epoch (each checkpoint `<save>/<epoch>/`) the trainer
-measures verify's offline acceptance (backend/verify/acceptance.py) on a fixed small subset of the
+measures verify's offline acceptance (backend/drafter/acceptance.py) on a fixed small subset of the
 held-out rows: the first `samples` rows of the prepare run's held-out split (already a seeded sample),
 the verifier's own argmax computed once, only the draft run again each epoch.
 
@@ -22,7 +22,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.runs import write_json_atomic
+from backend.contract.runs import write_json_atomic
 
 ACCEPTANCE_FILE = "acceptance.json"
 
@@ -167,9 +167,9 @@ class Probe:
     def _prepare(self, model: Any) -> None:
         import torch
 
-        from backend.verify.acceptance import shifted
-        from backend.verify.draft import verifier_head
-        from backend.verify.samples import heldout_items
+        from backend.drafter.acceptance import shifted
+        from backend.drafter.draft import verifier_head
+        from backend.drafter.samples import heldout_items
 
         device = next(model.parameters()).device
         head = verifier_head(model, self.info)
@@ -190,7 +190,7 @@ class Probe:
         """verify's Acceptance of `model` as it is now; the model goes back to training mode after."""
         import torch
 
-        from backend.verify.acceptance import Acceptance, chain_accepted, draft_proposals
+        from backend.drafter.acceptance import Acceptance, chain_accepted, draft_proposals
 
         was_training = model.training
         model.eval()

@@ -3,7 +3,7 @@
 A subclass, not a patch: the worker constructs it where speculators' own `train` command constructs
 `Trainer`. What it changes and why:
 
-- Device: `local_rank` and the autocast device come from backend.train.adapters (the CPU when there is
+- Device: `local_rank` and the autocast device come from backend.drafter.adapters (the CPU when there is
   no accelerator; speculators would use `cuda:<rank>`). On a GPU host they are what speculators uses.
 - Stop: speculators' SIGTERM handler raises from wherever the main thread is (mid optimizer step
   included) and saves to `<save>/interrupted/`, which its own resume never reads. Here the trainer
@@ -13,7 +13,7 @@ A subclass, not a patch: the worker constructs it where speculators' own `train`
   layout (`<save>/<epoch>/` + training_state.json with the local step), so starting the run again
   resumes at the next step and no step is trained (or reported) twice.
 - Saves: every checkpoint is written beside its epoch directory and committed by rename
-  (backend/train/checkpoints.py), because speculators overwrites `<save>/<epoch>/` in place and a kill -9
+  (backend/drafter/checkpoints.py), because speculators overwrites `<save>/<epoch>/` in place and a kill -9
   mid-save would tear the only copy.
 - Events: checkpoints saved, the best checkpoint, and where a restart resumes (`Reporter`).
 - Selection: after each epoch whose checkpoint was saved, `selector(epoch, step, model, val_loss)` (rank
@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from speculators.train.trainer import Trainer
 
-from backend.train import checkpoints as ck
-from backend.train.adapters import autocast_device_type, host_device
+from backend.drafter import checkpoints as ck
+from backend.drafter.adapters import autocast_device_type, host_device
 
 log = logging.getLogger("speculators")
 

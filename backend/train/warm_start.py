@@ -4,7 +4,7 @@ The checkpoint is named by a run id of this work dir (a train run: its chosen ch
 run: the published drafter it fetched and verified) or by a directory path. Before the run directory is
 touched it must fit the verifier and the hidden states it will train on, each problem one line:
 
-- speculators' eagle3 format (backend/verify/checks.py, the checks verify runs);
+- speculators' eagle3 format (backend/drafter/checks.py, the checks verify runs);
 - the verifier's hidden size and vocabulary (the draft's transformer_layer_config);
 - the aux layer ids the hidden states were extracted at (the draft's fc reads exactly those layers);
 - its draft vocabulary: a consistent d2t/t2d mapping, and the size the run asks for. A different draft
@@ -24,10 +24,10 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from backend.fetch_drafter import STAGE as FETCH_STAGE
-from backend.lookup import InputError, completed_run
-from backend.runs import RUN_ID_PATTERN, read_manifest, run_path, write_json_atomic
-from backend.train.verifier import VerifierInfo
+from backend.contract.lookup import InputError, completed_run
+from backend.contract.runs import RUN_ID_PATTERN, read_manifest, run_path, write_json_atomic
+from backend.contract.stages import FETCH_DRAFTER as FETCH_STAGE
+from backend.drafter.verifier import VerifierInfo
 
 STAGED_DIR = "warm-start"
 # the flags speculators refuses beside --from-pretrained (resolution.py: DECODER_SHAPING_FLAGS + --draft-config)
@@ -78,9 +78,9 @@ def resolve(work_dir: str, name: str) -> str:
 def check_fit(source: str, ckpt: str, info: VerifierInfo, layer_ids: list[int],
               draft_vocab_size: int | None) -> WarmStart:
     """Refuse (WarmStartError, one line) a checkpoint that does not fit; `draft_vocab_size` None: any."""
-    from backend.generate.preflight import PreflightReport
-    from backend.train import checkpoints as ck
-    from backend.verify import checks
+    from backend.drafter import checkpoints as ck
+    from backend.drafter import checks
+    from backend.kit.preflight import PreflightReport
 
     where = f"warm start {source}"
     try:
@@ -121,7 +121,7 @@ def check_fit(source: str, ckpt: str, info: VerifierInfo, layer_ids: list[int],
 
 def stage(warm: WarmStart, run_dir: str, info: VerifierInfo) -> str:
     """`<run dir>/warm-start/`: the checkpoint's config naming this host's verifier, its weights linked."""
-    from backend.train import checkpoints as ck
+    from backend.drafter import checkpoints as ck
 
     out = os.path.join(run_dir, STAGED_DIR)
     os.makedirs(out, exist_ok=True)

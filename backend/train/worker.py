@@ -4,7 +4,7 @@
 stage calls `train(plan)` in its own process. The flow is speculators' `main()` step for step (seed,
 loggers, distributed setup, run.yaml, vocab mappings, draft model, data loaders, Trainer) with three
 differences: HostTrainer instead of Trainer (backend/train/trainer.py), the adapters of
-backend/train/adapters.py around it, and rank 0 writing events (metrics through MetricsHandler).
+backend/drafter/adapters.py around it, and rank 0 writing events (metrics through MetricsHandler).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import Any, Callable
 
-from backend.events import EventLog
+from backend.contract.events import EventLog
 from backend.train.launch import die_with_parent
 from backend.train.plan import TrainPlan, write_status
 
@@ -45,7 +45,7 @@ class EventsReporter:
 
     def resumed(self, step: int, epoch: int, local_step: int, checkpoint: str) -> None:
         # every progress event of a step >= `step` written before this one is superseded (a kill -9
-        # after the checkpoint leaves steps that are trained again): see backend/events.py
+        # after the checkpoint leaves steps that are trained again): see backend/contract/events.py
         self.emit("resume", step=step, epoch=epoch, local_step=local_step, checkpoint=checkpoint, fsync=True)
 
     def checkpoint(self, path: str, kind: str, epoch: int, step: int) -> None:
@@ -121,9 +121,10 @@ def train(plan: TrainPlan, stop_check: Callable[[], bool] | None = None) -> str:
     from speculators.train.distributed import get_rank, maybe_destroy_distributed, maybe_setup_distributed
     from speculators.train.logger import setup_metric_logger, setup_root_logger
 
-    from backend.train import adapters, metrics
+    from backend.drafter import adapters
+    from backend.drafter.verifier import inspect_verifier
+    from backend.train import metrics
     from backend.train.trainer import HostTrainer
-    from backend.train.verifier import inspect_verifier
 
     try:
         cfg = TrainConfig.resolve(plan.argv)
@@ -147,7 +148,7 @@ def train(plan: TrainPlan, stop_check: Callable[[], bool] | None = None) -> str:
         dtype = getattr(torch, args.hidden_states_dtype)
         with adapters.verifier_adapters(info), adapters.no_accelerator() as applied:
             if applied and rank == 0:
-                print(f"train: no accelerator: {', '.join(applied)} (backend/train/adapters.py)", file=sys.stderr)
+                print(f"train: no accelerator: {', '.join(applied)} (backend/drafter/adapters.py)", file=sys.stderr)
             d2t, t2d, draft_vocab_size = parse_vocab_mappings(args)
             model_class = SpeculatorModel.registry["eagle3"]
             draft = build_draft_model(args, model_class, t2d, d2t, draft_vocab_size)

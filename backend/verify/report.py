@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.numbers import count, finite
+from backend.contract.numbers import count, finite
 
 # The most draft positions a report shows: the profile's num_speculative_tokens is at most this.
 K_MAX = 32

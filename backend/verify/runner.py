@@ -1,14 +1,14 @@
 """The verify stage: a train run's checkpoint -> checks as vLLM will load it -> offline acceptance.
 
 `python -m backend.verify --work-dir W --input-run TRAIN_RUN [--speculative-tokens K] [--samples N]`
-checks the checkpoint (backend/verify/checks.py), loads it, and measures offline acceptance
-(backend/verify/acceptance.py) on the held-out rows the drafter never trained on (the prepare run's
+checks the checkpoint (backend/drafter/checks.py), loads it, and measures offline acceptance
+(backend/drafter/acceptance.py) on the held-out rows the drafter never trained on (the prepare run's
 heldout split, with the extract run's hidden states, or fetched from an extraction server with
---vllm-endpoint; with --plan the stage swaps that server in for the baseline itself, backend/swap.py),
+--vllm-endpoint; with --plan the stage swaps that server in for the baseline itself, backend/kit/swap.py),
 next to an untrained draft of the same shape. Writes verify.json in its run
 directory, prints a table, and the finish event carries the same report as its summary.
 
-Exit codes (backend/exitcodes.py): 0 the checkpoint passed every check (acceptance is reported, not
+Exit codes (backend/contract/exitcodes.py): 0 the checkpoint passed every check (acceptance is reported, not
 judged) or the run was stopped (SIGTERM; with a plan the baseline is back), 1 a check failed or acceptance
 could not be measured, 2 unusable arguments or input run (nothing was written).
 """
@@ -21,13 +21,13 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
-from backend.preflight import PreflightReport
-from backend.lifecycle import Stopped, StageRun, refuse
-from backend.lookup import CompletedRun, InputError, completed_run, latest_completed
-from backend.runs import Manifest, write_json_atomic
-from backend.train import checkpoints as ck
-from backend.train.verifier import VerifierError, inspect_verifier
-from backend.verify import checks
+from backend.contract.lookup import CompletedRun, InputError, completed_run, latest_completed
+from backend.contract.runs import Manifest, write_json_atomic
+from backend.drafter import checkpoints as ck
+from backend.drafter import checks
+from backend.drafter.verifier import VerifierError, inspect_verifier
+from backend.kit.lifecycle import Stopped, StageRun, refuse
+from backend.kit.preflight import PreflightReport
 from backend.verify.report import table
 
 STAGE = "verify"
@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None) -> VerifyConfig:
 def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | None,
                     served_model: str | None = None) -> Iterator[dict[str, Any]]:
     """Held-out rows with their hidden states, as speculators' own dataset reads them."""
-    from backend.verify.samples import heldout_items
+    from backend.drafter.samples import heldout_items
 
     data = run.output("heldout_data")
     hs = run.outputs.get("heldout_hidden_states")
@@ -100,12 +100,12 @@ def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | No
 
 def fetch_samples(run: CompletedRun, info: Any, c: VerifyConfig, ctx: StageRun) -> list[dict[str, Any]]:
     """The held-out samples; an online train run's come from the plan's extraction server, swapped in for
-    the baseline while they are fetched (backend/swap.py). A stop during the swap ends the fetch and the
+    the baseline while they are fetched (backend/kit/swap.py). A stop during the swap ends the fetch and the
     baseline is started again before the run finishes as stopped."""
     if not c.plan or run.outputs.get("heldout_hidden_states"):
         return list(heldout_samples(run, info, c.samples, c.vllm_endpoint, c.served_model))
-    from backend.extract.plan import PlanError, check_server_layers, load_plan
-    from backend.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
+    from backend.kit.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
+    from backend.kit.swap_plan import PlanError, check_server_layers, load_plan
 
     try:
         plan = load_plan(c.plan)
@@ -225,8 +225,8 @@ def measure(ckpt: str, info: Any, run: CompletedRun, k: int, c: VerifyConfig, ct
             pre: PreflightReport, keys: dict[str, list[int]]) -> dict[str, Any]:
     import torch
 
-    from backend.verify.acceptance import offline_acceptance
-    from backend.verify.draft import load_draft, saved_tensor_names, untrained_draft, verifier_head
+    from backend.drafter.acceptance import offline_acceptance
+    from backend.drafter.draft import load_draft, saved_tensor_names, untrained_draft, verifier_head
 
     trained = load_draft(ckpt, info)
     # published drafters (speculators convert, SpecForge) often leave the embedding out: speculators and vLLM

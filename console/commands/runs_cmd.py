@@ -9,9 +9,9 @@ import time
 from dataclasses import asdict
 
 from backend.bench import PAIR_STAGE
+from backend.contract.lookup import STAGES
+from backend.contract.runs import RUN_ID_PATTERN
 from backend.generate.preflight import human_bytes
-from backend.lookup import STAGES
-from backend.runs import RUN_ID_PATTERN
 from console import exitcodes
 from console.commands.server_cmd import load_or_exit
 from console.control.disk import DiskError, PrunePlan, RunSpace, parse_duration, prune, selection_args, survey

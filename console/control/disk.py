@@ -1,5 +1,5 @@
 """Disk on the host, from the console: the survey (volumes, each run's size) and the prune, both by
-`python -m backend.disk` on the host (the one place that decides which runs are protected: a running
+`python -m backend.kit.disk` on the host (the one place that decides which runs are protected: a running
 run, a run a live unit, session or process uses, the newest completed run of each stage, a resumable
 run, and every run those need: one dependency graph). Everything the host answers is untrusted: an
 entry that does not read (a size of 1e999, a NaN mtime) is left out and said, never deleted.
@@ -87,15 +87,15 @@ MAX_BYTES = 1 << 62  # a size or free space beyond this is not a disk's
 
 def _num(v: Any, what: str, *, limit: float = float(MAX_BYTES)) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise DiskError(f"backend.disk: {what}: expected a number, got {type(v).__name__}")
+        raise DiskError(f"backend.kit.disk: {what}: expected a number, got {type(v).__name__}")
     if not math.isfinite(v) or not 0 <= v <= limit:
-        raise DiskError(f"backend.disk: {what}: expected a number from 0 to {limit:.0f}, got {v!r}")
+        raise DiskError(f"backend.kit.disk: {what}: expected a number from 0 to {limit:.0f}, got {v!r}")
     return v
 
 
 def _run(d: Any) -> RunSpace:
     if not isinstance(d, dict):
-        raise DiskError("backend.disk: a run entry is not an object")
+        raise DiskError("backend.kit.disk: a run entry is not an object")
     stage = d.get("stage")
     reason = d.get("reason")
     breaks = d.get("breaks")
@@ -134,9 +134,9 @@ def _json(text: str) -> dict[str, Any]:
     try:
         data = json.loads(text.strip().splitlines()[-1])
     except (ValueError, IndexError, RecursionError):
-        raise DiskError(f"backend.disk answered no JSON: {clean(text[-200:])!r}") from None
+        raise DiskError(f"backend.kit.disk answered no JSON: {clean(text[-200:])!r}") from None
     if not isinstance(data, dict):
-        raise DiskError("backend.disk: expected a JSON object")
+        raise DiskError("backend.kit.disk: expected a JSON object")
     return data
 
 
@@ -150,18 +150,18 @@ async def _backend_disk(host: Host, profile: Profile, args: list[str], *, readon
                             "stage starts), so the sizes cannot be read without changing the host")
     else:
         code_dir = await ensure_backend(host, profile, [])
-    argv = ["env", f"PYTHONPATH={code_dir}", profile.paths.python, "-m", "backend.disk", *args,
+    argv = ["env", f"PYTHONPATH={code_dir}", profile.paths.python, "-m", "backend.kit.disk", *args,
             "--work-dir", profile.paths.work_dir]
     if sudo:
         argv = ["sudo", "-n", *argv]
     res = await host.run(argv, timeout=DISK_TIMEOUT_S)
     if not res.ok:
-        raise DiskError(f"backend.disk failed: {clean((res.stderr or res.stdout).strip()[-300:])}")
+        raise DiskError(f"backend.kit.disk failed: {clean((res.stderr or res.stdout).strip()[-300:])}")
     return _json(res.stdout)
 
 
 def parse_survey(data: dict[str, Any]) -> DiskReport:
-    """Pure: `backend.disk survey`'s answer (untrusted): what does not read is left out and said."""
+    """Pure: `backend.kit.disk survey`'s answer (untrusted): what does not read is left out and said."""
     skipped = _skipped(data)
     vols = []
     for v in _list(data.get("volumes")):
@@ -208,7 +208,7 @@ async def prune(host: Host, profile: Profile, selection: list[str], *, only: Ite
 
 
 def parse_plan(data: dict[str, Any]) -> PrunePlan:
-    """Pure: `backend.disk prune`'s answer (untrusted): an entry that does not read is left out and said,
+    """Pure: `backend.kit.disk prune`'s answer (untrusted): an entry that does not read is left out and said,
     and never deleted (a deletion names only the runs read here)."""
     skipped = _skipped(data)
     keep = _runs(data.get("keep"), skipped)

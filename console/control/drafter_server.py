@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from backend.redact import shown
+from backend.kit.redact import shown
 from console.control.server_argv import ServerArgvError, target_tp
 from console.control.units import (HostCommand, ServerProgram, checked_session, checked_unit,
                                    derived_server_start_argv, profile_program, stage_stop_command, tmux_stop_argv)
@@ -58,7 +58,7 @@ def parse_live_servers(profile: Profile, text: str) -> set[str]:
 
 
 def servable_argv(profile: Profile, run: str | None = None, *, third: bool = False) -> list[str]:
-    """Asks the host for the verified checkpoint to serve (backend/ask.py, backend/servable.py): the latest
+    """Asks the host for the verified checkpoint to serve (backend/ask.py, backend/kit/servable.py): the latest
     completed verify run's, or that of `run` (a verify run, or a train run a verify run verified); `third`:
     the fetched published drafter's, once verified."""
     argv = [profile.paths.python, "-m", "backend.ask", "servable", "--work-dir", profile.paths.work_dir]

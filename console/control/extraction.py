@@ -4,12 +4,12 @@ The extraction server is the baseline's own program (units.ServerProgram: the op
 line, environment, user and working directory as systemd runs it; tmux: the profile's command) plus vLLM's
 two extraction flags: the `extract_hidden_states` speculative method with the aux layer ids AND the
 verifier's final layer (vLLM writes exactly one state per id; speculators reads the last one as the final
-state: backend/verifier.extraction_layer_ids), and the hidden-states KV connector writing into this run's
+state: backend/kit/verifier.extraction_layer_ids), and the hidden-states KV connector writing into this run's
 staging directory. It runs as its own
 program beside the baseline's name (`<server unit>-extract`): a transient systemd unit, or its own tmux
 session (units.derived_server_start_argv, stopped like a stage).
 
-The plan (backend/extract/plan.py reads it: the one server switch's plan, switch_plan.py) holds argv lists
+The plan (backend/kit/swap_plan.py reads it: the one server switch's plan, switch_plan.py) holds argv lists
 only; the extract stage runs it itself, detached on the host, in order: stop the baseline (seen down),
 start the extractor, extract, then stop the extractor and start the baseline, the last two also after a
 failure or SIGTERM. Pure functions, no I/O.
@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from backend.extract.plan import EXTRACTOR, SwapPlan
-from backend.redact import shown
-from backend.verifier import extraction_layer_ids
+from backend.kit.redact import shown
+from backend.kit.swap_plan import EXTRACTOR, SwapPlan
+from backend.kit.verifier import extraction_layer_ids
 from console.control.switch_plan import derived_server, switch_plan
 from console.control.units import (ServerProgram, derived_server_start_argv, profile_program, stage_log_path,
                                    stage_stop_argv, tmux_stop_argv)
@@ -94,10 +94,10 @@ def extractor_command(profile: Profile, layer_ids: Sequence[int], storage: str,
 
 def build_plan(profile: Profile, run_id: str, aux_layer_ids: Sequence[int], num_layers: int,
                program: ServerProgram | None = None) -> dict[str, Any]:
-    """The swap plan for extract run `run_id` (JSON-ready; backend.extract.plan.plan_from_dict reads it):
+    """The swap plan for extract run `run_id` (JSON-ready; backend.kit.swap_plan.plan_from_dict reads it):
     the one server switch with the extraction server away from the baseline.
     `num_layers`: the verifier's decoder layers, whose last output the server is asked for too (vLLM writes
-    one state per listed id; speculators reads the last as the final state: backend/verifier);
+    one state per listed id; speculators reads the last as the final state: backend/kit/verifier);
     `program`: the baseline's (operator_unit.read_server_program); default the profile's command."""
     s = profile.server
     unit = extractor_unit(profile)

@@ -1,10 +1,10 @@
 """The GPU plan of what the operator asked for, from the profile: the host's shape (how many GPUs, the
-baseline's, the trainer's) handed to backend/gpu_owners.py, which decides who holds which GPUs at each
+baseline's, the trainer's) handed to backend/kit/gpu_owners.py, which decides who holds which GPUs at each
 step, what must stop first, whether a pipeline keeps the baseline down across its stages, and how many
 server loads it costs. Pure functions, no I/O."""
 from __future__ import annotations
 
-from backend.gpu_owners import GpuPlan, HostShape, OwnershipError, plan_gpus, server_gpus_of
+from backend.kit.gpu_owners import GpuPlan, HostShape, OwnershipError, plan_gpus, server_gpus_of
 from console.control.server_argv import ServerArgvError, server_command, target_tp
 from console.profile import Profile
 

@@ -24,14 +24,14 @@ from importlib.resources.abc import Traversable
 from console.profile import Profile, api_key, hub_token
 from console.host.base import Host
 from console.parsers.text import clean, clean_block
-from backend.runs import RunDirError
-from backend.runs import check_run_id as _check_run_id
-from backend.events import UNIT_ENV
 from backend.chain.plan import ChainPlan, Hold, PlannedStage, chain_stage_run_id, dumps_plan
-from backend.gpu_owners import GpuPlan, OwnershipError
-from backend.redact import shown as redacted_shown
+from backend.contract.events import UNIT_ENV
+from backend.contract.runs import RunDirError
+from backend.contract.runs import check_run_id as _check_run_id
+from backend.kit.gpu_owners import GpuPlan, OwnershipError
+from backend.kit.redact import shown as redacted_shown
 from console.naming import is_stage_unit
-from backend.serverlock import lock_path
+from backend.kit.serverlock import lock_path
 from console.control import stage_argv, stages
 from console.control import drafter_server as ds
 from console.control.bench_pair import check_against_trained, pair_argv, pair_plan
@@ -486,7 +486,7 @@ class Launcher:
 
     async def aux_layer_ids(self) -> tuple[list[int], int]:
         """The aux layer ids the verifier takes and its layer count (the extraction server is asked for
-        both: backend/verifier.extraction_layer_ids)."""
+        both: backend/kit/verifier.extraction_layer_ids)."""
         answer = await self.host_query(stage_argv.aux_layers_argv(self.profile), "aux layer ids")
         try:
             found = json.loads(answer)
@@ -501,7 +501,7 @@ class Launcher:
 
     async def vllm_floor(self) -> None:
         """Refuses, before the swap stops the baseline, an extraction the host's vLLM cannot do (the
-        DeepSeek-V2 family's final state from 0.25.0 only: backend/vllm_floor.py); the baseline's
+        DeepSeek-V2 family's final state from 0.25.0 only: backend/kit/vllm_floor.py); the baseline's
         /version is the version the extraction server starts with (both run the unit's program)."""
         answer = await self.host_query(stage_argv.vllm_floor_argv(self.profile), "the vLLM version check")
         try:
@@ -632,7 +632,7 @@ async def require_permission(host: Host, profile: Profile) -> None:
 
 
 def request_gpu_plan(req: StageRequest, profile: Profile) -> GpuPlan:
-    """Who holds which GPUs at each step of `req` (backend/gpu_owners.py); StageError when they cannot be
+    """Who holds which GPUs at each step of `req` (backend/kit/gpu_owners.py); StageError when they cannot be
     shared as asked (online training where the extraction server and the trainer would share a GPU)."""
     names = pipeline_range(req, profile) if req.stage == "pipeline" else [req.stage]
     try:

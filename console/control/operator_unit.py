@@ -5,7 +5,7 @@ the fallback when busctl cannot answer). tmux: the profile's command, nothing to
 from __future__ import annotations
 
 from console.control.units import ServerProgram, checked_unit, profile_program
-from backend.gpu_owners import parallel_error
+from backend.kit.gpu_owners import parallel_error
 from console.host.base import Host
 from console.parsers.systemd_unit import (UnitDefinition, UnitReadError, exec_start_json_argv, parse_exec_json,
                                           parse_unit_show, server_exec, show_argv)

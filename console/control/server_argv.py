@@ -2,7 +2,7 @@
 stage table, the units and the GPU plan (all three read it; none of them may be imported by it)."""
 from __future__ import annotations
 
-from backend.gpu_owners import parallel_error
+from backend.kit.gpu_owners import parallel_error
 from console.profile import Profile
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Literal, Protocol, Sequence
 
-from backend.fetch_drafter import STAGE as FETCH_DRAFTER
 from backend.bench import PAIR_STAGE
 from backend.bench.compare import CompareError, comparison_from_dict, format_table
+from backend.contract.stages import FETCH_DRAFTER
 from backend.verify.report import table as verify_table
 from console.control import stage_argv
 from console.parsers.text import clean_block
@@ -105,7 +105,7 @@ async def _extract(ctx: Launcher, run_id: str, input_run: str | None, req: Stage
 
 
 async def _train(ctx: Launcher, run_id: str, input_run: str | None, req: StageRequest):
-    # online: the extraction server takes the baseline's place for the stage (backend/swap.py)
+    # online: the extraction server takes the baseline's place for the stage (backend/kit/swap.py)
     plan_file = (await ctx.swap_plan(run_id))[0] if req.is_online(ctx.profile) else None
     args = dict(fresh=req.fresh, plan_file=plan_file)
     return (stage_argv.train_argv(ctx.profile, run_id, input_run, **args),

@@ -1,4 +1,4 @@
-"""The servers of the one server switch (backend/switch.py), built from the profile: the baseline (home),
+"""The servers of the one server switch (backend/kit/switch.py), built from the profile: the baseline (home),
 the extraction server, the drafter server (and a published drafter in the same unit), each with the
 service manager's commands to start, stop and check it, and the plan that puts them together. The
 extraction swap (extraction.py), the bench pair (bench_pair.py) and the serve switches (session.py)
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from backend.serverlock import lock_path
-from backend.switch import ServerSpec, SwitchPlan
+from backend.kit.serverlock import lock_path
+from backend.kit.switch import ServerSpec, SwitchPlan
 from console.control.server_argv import server_command
 from console.control.stage_argv import nvidia_smi_prefix
 from console.control.units import (ServerProgram, _sudo, server_log_path, server_start_argv, server_stop_argv,
@@ -69,10 +69,10 @@ def switch_plan(profile: Profile, away: Sequence[ServerSpec], *, ready_timeout_s
 
 
 def switch_argv(profile: Profile, plan_file: str, to: str) -> list[str]:
-    """The serve switch, detached on the host (`python -m backend.switch`): a lost SSH link never leaves the
+    """The serve switch, detached on the host (`python -m backend.kit.switch`): a lost SSH link never leaves the
     GPUs without a server."""
     work = profile.paths.work_dir
-    return [profile.paths.python, "-m", "backend.switch", "--plan", plan_file, "--to", to,
+    return [profile.paths.python, "-m", "backend.kit.switch", "--plan", plan_file, "--to", to,
             "--events", f"{work}/{SWITCH_EVENTS}", "--detach", f"{work}/{SWITCH_LOG}"]
 
 

@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from backend.runs import RUN_ID_PATTERN
+from backend.contract.runs import RUN_ID_PATTERN
 from console.control import stages as stage_table
 from console.parsers.tmux import EXIT_STATUS_PREFIX
 # the names live one layer down (telemetry reads them too); imported here for the command builders below

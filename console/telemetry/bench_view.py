@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from backend.bench.acceptance_gap import AcceptanceGap, acceptance_gap
 from backend.bench.compare import MAX_LABEL, MAX_ROWS, CompareError, Row, comparison_from_dict
 from backend.bench.results import BenchResultError, LevelResult
-from backend.numbers import count, finite
+from backend.contract.numbers import count, finite
 from backend.verify.report import K_MAX
 from console.snapshot import RunInfo
 

@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-from backend.numbers import finite
+from backend.contract.numbers import finite
 from console.snapshot import GpuInfo, RunInfo
 
 LOADS_FILE = "state/loads.jsonl"
@@ -50,7 +50,7 @@ SECONDS_MAX = 7 * 86400.0
 
 
 def parse_load_history(text: str) -> LoadHistory:
-    """Every number goes through backend/numbers.py: `"weights_gib": "70"` or `1e999` makes that line
+    """Every number goes through backend/contract/numbers.py: `"weights_gib": "70"` or `1e999` makes that line
     unreadable (counted in `skipped`), never a TypeError in the ETA or "about inf h" of downtime."""
     records = LoadHistory()
     for line in text.splitlines():

@@ -5,7 +5,7 @@ restarted and that window is skipped.
 """
 from __future__ import annotations
 
-from backend.numbers import finite, whole
+from backend.contract.numbers import finite, whole
 from console.snapshot import ServerMetrics
 from console.parsers.metrics import VllmMetrics, parse_vllm_metrics
 from console.telemetry.spec_window import spec_decode_window

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from backend.numbers import count, finite
+from backend.contract.numbers import count, finite
 from backend.verify.report import K_MAX, draft_positions, read_k_table
 from console.parsers.text import clean, clean_block
 from console.snapshot import RunInfo
@@ -20,7 +20,7 @@ FINISHED = ("done", "failed", "stopped", "stale")
 
 
 def amount(value: Any) -> int | None:
-    """A non-negative count from the host, or None when it gives none (backend/numbers.py reads it)."""
+    """A non-negative count from the host, or None when it gives none (backend/contract/numbers.py reads it)."""
     return count(value, None)
 
 

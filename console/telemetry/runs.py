@@ -3,7 +3,7 @@
 A run's state comes from its own events first (a finish event says done, failed or stopped) and from its
 unit second: no finish and no live unit means the program died without a word (kill -9, reboot): stale.
 A train run also keeps its curves (console/telemetry/train_view.py); a `resume` event carrying a `step`
-supersedes the progress of the steps a restart trains again (backend/events.py).
+supersedes the progress of the steps a restart trains again (backend/contract/events.py).
 A stale run shows what its last events said is on disk: the generate stage reports every durable batch
 and starts with what it found on disk, so that is the record count a resume would start from.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backend.events import Event, read_events
-from backend.numbers import count, finite
+from backend.contract.events import Event, read_events
+from backend.contract.numbers import count, finite
 from console.parsers.text import clean
 from console.naming import UNIT_STAGE, is_stage_unit, stage_unit_name, unit_stages
 from console.snapshot import RunInfo
@@ -38,7 +38,7 @@ CHECKPOINT_KEYS = ("path", "sha256", "method", "weight_files", "error")
 
 
 def host_facts(data: object) -> dict | None:
-    """A start event's `host` (backend/hostfacts.py) as the console keeps it: the known keys only, each
+    """A start event's `host` (backend/kit/hostfacts.py) as the console keeps it: the known keys only, each
     value a short cleaned string (a host's text is untrusted), the command line at most 200 arguments."""
     if not isinstance(data, dict):
         return None

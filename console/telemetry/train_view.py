@@ -4,7 +4,7 @@ The console reads events incrementally, and a snapshot carries only the latest o
 validation per epoch and the checkpoints are accumulated here, per run (RunTrack owns one), and handed
 to the training pane as `RunInfo.series` (`TrainSeries.to_dict()`).
 
-Resume (backend/events.py): a `resume` event with a `step` supersedes every progress event of a step
+Resume (backend/contract/events.py): a `resume` event with a `step` supersedes every progress event of a step
 >= that step written before it; those points are dropped here, so a step trained again after a kill -9
 is never counted twice.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.numbers import finite
+from backend.contract.numbers import finite
 
 MAX_POINTS = 4000  # train-loss points kept; beyond that every other one is dropped (the curve's shape stays)
 MAX_SENT = 400  # points handed to a snapshot

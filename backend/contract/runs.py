@@ -1,7 +1,7 @@
 """The run directory contract shared by stage programs: `<work dir>/runs/<run id>/`.
 
 Holds `manifest.json` (what the run is: its identity and a hash of it), the stage's output,
-`events.jsonl` (backend/events.py) and `summary.json`. A restart into the same directory resumes only
+`events.jsonl` (backend/contract/events.py) and `summary.json`. A restart into the same directory resumes only
 when the identity is unchanged; otherwise it is refused, or with `fresh` the old directory is archived
 (renamed, never deleted) and a new one started.
 """
@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.events import EVENTS_FILE
+from backend.contract.events import EVENTS_FILE
 
 MANIFEST_FILE = "manifest.json"
 SUMMARY_FILE = "summary.json"
@@ -34,7 +34,7 @@ def stage_unit_name(stage: str, run_id: str) -> str:
 
 def unit_run(name: str) -> tuple[str, str] | None:
     """(stage, run id) of a `stage_unit_name` (a `.service` suffix allowed), or None: read on the host by
-    backend/disk.py, which keeps the run of every live unit or session whoever started it."""
+    backend/kit/disk.py, which keeps the run of every live unit or session whoever started it."""
     name = name.removesuffix(".service")
     if not name.startswith(UNIT_PREFIX):
         return None

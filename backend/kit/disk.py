@@ -1,7 +1,7 @@
-"""Disk on the host: what each run directory holds, and which runs may go (`python -m backend.disk`).
+"""Disk on the host: what each run directory holds, and which runs may go (`python -m backend.kit.disk`).
 
-    python -m backend.disk survey --work-dir W
-    python -m backend.disk prune --work-dir W [--running ID]... [--older-than S] [--stage S] [--archived]
+    python -m backend.kit.disk survey --work-dir W
+    python -m backend.kit.disk prune --work-dir W [--running ID]... [--older-than S] [--stage S] [--archived]
                                  [--resumable] [--only ID]... [--delete]
 
 `survey` prints one JSON object: the volumes (free and total bytes of the work dir's volume and of every
@@ -33,8 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable
 
-from backend.lookup import last_finish
-from backend.runs import MANIFEST_FILE, SUMMARY_FILE, UNIT_PREFIX, unit_run
+from backend.contract.lookup import last_finish
+from backend.contract.runs import MANIFEST_FILE, SUMMARY_FILE, UNIT_PREFIX, unit_run
 
 RECENT_S = 600.0  # an unfinished run written this recently may be running: never deleted
 _ARCHIVED = re.compile(r"(?P<run_id>[A-Za-z0-9][A-Za-z0-9_-]{0,63})\.archived-[0-9T-]+")
@@ -503,7 +503,7 @@ def delete(work_dir: str, plan: Plan, only: Iterable[str]) -> list[Deletion]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m backend.disk", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m backend.kit.disk", description=__doc__.splitlines()[0])
     p.add_argument("action", choices=("survey", "prune"))
     p.add_argument("--work-dir", required=True)
     p.add_argument("--running", action="append", default=[], help="a run the console sees running")

@@ -1,7 +1,7 @@
-"""The verifier as the train and verify stages need it: its config (backend/verifier.py, the one reader)
+"""The verifier as the train and verify stages need it: its config (backend/kit/verifier.py, the one reader)
 and the EXACT tensor names of the language model's embedding, lm_head and final norm.
 
-`inspect_verifier(path)` reads config.json through backend.verifier.read_verifier and the weights'
+`inspect_verifier(path)` reads config.json through backend.kit.verifier.read_verifier and the weights'
 safetensors headers, and returns the same `VerifierInfo` with the pinned names and their shapes filled in.
 
 Why exact names: speculators 0.9.0 (`speculators.utils.loading.load_model_layers`) finds
@@ -9,7 +9,7 @@ Why exact names: speculators 0.9.0 (`speculators.utils.loading.load_model_layers
 that suffix, so in a multimodal checkpoint `vision_model.norm.weight` wins over
 `language_model.model.norm.weight`: the drafter would silently train against a vision tower's norm. The
 names are pinned here from the decoder's own layer keys, shape-checked, and handed to speculators by
-backend.train.adapters.pinned_verifier_tensors.
+backend.drafter.adapters.pinned_verifier_tensors.
 
 Every problem is a VerifierError whose message is one line saying which file and what to do.
 """
@@ -20,10 +20,10 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from backend import verifier as config_reader
-# one error type, one rule, one description of the verifier (backend/verifier.py); this module adds the weights
-from backend.verifier import VerifierError, VerifierInfo, check_layer_ids, speculators_pick  # noqa: F401
-from backend.runs import read_json_object
+from backend.kit import verifier as config_reader
+# one error type, one rule, one description of the verifier (backend/kit/verifier.py); this module adds the weights
+from backend.contract.runs import read_json_object
+from backend.kit.verifier import VerifierError, VerifierInfo, check_layer_ids, speculators_pick  # noqa: F401
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

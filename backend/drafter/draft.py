@@ -1,7 +1,7 @@
 """Loading a draft checkpoint the way serving will, and an untrained draft of the same shape.
 
 Both go through speculators' own Eagle3DraftModel (from_pretrained / the constructor, then its vocab
-mapping and verifier weights) inside the verifier adapters of backend/train/adapters.py, so a nested
+mapping and verifier weights) inside the verifier adapters of backend/drafter/adapters.py, so a nested
 verifier's tensors are the pinned ones and a remote-code config resolves. The attention implementation
 is not saved in a checkpoint; it is set before loading (sdpa: it runs everywhere).
 """
@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from backend.train.adapters import verifier_adapters
-from backend.train.verifier import LM_HEAD, VerifierInfo
-from backend.verify.acceptance import VerifierHead
+from backend.drafter.acceptance import VerifierHead
+from backend.drafter.adapters import verifier_adapters
+from backend.drafter.verifier import LM_HEAD, VerifierInfo
 
 ATTN_IMPL = "sdpa"
 
@@ -58,7 +58,7 @@ def verifier_head(model: Any, info: VerifierInfo) -> VerifierHead:
     """The verifier's final norm (already in the draft, pinned) and its full lm_head."""
     from safetensors import safe_open
 
-    from backend.train.verifier import INDEX_FILE, SINGLE_FILE
+    from backend.drafter.verifier import INDEX_FILE, SINGLE_FILE
     import json
     import os
 

@@ -7,14 +7,14 @@ on the host, as an exclusive `flock` on `<work dir>/state/servers.lock`, taken b
 held until the program exits; the second program is refused at once with the holder's name.
 
 The lock itself (the holder record, the hand-over to children, the kernel dropping it after a kill -9) is
-backend/hostlock.py's; a parent that holds it (the pipeline) passes it to its stage programs through
+backend/kit/hostlock.py's; a parent that holds it (the pipeline) passes it to its stage programs through
 E3_SERVER_LOCK_FD.
 """
 from __future__ import annotations
 
 import os
 
-from backend.hostlock import HostLock, LockHeld, describe_holder, read_holder
+from backend.kit.hostlock import HostLock, LockHeld, describe_holder, read_holder
 
 __all__ = ["LOCK_FD_ENV", "LOCK_NAME", "LockHeld", "ServerLock", "describe_holder", "lock_path", "read_holder"]
 

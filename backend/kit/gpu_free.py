@@ -2,7 +2,7 @@
 
 A stopped server is "down" when its unit or session is gone, but the driver can take seconds more to
 release the memory of a TP8 server of a large model, and vLLM refuses to start while free memory is below
-its `gpu_memory_utilization` share. The server switch (backend/switch.py) waits here, bounded, between
+its `gpu_memory_utilization` share. The server switch (backend/kit/switch.py) waits here, bounded, between
 seeing one server down and starting the next; on timeout it names who still holds them.
 
 Read with `nvidia-smi --query-gpu=index,uuid,memory.used` and `--query-compute-apps=gpu_uuid,pid,

@@ -1,5 +1,5 @@
 """The extraction server in the baseline's place, for every stage that needs it: the one server switch
-(backend/switch.py) run with the swap plan (backend/extract/plan.py), plus watching the server while
+(backend/kit/switch.py) run with the swap plan (backend/kit/swap_plan.py), plus watching the server while
 the stage works.
 
     swap in       Switch.go("extractor"): stop the baseline (seen down), start the extraction server, wait
@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
-from backend.extract.plan import EXTRACTOR, SwapPlan
-from backend.switch import (BASELINE_HELD_ENV, LOG_CHECK_S, ServerSpec, StepRecord, Switch, SwitchFailed, SwitchPlan, SwitchRecord,
+from backend.kit.swap_plan import EXTRACTOR, SwapPlan
+from backend.kit.switch import (BASELINE_HELD_ENV, LOG_CHECK_S, ServerSpec, StepRecord, Switch, SwitchFailed, SwitchPlan, SwitchRecord,
                             SwitchStopped, describe, kill_group, tail)
 
 T = TypeVar("T")

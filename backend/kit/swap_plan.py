@@ -2,19 +2,19 @@
 
 The console builds it from the profile (console/control/extraction.py) and hands it over as a JSON file;
 the stage runs it itself, detached on the host, so a lost console never strands the GPUs. It is the one
-server switch's plan (backend/switch.py: SwitchPlan, the baseline home and the extraction server, named
+server switch's plan (backend/kit/switch.py: SwitchPlan, the baseline home and the extraction server, named
 `extractor`, away: steps stop_baseline, start_extractor, then stop_extractor, start_baseline ALSO after
 a failure or SIGTERM) plus where the extraction server's connector writes (`storage_path`), the layer ids
 the server is started with (`extract_layer_ids`: the aux ids plus the verifier's final layer,
-backend/verifier.extraction_layer_ids) and the aux ids alone (`aux_layer_ids`, what training and verify get).
+backend/kit/verifier.extraction_layer_ids) and the aux ids alone (`aux_layer_ids`, what training and verify get).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from backend.plans import PlanError, read_plan
-from backend.switch import ServerSpec, SwitchPlan, SwitchPlanError, switch_from_dict
+from backend.contract.plans import PlanError, read_plan
+from backend.kit.switch import ServerSpec, SwitchPlan, SwitchPlanError, switch_from_dict
 
 PLAN_VERSION = 2
 EXTRACTOR = "extractor"  # the extraction server's name in the switch: steps stop_extractor, start_extractor
@@ -88,8 +88,8 @@ def plan_from_dict(data: Any, path: str = "<plan>") -> SwapPlan:
 
 def check_server_layers(plan: SwapPlan, info: Any) -> None:
     """PlanError unless the plan's server is asked for what speculators reads: the aux ids and then the
-    verifier's (`info`: backend.verifier.VerifierInfo) final layer, one state each."""
-    from backend.verifier import VerifierError, check_extraction_layer_ids, extraction_layer_ids
+    verifier's (`info`: backend.kit.verifier.VerifierInfo) final layer, one state each."""
+    from backend.kit.verifier import VerifierError, check_extraction_layer_ids, extraction_layer_ids
 
     try:
         check_extraction_layer_ids(info, plan.extract_layer_ids)

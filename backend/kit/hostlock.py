@@ -1,7 +1,7 @@
 """An exclusive host lock held for a program's life: a kernel `flock` on a file that names its holder.
 
-Two locks are built on it: the host's server lock (backend/serverlock.py) and one lock per run directory
-(backend/runlock.py). The second program that asks is refused at once, with the holder's name read back
+Two locks are built on it: the host's server lock (backend/kit/serverlock.py) and one lock per run directory
+(backend/kit/runlock.py). The second program that asks is refused at once, with the holder's name read back
 from the file (`{"holder": ..., "pid": ..., "since": ...}`).
 
 A parent that holds a lock passes it to its children: the open descriptor is inherited (`pass_fds`), and

@@ -1,4 +1,4 @@
-"""The exit codes of every host program, defined once (backend/lifecycle.py applies them).
+"""The exit codes of every host program, defined once (backend/kit/lifecycle.py applies them).
 
 The console and scripts read them: a stop is not a failure (the run resumes when started again), and a
 refusal (2) promises that nothing was created or changed.

@@ -23,7 +23,7 @@ Verifier (applied for every verifier; a no-op for a plain single-model checkpoin
   5. speculators looks up the embedding, lm_head and final norm by the shortest key with a matching
      suffix (`speculators.utils.loading.load_model_layers`), so a vision tower's `vision_model.norm.weight`
      can be loaded as the language model's norm. -> `pinned_verifier_tensors(info)` answers those three
-     names with the exact tensors backend/train/verifier.py pinned, for that verifier's path only.
+     names with the exact tensors backend/drafter/verifier.py pinned, for that verifier's path only.
   6. `Eagle3DraftModel.load_verifier_weights` and `.from_pretrained` call `AutoConfig.from_pretrained`
      without `trust_remote_code`, which fails (or prompts) for a remote-code verifier.
      -> `register_remote_code(info)` loads the verifier's config class once with trust_remote_code and
@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from backend.train.verifier import VerifierInfo
+from backend.drafter.verifier import VerifierInfo
 
 SPECULATORS_VERSION = "0.9.0"  # the version whose internals the patches below name
 
@@ -67,7 +67,7 @@ def _step_timer_class() -> type:
     base = getattr(trainer, "_StepTimer", None)
     if base is None:
         raise AdapterError(f"speculators.train.trainer._StepTimer is gone (adapters written for speculators "
-                           f"{SPECULATORS_VERSION}); update backend/train/adapters.py")
+                           f"{SPECULATORS_VERSION}); update backend/drafter/adapters.py")
 
     class HostStepTimer(base):  # type: ignore[misc, valid-type]
         """speculators' step timer without `torch.accelerator.synchronize()` (1: no accelerator)."""
@@ -90,7 +90,7 @@ def _step_timer_class() -> type:
 def _replaced(module: Any, name: str, value: Any) -> Iterator[None]:
     if not hasattr(module, name):
         raise AdapterError(f"{module.__name__}.{name} is gone (adapters written for speculators "
-                           f"{SPECULATORS_VERSION}); update backend/train/adapters.py")
+                           f"{SPECULATORS_VERSION}); update backend/drafter/adapters.py")
     old = getattr(module, name)
     setattr(module, name, value)
     try:

@@ -85,8 +85,8 @@ def run_of_path(work_dir: str, path: str) -> str | None:
 
 
 def room_hint_for(work_dir: str, short: int, *, run_id: str | None = None, uses: Iterable[str] = ()) -> str:
-    """The old runs whose removal would make room (backend/disk.py), or '': never `run_id` or its `uses`."""
-    from backend.disk import room_hint  # imported late: it reads run directories, this module is imported early
+    """The old runs whose removal would make room (backend/kit/disk.py), or '': never `run_id` or its `uses`."""
+    from backend.kit.disk import room_hint  # imported late: it reads run directories, this module is imported early
     try:
         return room_hint(work_dir, short, run_id=run_id, uses=uses)
     except Exception:  # noqa: BLE001 - a hint must never break the preflight it decorates

@@ -1,11 +1,11 @@
 """One stage lifecycle for every host program; each program writes only its body.
 
-    run lock        the run's lock (backend/runlock.py), taken before the run directory is touched and
+    run lock        the run's lock (backend/kit/runlock.py), taken before the run directory is touched and
                     held for the program's life (its workers inherit it through `lock.pass_fds()`); a
                     run another program holds is refused: one line naming the holder, exit 2
     run directory   opened (or resumed, or archived with --fresh) for the program's manifest; a
                     refusal here is bad input: one line on stderr, exit 2, nothing created
-    events          backend/events.py's log, written through `emit`, which never takes a run down (a
+    events          backend/contract/events.py's log, written through `emit`, which never takes a run down (a
                     failed write, a full disk above all, is said on stderr and the run goes on)
     signals         SIGTERM and SIGINT handled once, here (install_stop_handler, also for a program with
                     no run directory: the serve switch): the run is marked stopping, the program's
@@ -20,7 +20,7 @@
     summary.json    ALWAYS, also after a failure or a stop: the body's `summarize(status, error)`; a run
                     whose summary does not fit on a full disk fails (nothing can look its outputs up)
     finish          the finish event with the summary (compacted by the event log when the disk is full)
-    exit code       backend/exitcodes.py, from the final status
+    exit code       backend/contract/exitcodes.py, from the final status
 
 A full disk (ENOSPC/EDQUOT) anywhere in the body ends the run as failed with a message naming the full
 volume; the event log's compact finish still says it when the whole one does not fit.
@@ -35,11 +35,11 @@ import signal
 import sys
 from typing import Any, Awaitable, Callable, Iterator, TypeGuard
 
-from backend import exitcodes
-from backend.events import EventLog
-from backend.hostlock import LockHeld
-from backend.runlock import RunLock
-from backend.runs import Manifest, RunDir, RunDirError, check_run_id, open_run_dir
+from backend.contract import exitcodes
+from backend.contract.events import EventLog
+from backend.contract.runs import Manifest, RunDir, RunDirError, check_run_id, open_run_dir
+from backend.kit.hostlock import LockHeld
+from backend.kit.runlock import RunLock
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
@@ -141,7 +141,7 @@ class StageRun:
         self._restore: Callable[[], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
-        # the host's facts (backend/hostfacts.py), in the start event and the summary; a body sets the
+        # the host's facts (backend/kit/hostfacts.py), in the start event and the summary; a body sets the
         # server's command line and the checkpoint it reads before its start
         self.host_facts: dict[str, Any] | None = None
         self.server_command: list[str] | None = None
@@ -182,7 +182,7 @@ class StageRun:
         data.setdefault("manifest", self.run_dir.manifest.to_dict())
         data.setdefault("resumed", self.run_dir.resumed)
         if self.host_facts is None:  # provenance: the host's versions, driver, server command, checkpoint
-            from backend import hostfacts
+            from backend.kit import hostfacts
             try:
                 self.host_facts = hostfacts.collect(server_command=self.server_command, checkpoint=self.checkpoint)
             except Exception as exc:  # noqa: BLE001 - facts missing must never stop a run

@@ -6,7 +6,7 @@ version against it before the baseline is stopped for the swap.
   floor in pyproject.toml).
 - 0.25.0 for the DeepSeek-V2 family (deepseek_v2, deepseek_v3, kimi_k2; Kimi-K2.5 wraps a kimi_k2 /
   deepseek_v3 text model): the extraction server is asked for the final layer's state as well
-  (backend/verifier.extraction_layer_ids), and vLLM's DeepSeek-V2 model returns that state only from
+  (backend/kit/verifier.extraction_layer_ids), and vLLM's DeepSeek-V2 model returns that state only from
   0.25.0 (issue 31's reading of vLLM's sources): an older server loads (22 minutes for Kimi-K2.5 INT4 on
   TP8) and then fails the first request.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.runs import read_json_object
+from backend.contract.runs import read_json_object
 
 
 class PlanError(ValueError):

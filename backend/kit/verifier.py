@@ -4,7 +4,7 @@ Reading the config (no weights, no torch) is enough for prepare and extract, and
 anything expensive starts: a verifier path that is not on this host, aux layer ids outside its decoder,
 token ids outside its vocabulary. Nested configs (Kimi-K2.5 style: the language model's settings under
 `text_config`) are unwrapped the way speculators does. The one reader of the config: the train and verify
-stages extend what it reads with the weights' exact names (backend/train/verifier.py).
+stages extend what it reads with the weights' exact names (backend/drafter/verifier.py).
 
 Aux layer ids follow vLLM's convention for `eagle_aux_hidden_state_layer_ids`: id L is the state
 ENTERING decoder layer L (Hugging Face `output_hidden_states[L]`, 0 being the embeddings), so the valid
@@ -47,7 +47,7 @@ class VerifierInfo:
     remote_code: bool = False  # config.json names classes in `auto_map`: load with trust_remote_code
     tied: bool = False  # tie_word_embeddings: lm_head is the embedding
     text_model_type: str = ""  # text_config's model_type (a nested checkpoint's language model), else ""
-    # from the weights' headers (backend/train/verifier.py inspect_verifier; empty from config.json alone)
+    # from the weights' headers (backend/drafter/verifier.py inspect_verifier; empty from config.json alone)
     pinned: dict[str, str] = field(default_factory=dict)  # speculators' name -> exact checkpoint key
     shapes: dict[str, list[int]] = field(default_factory=dict)  # exact key -> shape (pinned keys)
     keys: tuple[str, ...] = field(default=(), repr=False, compare=False)  # every tensor name
@@ -79,8 +79,8 @@ class VerifierInfo:
         return default_aux_layers(self.num_layers)
 
     def vllm_floor(self):
-        """The oldest vLLM its extraction server runs on, and why (backend/vllm_floor.py)."""
-        from backend.vllm_floor import extraction_floor
+        """The oldest vLLM its extraction server runs on, and why (backend/kit/vllm_floor.py)."""
+        from backend.kit.vllm_floor import extraction_floor
         return extraction_floor((self.model_type, self.text_model_type), self.architectures)
 
 

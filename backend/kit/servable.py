@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from backend.lookup import InputError, completed_run, latest_completed
-from backend.fetch_drafter import STAGE as FETCH_STAGE
-from backend.runs import RunDirError, read_manifest, run_path
+from backend.contract.lookup import InputError, completed_run, latest_completed
+from backend.contract.runs import RunDirError, read_manifest, run_path
+from backend.contract.stages import FETCH_DRAFTER as FETCH_STAGE
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Two programs started on one run id (a second `run train --run-id X` while the first still trains, a
 resume typed while the old process is still saving) would interleave their events, both write
-checkpoints and both repair a half-finished save. The lifecycle (backend/lifecycle.py) therefore takes
+checkpoints and both repair a half-finished save. The lifecycle (backend/kit/lifecycle.py) therefore takes
 this lock before it opens (or archives, with --fresh) the run directory and holds it for the program's
 life; the second program is refused (exit 2, nothing touched) with the holder's name, pid and start.
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from backend.hostlock import HostLock
-from backend.runs import check_run_id
+from backend.contract.runs import check_run_id
+from backend.kit.hostlock import HostLock
 
 LOCK_FD_ENV = "E3_RUN_LOCK_FD"
 

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.numbers import finite
+from backend.contract.numbers import finite
 
 EVENTS_FILE = "events.jsonl"
 # The systemd unit or tmux session the stage runs in, set by whoever started it (a pipeline's stages run

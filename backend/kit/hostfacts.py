@@ -2,7 +2,7 @@
 
 Facts (`collect`): the vLLM, speculators and torch versions (importlib.metadata: nothing is imported),
 torch's CUDA build (read from torch/version.py, not by importing torch), the driver version (nvidia-smi,
-when present, bounded), the server's command line (redacted, backend/redact.py) and, for train and verify,
+when present, bounded), the server's command line (redacted, backend/kit/redact.py) and, for train and verify,
 the checkpoint's hash. The hash is cheap on purpose: sha256 over config.json's bytes and each weight
 file's name, size and mtime (`config+sizes`), not the weights' bytes (a 1T model's are terabytes), so a
 changed checkpoint is seen but two byte-identical copies with other mtimes differ. Two runs' facts side by
@@ -24,8 +24,8 @@ import subprocess
 import sys
 from typing import Any, Iterable, Sequence
 
-from backend.preflight import PreflightReport
-from backend.redact import redacted
+from backend.kit.preflight import PreflightReport
+from backend.kit.redact import redacted
 
 NVIDIA_SMI = ["nvidia-smi"]  # how this host's GPUs are asked (a stage's --nvidia-smi replaces it)
 NVIDIA_SMI_TIMEOUT_S = 10.0

@@ -4,7 +4,7 @@ Every program that puts another server in the baseline's place (extract, online 
 bench pair, the console's serve switches) runs a `SwitchPlan` through `Switch`:
 
     go(B)     stop whatever plan server runs (the baseline, or another drafter), SEE IT DOWN (its unit or
-              session gone, within `stop_check_s`), SEE ITS GPUS FREE (backend/gpu_free.py: no compute
+              session gone, within `stop_check_s`), SEE ITS GPUS FREE (backend/kit/gpu_free.py: no compute
               process on B's GPUs and their memory near idle, within `gpu_free_s`: the driver can take
               seconds to release a large server's memory, and vLLM refuses to start until it has), start B, wait until it answers /health and lists a
               model in /v1/models (a server that exits while loading is named with the end of its log)
@@ -13,12 +13,12 @@ bench pair, the console's serve switches) runs a `SwitchPlan` through `Switch`:
               naming the command. `keep_home_down` (the pipeline holds the baseline down across its stages)
               leaves it to the caller.
 
-The host's server lock (backend/serverlock.py) is taken before the first stop and dropped after back():
+The host's server lock (backend/kit/serverlock.py) is taken before the first stop and dropped after back():
 a second program that would switch servers is refused, naming the holder. Every step, its command and
 outcome, and when the home server went down and came back, reach the program's events through the
 `progress` and `emit` callbacks, and `SwitchRecord` keeps them for the summary.
 
-`python -m backend.switch --plan P --to NAME` runs one switch on its own (the console's serve-drafter and
+`python -m backend.kit.switch --plan P --to NAME` runs one switch on its own (the console's serve-drafter and
 serve-baseline): detached with --detach, so a lost SSH link never leaves the GPUs without a server; when B
 does not come up, the home server is started again.
 """
@@ -34,14 +34,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from backend import exitcodes, gpu_free
-from backend.lifecycle import ignore_hangups, install_stop_handler, refuse
-from backend.numbers import finite
-from backend.plans import PlanError, argv_list
-from backend.redact import redacted_text
-from backend.redact import shown as redacted_shown
-from backend.runs import read_json_object
-from backend.serverlock import LockHeld, ServerLock
+from backend.contract import exitcodes
+from backend.contract.numbers import finite
+from backend.contract.plans import PlanError, argv_list
+from backend.contract.runs import read_json_object
+from backend.kit import gpu_free
+from backend.kit.lifecycle import ignore_hangups, install_stop_handler, refuse
+from backend.kit.redact import redacted_text
+from backend.kit.redact import shown as redacted_shown
+from backend.kit.serverlock import LockHeld, ServerLock
 
 SWITCH_VERSION = 1
 BASELINE_HELD_ENV = "E3_BASELINE_HELD"  # a pipeline keeps the baseline down across its stages: leave it down
@@ -105,7 +106,7 @@ class SwitchPlan:
     ready_timeout_s: float
     command_timeout_s: float = 300.0
     stop_check_s: float = DEFAULT_STOP_CHECK_S
-    lock_path: str = ""  # the host's server lock (backend/serverlock.py); empty: no lock (tests)
+    lock_path: str = ""  # the host's server lock (backend/kit/serverlock.py); empty: no lock (tests)
     nvidia_smi: list[str] = field(default_factory=list)  # how the GPUs are asked; empty: nvidia-smi
     gpu_free_s: float = gpu_free.DEFAULT_FREE_TIMEOUT_S  # after a stop, the next start waits this long at most
     gpu_idle_mib: int = gpu_free.DEFAULT_IDLE_MIB  # a GPU using more than this is not free yet
@@ -519,7 +520,7 @@ class Switch:
 
 # -- the console's serve switches, on their own -----------------------------------------------------------
 def _events(path: str, name: str) -> Any:
-    from backend.events import EventLog
+    from backend.contract.events import EventLog
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     return EventLog(path, "switch", name)
@@ -611,7 +612,7 @@ def _detach(log_path: str) -> tuple[str | None, Callable[[str], None]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m backend.switch", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m backend.kit.switch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", required=True, help="the switch plan JSON (SwitchPlan.to_dict)")
     p.add_argument("--to", required=True, help="the server to put on the GPUs (a name in the plan)")

@@ -1,6 +1,6 @@
 """The checkpoint as vLLM will load it: format, aux layer ids, draft vocabulary mapping, verifier path.
 
-Each check is a backend.preflight.Check (name, ok, detail, fix). They read config.json and the
+Each check is a backend.kit.preflight.Check (name, ok, detail, fix). They read config.json and the
 safetensors header (and the d2t/t2d tensors); `load_draft` then loads the weights the way
 speculators does (and vLLM's speculators-format loader keys on the same fields).
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from backend.preflight import PreflightReport
-from backend.train import checkpoints as ck
-from backend.train.verifier import VerifierInfo
+from backend.drafter import checkpoints as ck
+from backend.drafter.verifier import VerifierInfo
+from backend.kit.preflight import PreflightReport
 
 WEIGHTS = "model.safetensors"
 # the tensors every EAGLE-3 speculators checkpoint carries (vLLM's eagle3 loader maps these names)
@@ -135,7 +135,7 @@ def check_verifier(report: PreflightReport, ckpt: str, config: dict[str, Any], i
 
 
 def header(ckpt: str) -> dict[str, list[int]]:
-    from backend.train.verifier import VerifierError, weight_shapes
+    from backend.drafter.verifier import VerifierError, weight_shapes
 
     try:
         return weight_shapes(ckpt)

@@ -1,6 +1,6 @@
 """Run lookup: the pipeline's host-side stages, in order, and how each finds the output of the one before it.
 
-Each stage is `python -m backend.<stage>` writing its own run directory (backend/runs.py). When it
+Each stage is `python -m backend.<stage>` writing its own run directory (backend/contract/runs.py). When it
 completes, its summary.json names what it produced under `outputs` (absolute paths on the host), and
 the stage that consumes it is given the producing run's id (`--input-run`), never a guessed path. A run
 that is still going, failed or was stopped is refused as input with a message that says so.
@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from backend.events import EVENTS_FILE, parse_events
-from backend.runs import SUMMARY_FILE, RunDirError, read_manifest, run_path
+from backend.contract.events import EVENTS_FILE, parse_events
+from backend.contract.runs import SUMMARY_FILE, RunDirError, read_manifest, run_path
 
 # Host-side stages in pipeline order; serving and benchmarking are driven by the console.
 STAGES: tuple[str, ...] = ("generate", "prepare", "extract", "train", "verify")

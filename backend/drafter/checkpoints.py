@@ -2,7 +2,7 @@
 
 speculators saves `<save>/<epoch>/` (config.json, model.safetensors, optimizer and scheduler state,
 training_state.json) and a `checkpoint_best` symlink to the epoch with the lowest validation loss. The
-stage adds `<save>/verifier.json`, the verifier's fingerprint (backend/train/verifier.py), so a save
+stage adds `<save>/verifier.json`, the verifier's fingerprint (backend/drafter/verifier.py), so a save
 root, or a checkpoint, trained against another verifier is refused instead of resumed or verified.
 
 speculators writes each save in place over `<save>/<epoch>/` (a mid-epoch save and the epoch's end
@@ -19,8 +19,8 @@ import os
 import shutil
 from typing import Any
 
-from backend.runs import read_json_object, write_json_atomic
-from backend.train.verifier import VerifierInfo
+from backend.contract.runs import read_json_object, write_json_atomic
+from backend.drafter.verifier import VerifierInfo
 
 VERIFIER_FILE = "verifier.json"
 BEST_LINK = "checkpoint_best"
