@@ -27,8 +27,8 @@ import os
 import sys
 from dataclasses import asdict
 
-from backend.contract import exitcodes
-from backend.contract.lookup import STAGES, latest_completed
+from backend.contract import exitcodes, stages as host_stages
+from backend.contract.lookup import latest_completed
 from backend.contract.runs import RunDirError, read_json_object
 from backend.drafter.checks import trained_k as checkpoint_k
 from backend.kit.verifier import VerifierError, extraction_layer_ids, read_verifier, resolve_aux_layers
@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="question", required=True)
     q = sub.add_parser("latest", help="the latest completed run of a stage")
     q.add_argument("--work-dir", required=True)
-    q.add_argument("--stage", required=True, choices=STAGES)
+    q.add_argument("--stage", required=True, choices=host_stages.pipeline())
     q.set_defaults(answer=latest)
     q = sub.add_parser("aux-layers", help="the aux layer ids a stage will use for a verifier")
     q.add_argument("--verifier", required=True)

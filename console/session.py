@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, Protocol
 
+from backend.contract import stages as host_stages
 from backend.kit.serverlock import describe_holder, lock_path
 from console.control import disk, launch, stages
 from console.control.bench_pair import drafter_loads, drafter_starts_text
@@ -429,15 +430,17 @@ class Session:
         """The whole time the baseline is down for a GPU plan's stages, from this host's runs (the
         question names it before the answer: a pipeline holds it down for hours, not for its loads)."""
         down = [step.stage for step in plan.steps if step.baseline_down]
-        if not down or not set(down) <= {"extract", "train", "verify"}:
+        pipeline_gpu_stages = {r.name for r in host_stages.TABLE if r.in_pipeline and r.takes_gpus != "no"}
+        if not down or not set(down) <= pipeline_gpu_stages:
             return ""  # a bench or a serve switch: its loads are the downtime (said after this)
         where = f"from {down[0]} through {down[-1]}" if len(down) > 1 else f"during {down[0]}"
         text = f"the baseline is down {where} for {span_text(down, self.collector.run_infos())}"
         if plan.hold:
             text += f", started again once after {plan.hold[1]}"
-        cpu = [step.stage for step in plan.steps if step.stage == "verify" and not step.baseline_down]
+        cpu = [step.stage for step in plan.steps
+               if (row := host_stages.find(step.stage)) is not None and row.cpu_offline and not step.baseline_down]
         if cpu and len(plan.steps) > 1:
-            text += "; verify runs on the CPU with the baseline serving again"
+            text += f"; {', '.join(cpu)} runs on the CPU with the baseline serving again"
         return text + "; "
 
     async def start_stage(self, stage: str, **options) -> ActionResult:

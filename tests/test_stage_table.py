@@ -2,6 +2,7 @@
 stopped like the others; `run stop` and `run --wait` after a resume, headless, on the demo host."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from backend.contract import stages as host_stages
 from backend.contract.lookup import INPUT_STAGE, STAGES as HOST_STAGES
 from console.cli import main
 from console.control import stages
@@ -59,6 +61,108 @@ def test_the_table_agrees_with_the_host_stages():
     assert len(set(stages.names())) == len(stages.names()) and len(set(stages.cli_names())) == len(stages.cli_names())
     # what used to be written by hand: the swap rule's list
     assert set(stages.swap_exclusive()) == {"extract", "bench", "train", "verify", "pipeline"}
+
+
+def test_every_host_row_has_a_console_row_and_its_modules():
+    from backend.chain.requirements import stage_modules
+
+    assert set(host_stages.names()) <= set(stages.names())
+    for row in host_stages.TABLE:
+        # the chain checks a pipeline stage's modules before its first stage starts: each names its list
+        assert row.modules is not None or not row.in_pipeline, row.name
+        modules = stage_modules(row.name)
+        assert modules == () if row.modules is None else modules and all(isinstance(m, str) for m in modules)
+    with pytest.raises(KeyError, match="no host stage 'nope'"):
+        host_stages.get("nope")
+
+
+DISTILL = host_stages.HostStage("distill", gpus="trainer", input_stage="train", in_pipeline=True,
+                                modules="backend.train.preflight:TRAIN_MODULES")
+
+
+def test_a_new_host_row_is_picked_up_by_every_reader(monkeypatch):
+    """A pipeline stage added as one host row (and one console row): the chain's order, the GPU plan, the
+    chain's checks, `backend.ask` and the console's host facts all read it, none restates it."""
+    from backend.ask import parser as ask_parser
+    from backend.chain.plan import PlanError, parse_plan
+    from backend.chain.requirements import stage_modules
+    from backend.kit.gpu_owners import TRAINER, HostShape, plan_gpus
+    from backend.train.preflight import TRAIN_MODULES
+
+    rows = list(host_stages.TABLE)
+    rows.insert([r.name for r in rows].index("verify"), DISTILL)
+    monkeypatch.setattr(host_stages, "TABLE", tuple(rows))
+    console_rows = list(stages.TABLE)
+    console_rows.insert(stages.names().index("verify"), stages.Stage("distill", "distill", cli="distill",
+                                                                     build=_toy_argv))
+    monkeypatch.setattr(stages, "TABLE", tuple(console_rows))
+
+    assert host_stages.pipeline() == ("generate", "prepare", "extract", "train", "distill", "verify")
+    assert host_stages.input_stages()["distill"] == "train"
+    # the chain's plan takes it in pipeline order and refuses it out of order
+    plan = {"stages": [{"stage": s, "run_id": f"n-{s}", "argv": ["python3", "-m", f"backend.{s}"]}
+                       for s in ("train", "distill", "verify")]}
+    assert [p.stage for p in parse_plan(plan)] == ["train", "distill", "verify"]
+    plan["stages"].reverse()
+    with pytest.raises(PlanError, match="out of pipeline order"):
+        parse_plan(plan)
+    assert stage_modules("distill") == TRAIN_MODULES
+    # the GPU plan: the trainer's GPUs, beside the baseline on disjoint GPUs
+    step = plan_gpus(HostShape(gpus=2, server=(0,), trainer=(1,)), ["distill"]).steps[0]
+    assert step.holders[TRAINER] == (1,)
+    assert ask_parser().parse_args(["latest", "--work-dir", "w", "--stage", "distill"]).stage == "distill"
+    # the console's row takes the host's facts: in the pipeline, takes the GPUs online, computes on them
+    row = stages.get("distill")
+    assert (row.input_stage, row.in_pipeline, row.takes_gpus, row.gpu_user) == ("train", True, "online", True)
+    assert stages.pipeline_stages() == host_stages.pipeline()
+    assert "distill" in stages.swap_exclusive()
+    assert pipeline_range(StageRequest("pipeline", from_stage="train", to_stage="verify", online=False)) == \
+        ["train", "distill", "verify"]
+
+
+# modules that name two host stages together for a rule of their own, not as a list of the stages
+OWN_RULES = {
+    "backend/bench/workload.py": "the runs a bench takes its prompts from (a prepare run's held-out rows, or "
+                                 "a generate run)",
+    "backend/kit/servable.py": "the runs that hold a servable checkpoint (verify, or a train run it verified)",
+    "backend/train/runner.py": "what train takes as its input run: its own message words it",
+}
+
+
+def _stage_literals(source: str, names: set[str]) -> list[int]:
+    """Lines of tuple, list, set or dict literals naming two or more host stages, and of functions that
+    branch on two or more (`stage == "extract"` ... `stage == "train"`: a per-stage table of their own)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        items: list = []
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            items = node.elts
+        elif isinstance(node, ast.Dict):
+            items = [*node.keys, *node.values]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            items = [x for c in ast.walk(node) if isinstance(c, ast.Compare)
+                     and all(isinstance(op, (ast.Eq, ast.NotEq)) for op in c.ops) for x in (c.left, *c.comparators)]
+        named = {i.value for i in items if isinstance(i, ast.Constant) and i.value in names}
+        if len(named) >= 2:
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_no_module_but_the_host_table_lists_the_stages():
+    names = set(host_stages.names())
+    found = {}
+    for top in ("backend", "console", "sim"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel != "backend/contract/stages.py" and rel not in OWN_RULES:
+                if lines := _stage_literals(path.read_text(), names):
+                    found[rel] = lines
+    assert found == {}
+    # and the scan does see a restated list
+    restated = ('X = 1\nSERVED = ("generate", "prepare")\nI = {"train": "extract"}\n'
+                'def modules(stage):\n    if stage == "prepare":\n        return P\n    if stage == "extract":\n'
+                '        return E\n')
+    assert _stage_literals(restated, names) == [2, 3, 4]
 
 
 def test_a_toy_stage_needs_only_its_row(toy_table, tmp_path, capsys, monkeypatch):

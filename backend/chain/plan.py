@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backend.contract.lookup import STAGES
+from backend.contract import stages as host_stages
 from backend.contract.plans import PlanError, argv_list, read_plan
 from backend.contract.runs import RunDirError, check_run_id
 from backend.kit.switch import SwitchPlan, SwitchPlanError, switch_from_dict
@@ -46,14 +46,15 @@ def chain_stage_run_id(chain_id: str, stage: str) -> str:
 def parse_plan(data: Any, source: str = "plan") -> list[PlannedStage]:
     if not isinstance(data, dict) or not isinstance(data.get("stages"), list) or not data["stages"]:
         raise PlanError(f"{source}: expected an object with a non-empty list `stages`")
+    pipeline = host_stages.pipeline()
     out: list[PlannedStage] = []
     for i, entry in enumerate(data["stages"]):
         where = f"{source}: stages[{i}]"
         if not isinstance(entry, dict):
             raise PlanError(f"{where}: expected an object")
         stage, run_id, argv, env = entry.get("stage"), entry.get("run_id"), entry.get("argv"), entry.get("env", {})
-        if stage not in STAGES:
-            raise PlanError(f"{where}.stage: expected one of {', '.join(STAGES)}, got {stage!r}")
+        if stage not in pipeline:
+            raise PlanError(f"{where}.stage: expected one of {', '.join(pipeline)}, got {stage!r}")
         try:
             check_run_id(run_id)
         except RunDirError as exc:
@@ -64,7 +65,7 @@ def parse_plan(data: Any, source: str = "plan") -> list[PlannedStage]:
         if any(p.stage == stage for p in out):
             raise PlanError(f"{where}.stage: {stage} appears twice")
         out.append(PlannedStage(stage, run_id, tuple(argv), dict(env)))
-    order = [STAGES.index(p.stage) for p in out]
+    order = [pipeline.index(p.stage) for p in out]
     if order != sorted(order):
         raise PlanError(f"{source}: stages out of pipeline order ({', '.join(p.stage for p in out)})")
     return out

@@ -16,27 +16,23 @@ import sys
 from dataclasses import dataclass
 
 from backend.chain.plan import PlannedStage
-from backend.generate.preflight import JSONL_MODULES
+from backend.contract import stages as host_stages
 from backend.kit.preflight import free_bytes, human_bytes
 from backend.kit.verifier import VerifierError, VerifierInfo, read_verifier
 
-# The modules each stage program imports (the one list per stage lives with that stage's own check;
-# generate's depend on its dataset's format: the jsonl minimum here, its own preflight checks the rest)
-INSTALL_TRAIN = "pip install 'eagle3-console[train]'"
-INSTALL_HOST = "pip install 'eagle3-console[host]'"
+
+def install_hint(extra: str) -> str:
+    return f"pip install 'eagle3-console[{extra}]'"
 
 
 def stage_modules(stage: str) -> tuple[str, ...]:
-    if stage == "generate":
-        return JSONL_MODULES
-    if stage == "prepare":
-        from backend.prepare.__main__ import REQUIRED_MODULES
-        return REQUIRED_MODULES
-    if stage == "extract":
-        from backend.extract.runner import REQUIRED_MODULES
-        return REQUIRED_MODULES
-    from backend.train.preflight import TRAIN_MODULES  # train and verify load the verifier with speculators
-    return TRAIN_MODULES
+    """The modules the stage's program imports: the one list lives with that stage's own check, and its
+    row (backend/contract/stages.py) says where."""
+    where = host_stages.get(stage).modules
+    if where is None:
+        return ()
+    module, _, name = where.partition(":")
+    return tuple(getattr(importlib.import_module(module), name))
 
 
 MODULE_CHECK_TIMEOUT_S = 60
@@ -107,7 +103,7 @@ def check_plan(work_dir: str, stages: list[PlannedStage]) -> list[Problem]:
         if key not in by_python:
             by_python[key] = missing_modules(python, modules)
         if by_python[key]:
-            hint = INSTALL_HOST if planned.stage == "generate" else INSTALL_TRAIN
+            hint = install_hint(host_stages.get(planned.stage).extra)
             problems.append(Problem(planned.stage, "python_modules",
                                     f"{python} lacks {', '.join(by_python[key])}: install them with "
                                     f"{python} -m {hint}"))

@@ -12,14 +12,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from backend.contract import stages as host_stages
 from backend.contract.events import EVENTS_FILE, parse_events
 from backend.contract.runs import SUMMARY_FILE, RunDirError, read_manifest, run_path
 
-# Host-side stages in pipeline order; serving and benchmarking are driven by the console.
-STAGES: tuple[str, ...] = ("generate", "prepare", "extract", "train", "verify")
-# The stage whose output each stage consumes by default.
-INPUT_STAGE: dict[str, str] = {"prepare": "generate", "extract": "prepare", "train": "extract",
-                               "verify": "train"}
+# Host-side stages in pipeline order, and the stage whose output each consumes by default: the host's
+# stage table (backend/contract/stages.py) as it stands at import; serving and benchmarking are driven by
+# the console.
+STAGES: tuple[str, ...] = host_stages.pipeline()
+INPUT_STAGE: dict[str, str] = host_stages.input_stages()
 
 
 class InputError(RunDirError):

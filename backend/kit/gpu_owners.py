@@ -25,13 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from backend.contract import stages as host_stages
+
 BASELINE = "baseline"
 EXTRACTION = "extraction server"
 DRAFTER = "drafter server"
 TRAINER = "trainer"
-SERVED_STAGES = ("generate", "prepare")  # they ask the baseline
-TRAINER_STAGES = ("train", "verify")
-CPU_VERIFY = "verify"  # the offline verify program, on the CPU
 
 
 class OwnershipError(ValueError):
@@ -89,13 +88,14 @@ def _gpus(ids: Sequence[int]) -> str:
 
 
 def _step(stage: str, shape: HostShape, online: bool) -> Step:
-    if stage in SERVED_STAGES:
+    gpus = host_stages.gpu_use(stage)  # the stage's row (backend/contract/stages.py)
+    if gpus == "baseline":
         return Step(stage, {BASELINE: shape.server})
-    if stage == "extract":
+    if gpus == "extraction":
         return Step(stage, {EXTRACTION: shape.server}, (BASELINE,), baseline_down=True)
-    if stage == "verify" and not online:
-        return Step(stage, {BASELINE: shape.server, CPU_VERIFY: ()})
-    if stage in TRAINER_STAGES:
+    if gpus == "trainer" and not online and host_stages.get(stage).cpu_offline:
+        return Step(stage, {BASELINE: shape.server, stage: ()})  # on the CPU, beside the baseline
+    if gpus == "trainer":
         if online:
             if shape.shared:
                 raise OwnershipError(
@@ -108,7 +108,7 @@ def _step(stage: str, shape: HostShape, online: bool) -> Step:
         if shape.shared:
             return Step(stage, {TRAINER: shape.trainer}, (BASELINE,), baseline_down=True)
         return Step(stage, {BASELINE: shape.server, TRAINER: shape.trainer})
-    if stage in ("bench", "serve-drafter"):
+    if gpus == "drafter" or stage == "serve-drafter":
         return Step(stage, {DRAFTER: shape.server}, (BASELINE,), baseline_down=True)
     if stage == "serve-baseline":
         return Step(stage, {BASELINE: shape.server}, (DRAFTER,))

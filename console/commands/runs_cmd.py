@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict
 
 from backend.bench import PAIR_STAGE
-from backend.contract.lookup import STAGES
+from backend.contract import stages as host_stages
 from backend.contract.runs import RUN_ID_PATTERN
 from backend.generate.preflight import human_bytes
 from console import exitcodes
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                       "lists them and asks first")
     p.add_argument("--profile", required=True)
     p.add_argument("--older-than", help="only runs untouched for this long: 90s, 30m, 12h, 7d, 2w")
-    p.add_argument("--stage", choices=STAGES + ("pipeline", "bench", PAIR_STAGE, "fetch_drafter"))
+    p.add_argument("--stage", choices=host_stages.names() + ("pipeline", PAIR_STAGE))
     p.add_argument("--archived", action="store_true", help="only the runs --fresh moved aside")
     p.add_argument("--resumable", action="store_true",
                    help="failed, stopped and unfinished runs may go too (kept otherwise: they can be resumed)")

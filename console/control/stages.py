@@ -7,13 +7,14 @@ its argv builder. A row says:
   not started by `run`); `label`: the stages pane's;
 - `kind`: "server" (a server the console drives itself: no run of its own), "run" (one host program),
   "chain" (a pipeline run of the `in_pipeline` rows, in table order);
-- `input_stage`: the stage whose latest completed run it consumes by default (`online_input`: when it
-  trains online); `skip_online`: an online pipeline has no such stage;
+- the host's facts of a stage, from its row in the host's stage table (backend/contract/stages.py, by
+  `name`; a console-only row has none): `input_stage`, `online_input`, `skip_online`, `in_pipeline`,
+  `takes_gpus` ("always" / "online" / "no": starting it takes the GPUs from the baseline server: it stops
+  it, the operator confirms first), `gpu_user` (it computes on the GPUs itself, so no server swap runs
+  beside it);
 - `build`: its argv builder, `async (ctx, run_id, input_run, req) -> (argv, preflight argv or None)`, with
   `ctx` the launcher (control/launch.py: the host, the profile, uploads and questions to the host);
-- `takes_gpus`: "always" / "online" / "no": starting it takes the GPUs from the baseline server (it
-  stops it, the operator confirms first); `gpu_user`: it computes on the GPUs itself, so no server swap
-  runs beside it; `beside_chain`: it shares nothing with a pipeline run (a download) and may run beside one;
+- `beside_chain`: it shares nothing with a pipeline run (a download) and may run beside one;
 - `view`: its typed progress view (console/telemetry/progress.py); `results`: what a finished run prints.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Awaitable, Callable, Literal, Protocol, Sequence
 
 from backend.bench import PAIR_STAGE
 from backend.bench.compare import CompareError, comparison_from_dict, format_table
+from backend.contract import stages as host_stages
 from backend.contract.stages import FETCH_DRAFTER
 from backend.verify.report import table as verify_table
 from console.control import stage_argv
@@ -65,13 +67,7 @@ class Stage:
     kind: Literal["server", "run", "chain"] = "run"
     run_stage: str | None = None  # the stage its program's runs carry, when not `name` (the bench pair's)
     cli: str | None = None
-    input_stage: str | None = None
-    online_input: str | None = None
-    skip_online: bool = False
-    in_pipeline: bool = False
     build: Builder | None = None
-    takes_gpus: Literal["no", "always", "online"] = "no"
-    gpu_user: bool = False
     beside_chain: bool = False
     view: View = views.counted("items")
     results: Callable[[StageProgress, Sequence[RunInfo]], list[str]] = outputs
@@ -80,6 +76,35 @@ class Stage:
     def runs_stage(self) -> str:
         """The stage its runs' events and run directories carry."""
         return self.run_stage or self.name
+
+    @property
+    def host(self) -> host_stages.HostStage:
+        """The host's facts of this stage: its host row, or none of them (a server, the pipeline)."""
+        return host_stages.find(self.name) or host_stages.HostStage(self.name)
+
+    @property
+    def input_stage(self) -> str | None:
+        return self.host.input_stage
+
+    @property
+    def online_input(self) -> str | None:
+        return self.host.online_input
+
+    @property
+    def skip_online(self) -> bool:
+        return self.host.skip_online
+
+    @property
+    def in_pipeline(self) -> bool:
+        return self.host.in_pipeline
+
+    @property
+    def takes_gpus(self) -> Literal["no", "always", "online"]:
+        return self.host.takes_gpus
+
+    @property
+    def gpu_user(self) -> bool:
+        return self.host.gpu_user
 
     def progress(self, run: RunInfo, runs: Sequence[RunInfo] = ()) -> StageProgress:
         return self.view(run, runs)
@@ -175,20 +200,15 @@ def _bench_table(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
 
 TABLE: tuple[Stage, ...] = (
     Stage("serve", "serve", kind="server"),
-    Stage("generate", "generate", cli="generate", in_pipeline=True, build=_generate,
-          view=views.generation_view),
-    Stage("prepare", "prepare", cli="prepare", input_stage="generate", in_pipeline=True, build=_prepare,
-          view=views.counted("rows")),
-    Stage("extract", "extract", cli="extract", input_stage="prepare", in_pipeline=True, skip_online=True,
-          build=_extract, takes_gpus="always", view=views.counted("samples")),
-    Stage("train", "train", cli="train", input_stage="extract", online_input="prepare", in_pipeline=True,
-          build=_train, takes_gpus="online", gpu_user=True, view=views.train_view),
-    Stage("verify", "verify", cli="verify", input_stage="train", in_pipeline=True, build=_verify,
-          takes_gpus="online", gpu_user=True, view=views.verify_view, results=_verify_table),
+    Stage("generate", "generate", cli="generate", build=_generate, view=views.generation_view),
+    Stage("prepare", "prepare", cli="prepare", build=_prepare, view=views.counted("rows")),
+    Stage("extract", "extract", cli="extract", build=_extract, view=views.counted("samples")),
+    Stage("train", "train", cli="train", build=_train, view=views.train_view),
+    Stage("verify", "verify", cli="verify", build=_verify, view=views.verify_view, results=_verify_table),
     Stage("serve_drafter", "serve+drafter", kind="server"),
     Stage(FETCH_DRAFTER, "fetch drafter", cli="fetch-drafter", build=_fetch_drafter, beside_chain=True,
           view=views.bytes_view),
-    Stage("bench", "bench", run_stage=PAIR_STAGE, cli="bench", build=_bench, takes_gpus="always", view=views.pair_view,
+    Stage("bench", "bench", run_stage=PAIR_STAGE, cli="bench", build=_bench, view=views.pair_view,
           results=_bench_table),
     Stage("pipeline", "pipeline", kind="chain", cli="pipeline", build=_pipeline, view=views.chain_view,
           results=_chain_results),
