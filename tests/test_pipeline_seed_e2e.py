@@ -7,6 +7,7 @@ serves at the end. Training still computes on the CPU."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,10 @@ def test_the_seed_shaped_demo_runs_the_pipeline_to_verify_with_the_baseline_serv
         assert refused.returncode == 2 and "pass --yes" in refused.stderr
         # the whole downtime, before the answer: from extract through train, then the loads (measured)
         assert "the baseline is down from extract through train for " in refused.stderr, refused.stderr
-        assert "2 server loads of about" in refused.stderr, refused.stderr
+        # two loads: measured when this host's history has one, said unmeasured otherwise (a CLI that
+        # attaches once the server is up sees no load, and records none rather than a bogus "about 0 s")
+        assert re.search(r"2 server loads (of about|; no load of \S+ measured)", refused.stderr), refused.stderr
+        assert "about 0 s" not in refused.stderr
         done = cli("run", "pipeline", "--profile", profile, "--limit", "24", "--run-id", "seed", "--yes", "--wait",
                    timeout=1200)
         # started once, after train: it loads (verify runs on the CPU meanwhile), then serves

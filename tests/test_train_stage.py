@@ -22,7 +22,9 @@ from harness import train_support as ts
 pytestmark = pytest.mark.timeout(600)
 
 EPOCHS = 3  # the demo verifier's varied answers (issue 13) need a third epoch for the loss to halve
-TRAIN_ARGS = ("--epochs", str(EPOCHS), "--seq-length", "256", "--lr", "0.003", "--optimizer", "adamw",
+# lr 0.006: at 0.003 the loss fell to 0.65 of its start, not under 0.6, with the transformers and datasets
+# releases a fresh install takes today (5.19, 5.1), for the previous tiny verifier recipe too
+TRAIN_ARGS = ("--epochs", str(EPOCHS), "--seq-length", "256", "--lr", "0.006", "--optimizer", "adamw",
               "--draft-vocab-size", "512", "--checkpoint-freq", "0.25", "--run-id", "train-1")
 
 

@@ -57,6 +57,7 @@ class HostLock:
         self.holder = holder
         self.fd = -1
         self.inherited = False
+        self._made: list[str] = []  # the lock file and folders its acquire created
 
     @property
     def held(self) -> bool:
@@ -83,16 +84,12 @@ class HostLock:
         if fd >= 0:  # the parent holds it for us
             self.fd, self.inherited = fd, True
             return self
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise LockHeld(self.refusal(describe_holder(read_holder(self.path)))) from None
-        except OSError:
-            os.close(fd)
-            raise
+        for _ in range(8):
+            fd = self._open_locked()
+            if fd >= 0:
+                break
+        else:
+            raise OSError(f"the lock file {self.path} kept being replaced while it was taken")
         record = json.dumps({"holder": self.holder, "pid": os.getpid(), "since": round(time.time(), 3)}).encode()
         try:
             os.ftruncate(fd, 0)
@@ -102,6 +99,39 @@ class HostLock:
         self.fd = fd
         return self
 
+    def _open_locked(self) -> int:
+        """The lock file's descriptor, locked; -1 when the file was removed or replaced meanwhile (a refused
+        holder forgets its lock, `release(forget=True)`): a lock on an unlinked file would guard nothing."""
+        missing = []
+        parent = os.path.dirname(self.path) or "."
+        while parent and not os.path.isdir(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            created = True
+        except FileExistsError:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            created = False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LockHeld(self.refusal(describe_holder(read_holder(self.path)))) from None
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)
+            return -1
+        self._made = ([self.path] if created else []) + missing  # what forgetting it removes, deepest first
+        return fd
+
     def child_env(self) -> dict[str, str]:
         """The environment that hands the lock to a child (with `pass_fds=self.pass_fds()`)."""
         return {self.fd_env: str(self.fd)} if self.held and self.fd_env else {}
@@ -109,9 +139,17 @@ class HostLock:
     def pass_fds(self) -> tuple[int, ...]:
         return (self.fd,) if self.held else ()
 
-    def release(self) -> None:
+    def release(self, forget: bool = False) -> None:
+        """Let go. `forget`: the holder was refused before it touched anything (no child has the lock):
+        the lock file and the folders its acquire created go too, so a refusal leaves nothing behind."""
         if not self.held:
             return
+        if forget and not self.inherited:
+            for path in self._made:
+                try:
+                    os.unlink(path) if path == self.path else os.rmdir(path)
+                except OSError:
+                    break  # another lock's file in the folder, or another program's: leave the rest
         if not self.inherited:
             try:
                 os.ftruncate(self.fd, 0)

@@ -261,7 +261,7 @@ class StageRun:
             self.run_dir = open_run_dir(self.work_dir, self.run_id, self.manifest, fresh=self.fresh)
             self.events = EventLog(self.run_dir.events_path, self.stage, self.run_id)
         except (RunDirError, LockHeld) as exc:
-            self._release()
+            self._release(forget=True)  # refused with nothing touched: nor does its lock file stay
             return refuse(self.prog, exc)
         except OSError as exc:
             self._release()
@@ -271,10 +271,10 @@ class StageRun:
             raise
         return None
 
-    def _release(self) -> None:
+    def _release(self, forget: bool = False) -> None:
         """The run is ours no more (workers that still have the descriptor keep it until they exit)."""
         if self.lock is not None:
-            self.lock.release()
+            self.lock.release(forget=forget)
 
     def _outcome(self, exc: BaseException | None) -> tuple[str, str | None]:
         if exc is None:
