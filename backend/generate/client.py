@@ -75,8 +75,9 @@ class ClientSettings:
     api_key: str | None = None
 
 
-def read_api_key(env_name: str | None, file_name: str | None) -> str | None:
-    """The API key from an environment variable's name or a file; never from argv (ps shows argv)."""
+def read_api_key(env_name: str | None, file_name: str | None, *, remove: bool = False) -> str | None:
+    """The API key from an environment variable's name or a file; never from argv (ps shows argv).
+    `remove`: the file is the console's copy for this run; it is deleted once read, also when unusable."""
     if env_name:
         value = os.environ.get(env_name)
         if not value:
@@ -88,6 +89,12 @@ def read_api_key(env_name: str | None, file_name: str | None) -> str | None:
                 value = f.read().strip()
         except OSError as exc:
             raise ValueError(f"--api-key-file {file_name}: cannot read it ({exc.strerror})") from exc
+        finally:
+            if remove:
+                try:
+                    os.unlink(file_name)
+                except FileNotFoundError:
+                    pass
         if not value:
             raise ValueError(f"--api-key-file {file_name}: the file is empty")
         return value

@@ -241,8 +241,11 @@ async def upload_secret(host: Host, profile: Profile, secret: str | None, name: 
     return path
 
 
-async def upload_api_key(host: Host, profile: Profile) -> str | None:
-    return await upload_secret(host, profile, api_key(profile), "vllm-api-key")
+async def upload_api_key(host: Host, profile: Profile, run_id: str | None = None) -> str | None:
+    """The vLLM API key for a stage; with `run_id`, a copy of that run's own, which the run removes once
+    read (generate's --remove-api-key-file), so no other start rewrites or needs it meanwhile."""
+    name = f"vllm-api-key-{run_id}" if run_id else "vllm-api-key"
+    return await upload_secret(host, profile, api_key(profile), name)
 
 
 async def upload_hub_token(host: Host, profile: Profile, shown: list[str] | None = None) -> str | None:
@@ -482,8 +485,8 @@ class Launcher:
     async def dataset(self, given: str | None) -> str:
         return await resolve_dataset(self.host, self.profile, given)
 
-    async def api_key(self) -> str | None:
-        return await upload_api_key(self.host, self.profile)
+    async def api_key(self, run_id: str | None = None) -> str | None:
+        return await upload_api_key(self.host, self.profile, run_id)
 
     async def hub_token(self) -> str | None:
         return await upload_hub_token(self.host, self.profile, self.shown)
