@@ -684,6 +684,11 @@ def _cross_checks(p: Profile, file: str) -> None:
     problems = []
     if p.server.manager == "tmux" and check_session(p.server.unit):
         problems.append(("server.unit", f"expected {check_session(p.server.unit)} when manager is 'tmux', got {p.server.unit!r}"))
+    train_gpus = len(p.train.gpus) if isinstance(p.train.gpus, list) else p.train.gpus
+    if p.host.simulated and train_gpus is not None and train_gpus >= 2:
+        # the stage counts simulated GPUs but computes on the CPU, where speculators runs one process only
+        problems.append(("train.gpus", f"expected 0 or 1 (or one index) on a simulated host (host.simulated = true: "
+                                       f"training computes on the CPU there, in one process), got {p.train.gpus!r}"))
     if p.host.transport == "ssh" and p.host.simulated is False and p.host.name in ("localhost",) and p.host.port == 22:
         pass  # an operator may well ssh to localhost; nothing to flag
     if problems:

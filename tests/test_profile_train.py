@@ -99,3 +99,18 @@ def test_the_retired_gpu_ids_key_is_refused_with_what_to_write_instead(tmp_path)
     with pytest.raises(ProfileError) as e:  # a bad value: no copy of it offered as the thing to write
         profile_from_dict({**BASE, "train": {"gpu_ids": [1, 1]}}, file="p.toml")
     assert "replace gpu_ids with gpus = [..]" in str(e.value)
+
+
+@pytest.mark.parametrize("gpus", [2, 8, [0, 1]])
+def test_several_training_gpus_on_a_simulated_host_are_refused_by_key(gpus):
+    """Simulated GPUs are counted but training computes on the CPU (one process): gpus >= 2 used to fail deep
+    in speculators; the profile names the key and the reason at load."""
+    with pytest.raises(ProfileError) as e:
+        profile_from_dict({**BASE, "host": {"name": "gpu-host.example", "simulated": True}, "train": {"gpus": gpus}},
+                          file="p.toml")
+    assert "p.toml: train.gpus: expected 0 or 1 (or one index) on a simulated host" in str(e.value)
+    assert "training computes on the CPU there, in one process" in str(e.value)
+    for fine in (0, 1, [3], None):
+        assert profile_from_dict({**BASE, "host": {"name": "gpu-host.example", "simulated": True},
+                                  "train": {} if fine is None else {"gpus": fine}}).host.simulated
+    assert profile_from_dict({**BASE, "train": {"gpus": gpus}}).train.gpus == gpus  # a real host: its GPUs

@@ -5,6 +5,8 @@ import asyncio
 import os
 import stat
 
+import pytest
+
 from console.profile import profile_from_dict
 from console.host.local import LocalHost
 from console.control.launch import upload_api_key
@@ -65,3 +67,30 @@ def test_live_stage_units_from_real_listings():
                               "paths": {"work_dir": "/w"}})
     panes = "v 0\ne3-generate-a 0\ne3-generate-b 1\ne3-train-t 0\n"
     assert parse_live_stage_units(tmux, "generate", panes) == ["e3-generate-a"]  # b exited
+
+
+def test_the_runs_key_copy_is_its_own_and_removed_once_read(tmp_path, monkeypatch):
+    """The key file does not stay in the host's secrets/ after the run: generate removes its own copy as
+    soon as it has read it (also when the file is unusable), before anything that may fail or be stopped."""
+    from backend.generate.client import read_api_key
+    from backend.generate.config import parse_config
+
+    monkeypatch.setenv("E3_TEST_VLLM_KEY", "sk-very-secret")
+    p = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
+                           "server": {"model_path": "/m", "manager": "tmux", "unit": "u",
+                                      "api_key_env": "E3_TEST_VLLM_KEY"},
+                           "paths": {"work_dir": str(tmp_path)}, "generate": {"dataset": "/d.jsonl"}})
+    path = asyncio.run(upload_api_key(LocalHost(), p, "gen-7"))
+    assert path == f"{tmp_path}/secrets/vllm-api-key-gen-7"
+    argv = generate_argv(p, "gen-7", api_key_path=path)
+    config = parse_config(argv[argv.index("backend.generate") + 1:])
+    assert config.api_key_file == path and config.remove_api_key_file is True
+    # the preflight reads it too, before the run: it leaves it for the run
+    assert "--remove-api-key-file" not in generate_argv(p, "gen-7", api_key_path=path, preflight_only=True)
+    assert read_api_key(None, path, remove=True) == "sk-very-secret"
+    assert not os.path.exists(path) and os.listdir(tmp_path / "secrets") == []
+    empty = tmp_path / "secrets" / "vllm-api-key-gen-8"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="the file is empty"):
+        read_api_key(None, str(empty), remove=True)
+    assert not empty.exists()

@@ -86,3 +86,19 @@ def test_secret_looking_values_are_hidden_in_shown_commands():
                               "--tokenizer", "/tok", "--max-num-batched-tokens", "8192",
                               "--setenv=HTTPS_PROXY=http://alice:***@proxy.example:3128",
                               "sh", "-c", "exec vllm serve /m --api-key *** --hf-token=***"]
+
+
+def test_deeply_nested_busctl_answer_is_a_clean_error():
+    """A host answering busctl with 100000 nested arrays: json.loads would recurse once per level and end
+    `profile init --from-unit` in a RecursionError traceback; the reader refuses it by depth, naming the bound."""
+    from console.control.operator_unit import program_from_unit
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(UnitReadError, match=r"busctl ExecStart: the JSON answer \(200000 characters.*deeper than 64"):
+        parse_exec_json(deep)
+    d = parse_unit_show((SAMPLES / "unit_show_vllm.txt").read_text())
+    with pytest.raises(UnitReadError, match="deeper than 64"):
+        program_from_unit(d, '{"type":"a(sasbttttuii)","data":' + deep + "}")
+    # brackets inside strings are not nesting: an argument may hold any number of them
+    text = '{"type":"a(sasbttttuii)","data":[["/bin/x",["/bin/x","' + "[" * 200 + '\\"{"]]]}'
+    (ex,) = parse_exec_json(text)
+    assert ex.argv == ("/bin/x", "[" * 200 + '"{')

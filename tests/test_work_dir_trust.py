@@ -3,6 +3,7 @@ project names (issue 23)."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -28,6 +29,42 @@ pytestmark = pytest.mark.timeout(60)
 def test_work_dir_problem(stat, problem):
     found = launch.work_dir_problem("1000\n1000\n" + stat + "\n")
     assert (found is None) if problem is None else (problem in found), found
+
+
+def test_state_and_secrets_are_checked_and_secrets_not_even_for_the_own_group():
+    found = launch.work_dir_problem("1000\n1000\n1000 1000 755 /w\n1001 1000 755 /w/state\n")
+    assert found and "/w/state can be written by its owner, user 1001" in found
+    stat = "1000\n1000\n1000 1000 755 /w\n1000 1000 770 /w/secrets\n"
+    assert launch.work_dir_problem(stat) is None  # own group, not a private dir
+    found = launch.work_dir_problem(stat, private=("/w/secrets",))
+    assert found and "/w/secrets can be written by group 1000" in found
+
+
+@pytest.mark.parametrize("sub, mode, problem", [
+    ("state", 0o777, "can be written by every user"),
+    ("secrets", 0o770, "can be written by group"),
+    ("secrets", 0o700, None),
+    ("state", 0o775, None),
+])
+async def test_check_work_dir_reads_state_and_secrets(tmp_path, sub, mode, problem):
+    from console.profile import profile_from_dict
+
+    work = tmp_path / "w"
+    profile = profile_from_dict({"host": {"name": "gpu-host.example"}, "server": {"model_path": "/models/m"},
+                                 "paths": {"work_dir": str(work)}})
+    (work / sub).mkdir(parents=True)
+    os.chmod(work / sub, mode)
+    host = LocalHost()
+    await host.connect()
+    try:
+        if problem is None:
+            await launch.check_work_dir(host, profile)
+        else:
+            with pytest.raises(launch.StageError, match=re.escape(f"refusing the work dir: {work / sub} {problem}")):
+                await launch.check_work_dir(host, profile)
+        assert (work / "state").is_dir() and (work / "secrets").is_dir()  # created when missing
+    finally:
+        await host.close()
 
 
 @pytest.mark.parametrize("sub", ["", "code", "plans", "runs"])

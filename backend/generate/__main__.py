@@ -19,7 +19,7 @@ from backend.kit.lifecycle import refuse
 def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
-        api_key = read_api_key(config.api_key_env, config.api_key_file)
+        api_key = read_api_key(config.api_key_env, config.api_key_file, remove=config.remove_api_key_file)
     except (ConfigError, ValueError) as exc:
         return refuse("generate", exc)
     try:

@@ -5,6 +5,8 @@ waits on one `ServerGate` instead of burning its retries, one poller watches GET
 gate reopens by itself when it answers 200. 5xx, disconnects and timeouts are retried with
 exponential backoff up to `max_retries`; 4xx other than 408/409/425/429 fail at once (a bad request
 does not get better), except a 400 whose message speaks of the server's state (`fit.transient_400`).
+A 200 whose body the caller's `parse` cannot read (not JSON, no `choices`) is retried the same way: a
+server mid-restart or a proxy in front of it answers like that, and the next answer is usually good.
 Every failure carries a reason (`REASONS`) so the run can count them and say whether a rerun can help.
 """
 from __future__ import annotations
@@ -29,7 +31,17 @@ THROTTLED = "throttled"
 TIMEOUT = "timeout"
 CONNECTION_LOST = "connection_lost"
 UNREACHABLE = "unreachable"
-REASONS = (REJECTED, SERVER_ERROR, THROTTLED, TIMEOUT, CONNECTION_LOST, UNREACHABLE)
+BAD_RESPONSE = "bad_response"  # HTTP 200 whose body is not a usable completion (transient)
+REASONS = (REJECTED, SERVER_ERROR, THROTTLED, TIMEOUT, CONNECTION_LOST, UNREACHABLE, BAD_RESPONSE)
+SHOWN_BODY = 300  # characters of an answer's body an error message quotes
+
+
+def shown_body(data: bytes, limit: int = SHOWN_BODY) -> str:
+    """A server's answer as an error may quote it: decoded, control characters as `?` (the text reaches logs
+    and the console's screen), cut to `limit` characters with the full size said."""
+    text = data[:limit * 4].decode(errors="replace")
+    text = "".join(ch if ch.isprintable() else "?" for ch in text[:limit])
+    return text if len(data) <= limit else f"{text}... ({len(data)} bytes)"
 
 
 class RequestFailed(Exception):
@@ -63,8 +75,9 @@ class ClientSettings:
     api_key: str | None = None
 
 
-def read_api_key(env_name: str | None, file_name: str | None) -> str | None:
-    """The API key from an environment variable's name or a file; never from argv (ps shows argv)."""
+def read_api_key(env_name: str | None, file_name: str | None, *, remove: bool = False) -> str | None:
+    """The API key from an environment variable's name or a file; never from argv (ps shows argv).
+    `remove`: the file is the console's copy for this run; it is deleted once read, also when unusable."""
     if env_name:
         value = os.environ.get(env_name)
         if not value:
@@ -76,6 +89,12 @@ def read_api_key(env_name: str | None, file_name: str | None) -> str | None:
                 value = f.read().strip()
         except OSError as exc:
             raise ValueError(f"--api-key-file {file_name}: cannot read it ({exc.strerror})") from exc
+        finally:
+            if remove:
+                try:
+                    os.unlink(file_name)
+                except FileNotFoundError:
+                    pass
         if not value:
             raise ValueError(f"--api-key-file {file_name}: the file is empty")
         return value
@@ -238,8 +257,9 @@ class ChatClient:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 return None
 
-    async def chat(self, body: bytes) -> tuple[bytes, int]:
-        """POST one encoded chat request until it succeeds; return (response body, attempts)."""
+    async def chat(self, body: bytes, parse: Callable[[bytes], Any] | None = None) -> tuple[Any, int]:
+        """POST one encoded chat request until it succeeds; return (response body, attempts), the body as
+        `parse` reads it when given (a ValueError from it is a malformed answer, retried like a 5xx)."""
         s = self.settings
         attempts = 0
         while True:
@@ -260,17 +280,25 @@ class ChatClient:
                 await self._check_alive()
             else:
                 if status == 200:
-                    return data, attempts + 1
-                text = data[:300].decode(errors="replace")
-                if status < 500 and status not in RETRYABLE_STATUSES:
-                    message = error_message(data[:4096])
-                    if not (status == 400 and transient_400(message)):
-                        raise RequestFailed(f"HTTP {status}: {text}", attempts=attempts + 1, permanent=True,
-                                            reason=REJECTED, status=status, server_message=message)
-                error = f"HTTP {status}: {text}"
-                reason = SERVER_ERROR if status >= 500 or status == 400 else THROTTLED
-                if status >= 500:
-                    await self._check_alive()
+                    if parse is None:
+                        return data, attempts + 1
+                    try:
+                        return parse(data), attempts + 1
+                    except (ValueError, RecursionError) as exc:
+                        why = shown_body(str(exc).encode())
+                        error = f"HTTP 200 but not a chat completion ({why}): {shown_body(data)}"
+                        reason = BAD_RESPONSE
+                else:
+                    text = shown_body(data)
+                    if status < 500 and status not in RETRYABLE_STATUSES:
+                        message = error_message(data[:4096])
+                        if not (status == 400 and transient_400(message)):
+                            raise RequestFailed(f"HTTP {status}: {text}", attempts=attempts + 1, permanent=True,
+                                                reason=REJECTED, status=status, server_message=message)
+                    error = f"HTTP {status}: {text}"
+                    reason = SERVER_ERROR if status >= 500 or status == 400 else THROTTLED
+                    if status >= 500:
+                        await self._check_alive()
             attempts += 1
             if attempts > s.max_retries:
                 raise RequestFailed(f"{error} (gave up after {attempts} attempts)", attempts=attempts,

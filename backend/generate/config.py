@@ -50,6 +50,7 @@ class GenerateConfig:
     token_rows: bool = True  # also write prepare/tokens.jsonl (input_ids + loss_mask) at the end
     api_key_env: str | None = None
     api_key_file: str | None = None
+    remove_api_key_file: bool = False  # the console's copy on the host: removed once read
     fresh: bool = False
     preflight_only: bool = False
     skip_preflight: bool = False
@@ -129,6 +130,8 @@ _HELP = {
     "max_pause_s": "give up when the server stays down this long (0: wait forever)",
     "api_key_env": "name of the environment variable holding the API key",
     "api_key_file": "file holding the API key",
+    "remove_api_key_file": "remove --api-key-file as soon as it is read, whatever the run does next (the "
+                           "console's copy in the work dir's secrets/ stays there no longer than needed)",
     "fresh": "archive an existing run directory (renamed, never deleted) and start over",
     "preflight_only": "run the preflight checks, print them as JSON, and exit",
 }

@@ -28,7 +28,7 @@ THINK_CLOSE = "</think>"
 
 
 class ResponseError(ValueError):
-    """The server answered 200 but the body is not a usable chat completion (not retried)."""
+    """The server answered 200 but the body is not a usable chat completion (the client retries it)."""
 
 
 @dataclass(frozen=True)

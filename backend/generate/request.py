@@ -18,6 +18,11 @@ MAX_REFITS = 3  # context refusals answered per sample before it counts as rejec
 CONTEXT_STATUSES = frozenset({400, 413, 422})
 
 
+def read_completion(raw: bytes) -> Completion:
+    """A 200's body as a completion; ValueError (the client retries it) when it is not one."""
+    return parse_completion(loads(raw))
+
+
 @dataclass(frozen=True)
 class Generated:
     completion: Completion
@@ -78,7 +83,7 @@ class PromptFitter:
         last: RequestFailed | None = None
         for _ in range(MAX_REFITS + 1):
             try:
-                raw, _attempts = await self.client.chat(self.encode(prompt, budget))
+                completion, _attempts = await self.client.chat(self.encode(prompt, budget), read_completion)
             except RequestFailed as exc:
                 overflow = self._overflow(exc)
                 if overflow is None:
@@ -100,7 +105,7 @@ class PromptFitter:
                     raise
                 budget = decided
                 continue
-            return Generated(parse_completion(loads(raw)), budget, budget < self.max_tokens)
+            return Generated(completion, budget, budget < self.max_tokens)
         assert last is not None
         raise last
 
@@ -167,12 +172,12 @@ class PromptFitter:
         """The exact prompt length from a one-token request; None when even that does not fit."""
         self.probed += 1
         try:
-            raw, _attempts = await self.client.chat(self.encode(prompt, 1, probe=True))
+            completion, _attempts = await self.client.chat(self.encode(prompt, 1, probe=True), read_completion)
         except RequestFailed as exc:
             if self._overflow(exc) is not None:
                 return None
             raise
-        tokens = parse_completion(loads(raw)).prompt_tokens
+        tokens = completion.prompt_tokens
         if tokens is None:
             raise RequestFailed("the server refused the prompt's length but its one-token answer has no "
                                 "usage.prompt_tokens to fit it with", attempts=1, permanent=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from backend.contract import exitcodes
 from backend.contract.runs import Manifest, RunDir, run_path
-from backend.generate.client import REJECTED, ChatClient, ClientSettings, RequestFailed, ServerGone
+from backend.generate.client import BAD_RESPONSE, REJECTED, ChatClient, ClientSettings, RequestFailed, ServerGone
 from backend.generate.config import GenerateConfig
 from backend.generate.fit import PROMPT_REASONS, ContextLimits, discover
 from backend.generate.preflight import run_preflight
@@ -37,7 +37,6 @@ STAGE = "generate"
 OUTPUT_FILE = "output.jsonl"
 FAILURES_FILE = "failures.jsonl"
 SKIPPED_FILE = "skipped.jsonl"  # prompts skipped for their length, found by this process (rewritten per start)
-BAD_RESPONSE = "bad_response"  # HTTP 200 whose body is not a usable completion (transient)
 INTERNAL_ERROR = "internal_error"
 PERMANENT_FAILURES = frozenset({REJECTED})
 

@@ -106,14 +106,17 @@ def backend_bundle() -> tuple[str, bytes]:
 
 
 # The work dir and the folders whose files the stages execute or obey: anyone who can write in one of them
-# can replace the code a stage runs, the plan a swap follows, or a run's events.
-TRUSTED_DIRS = ("", "code", "plans", "runs")
+# can replace the code a stage runs, the plan a swap follows, or a run's events; state/ holds the server
+# lock, secrets/ the API key and Hub token the console hands a stage.
+TRUSTED_DIRS = ("", "code", "plans", "runs", "state", "secrets")
+PRIVATE_DIRS = ("secrets",)  # not even the user's own group may write there
 
 
-def work_dir_problem(text: str) -> str | None:
+def work_dir_problem(text: str, private: tuple[str, ...] = ()) -> str | None:
     """What is wrong with the work dir's folders from `id -u; id -g; stat -L -c '%u %g %a %n' DIRS` (pure):
-    a folder that others can write (a group write bit only for a group other than the user's own), or
-    that belongs to another user than this one or root. None when all are sound."""
+    a folder that others can write (a group write bit only for a group other than the user's own; any group
+    write bit for the `private` paths), or that belongs to another user than this one or root. None when
+    all are sound."""
     lines = text.splitlines()
     if len(lines) < 3 or not lines[0].strip().isdigit() or not lines[1].strip().isdigit():
         return f"cannot tell who owns the work dir (unexpected answer: {clean_block(text)[:200]!r})"
@@ -130,14 +133,14 @@ def work_dir_problem(text: str) -> str | None:
         writers = []
         if mode & 0o002:
             writers.append("every user")
-        if mode & 0o020 and group != gid:
+        if mode & 0o020 and (group != gid or path in private):
             writers.append(f"group {group}")
         if owner not in (uid, "0"):
             writers.append(f"its owner, user {owner}")
         if writers:
             return (f"{path} can be written by {' and '.join(writers)} (mode {mode_text}): whoever writes there "
                     f"can replace the code the stages run or the plans they follow; make it yours and "
-                    f"`chmod go-w` it (work dir, code/, plans/, runs/)")
+                    f"`chmod go-w` it (work dir, code/, plans/, runs/, state/, secrets/)")
     return None
 
 
@@ -149,7 +152,8 @@ async def check_work_dir(host: Host, profile: Profile) -> None:
     if not res.ok:
         raise StageError(f"the work dir {profile.paths.work_dir} is not usable: "
                          f"{clean_block((res.stderr or res.stdout).strip())[:300]}")
-    problem = work_dir_problem(res.stdout)
+    private = tuple(posixpath.join(profile.paths.work_dir, d) for d in PRIVATE_DIRS)
+    problem = work_dir_problem(res.stdout, private)
     if problem:
         raise StageError(f"refusing the work dir: {problem}")
 
@@ -237,8 +241,11 @@ async def upload_secret(host: Host, profile: Profile, secret: str | None, name: 
     return path
 
 
-async def upload_api_key(host: Host, profile: Profile) -> str | None:
-    return await upload_secret(host, profile, api_key(profile), "vllm-api-key")
+async def upload_api_key(host: Host, profile: Profile, run_id: str | None = None) -> str | None:
+    """The vLLM API key for a stage; with `run_id`, a copy of that run's own, which the run removes once
+    read (generate's --remove-api-key-file), so no other start rewrites or needs it meanwhile."""
+    name = f"vllm-api-key-{run_id}" if run_id else "vllm-api-key"
+    return await upload_secret(host, profile, api_key(profile), name)
 
 
 async def upload_hub_token(host: Host, profile: Profile, shown: list[str] | None = None) -> str | None:
@@ -478,8 +485,8 @@ class Launcher:
     async def dataset(self, given: str | None) -> str:
         return await resolve_dataset(self.host, self.profile, given)
 
-    async def api_key(self) -> str | None:
-        return await upload_api_key(self.host, self.profile)
+    async def api_key(self, run_id: str | None = None) -> str | None:
+        return await upload_api_key(self.host, self.profile, run_id)
 
     async def hub_token(self) -> str | None:
         return await upload_hub_token(self.host, self.profile, self.shown)

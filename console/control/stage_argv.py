@@ -48,6 +48,8 @@ def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, 
         argv += ["--chat-template-kwargs", json.dumps(g.chat_template_kwargs, separators=(",", ":"))]
     if api_key_path:
         argv += ["--api-key-file", api_key_path]
+        if not preflight_only:  # the run reads it after its preflight: the run's own copy, removed once read
+            argv.append("--remove-api-key-file")
     if fresh:
         argv.append("--fresh")
     if preflight_only:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 UNIT_PROPS: tuple[str, ...] = ("Id", "LoadState", "ExecStart", "Environment", "EnvironmentFiles", "User", "Group",
                                "WorkingDirectory")
 MAX_TEXT = 1 << 20  # a unit's properties are a few KiB; anything past this is not systemd talking
+MAX_JSON_DEPTH = 64  # ExecStart's JSON nests 4 deep; json.loads recurses once per level (RecursionError)
 
 
 class UnitReadError(ValueError):
@@ -130,12 +131,38 @@ def parse_exec_show(value: str) -> ExecCommand:
     return ExecCommand(path=path, argv=argv, exact=False)
 
 
+def json_too_deep(text: str, bound: int = MAX_JSON_DEPTH) -> bool:
+    """Whether arrays/objects in `text` nest deeper than `bound` (brackets inside strings do not count)."""
+    depth = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            if depth > bound:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
 def parse_exec_json(text: str) -> tuple[ExecCommand, ...]:
     """busctl --json=short's answer for ExecStart (a(sasbttttuii)): the exact argv of each command."""
+    if isinstance(text, str) and json_too_deep(text[:MAX_TEXT]):
+        raise UnitReadError(f"busctl ExecStart: the JSON answer ({len(text)} characters, starting "
+                            f"{text[:40]!r}) nests deeper than {MAX_JSON_DEPTH} levels; ExecStart's nests 4")
     try:
         data = json.loads(text[:MAX_TEXT])
         items = data["data"] if isinstance(data, dict) and data.get("type", "").startswith("a(sas") else None
-    except (ValueError, KeyError, AttributeError):
+    except (ValueError, KeyError, AttributeError, RecursionError):
         items = None
     if not isinstance(items, list):
         raise UnitReadError(f"busctl ExecStart: expected {{'type': 'a(sasbttttuii)', 'data': [...]}}, got "
