@@ -99,6 +99,11 @@ def metric(profile: Profile, name: str) -> float:
                if line.startswith(name) and not line.startswith("#"))
 
 
+def drafter_log_tail(profile: Profile) -> str:
+    logs = sorted(Path(profile.paths.work_dir, "logs").glob("*drafter*.log"))
+    return "\n".join(p.read_text(errors="replace")[-3000:] for p in logs)
+
+
 def answering(profile: Profile) -> bool:
     try:
         return httpx.get(f"http://127.0.0.1:{profile.server.port}/health", timeout=5).status_code == 200
@@ -369,13 +374,27 @@ async def test_v_b_serve_the_drafter_and_the_baseline_and_m_benches_them(host, t
     host.bench.dataset, host.bench.num_prompts = str(prompts), 4
     host.bench.concurrency, host.bench.max_tokens, host.bench.client = [1], 24, "ours"
     checkpoint = str(tiny_drafters.trained)
-    async with live(host) as (app, pilot, _):
+    async with live(host) as (app, pilot, session):
         [baseline] = servers(host)
-        await pilot.press("v")
-        await confirmation(app, pilot)
-        await pilot.press("y")
-        result = await result_of(app, pilot, "serve drafter", 180)
-        assert result.ok, result.message
+        for attempt in (1, 2):
+            await pilot.press("v")
+            await confirmation(app, pilot)
+            await pilot.press("y")
+            result = await result_of(app, pilot, "serve drafter", 180)
+            # Seen once in four full runs (2026-12-03): the drafter stand-in got a SIGTERM the moment it was
+            # ready, the switch said "exited while starting" and brought the baseline back; nothing in the
+            # switch's events names the sender. One more try, so that flake cannot hide what this test is
+            # for (the keys); a second such exit fails, with the drafter's log.
+            if result.ok or attempt == 2 or "exited while starting" not in result.message:
+                break
+            app.results.clear()
+            await wait(pilot, lambda: answering(host), "the baseline back after the failed switch", 180)
+            for _ in range(300):  # the failed switch lets go of the server lock a moment after that
+                if await session.switch_finished():
+                    break
+                await pilot.pause(0.2)
+            [baseline] = servers(host)
+        assert result.ok, result.message + "\n" + drafter_log_tail(host)
         assert verify_run in result.message
         drafter = await wait(pilot, lambda: pids("sim.vllm_server", checkpoint), "the drafter server", 60)
         await wait(pilot, lambda: not alive(baseline), "the baseline to stop", 60)
