@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import time
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -97,6 +98,14 @@ def metric(profile: Profile, name: str) -> float:
     text = httpx.get(f"http://127.0.0.1:{profile.server.port}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name) and not line.startswith("#"))
+
+
+async def switch_done(pilot, session: Session, timeout: float = 60.0) -> None:
+    """Until no program holds the host's server lock (Session.switch_finished)."""
+    deadline = time.monotonic() + timeout
+    while not await session.switch_finished():
+        assert time.monotonic() < deadline, "the server switch still holds the lock"
+        await pilot.pause(0.2)
 
 
 def drafter_log_tail(profile: Profile) -> str:
@@ -389,10 +398,7 @@ async def test_v_b_serve_the_drafter_and_the_baseline_and_m_benches_them(host, t
                 break
             app.results.clear()
             await wait(pilot, lambda: answering(host), "the baseline back after the failed switch", 180)
-            for _ in range(300):  # the failed switch lets go of the server lock a moment after that
-                if await session.switch_finished():
-                    break
-                await pilot.pause(0.2)
+            await switch_done(pilot, session)
             [baseline] = servers(host)
         assert result.ok, result.message + "\n" + drafter_log_tail(host)
         assert verify_run in result.message
@@ -400,6 +406,9 @@ async def test_v_b_serve_the_drafter_and_the_baseline_and_m_benches_them(host, t
         await wait(pilot, lambda: not alive(baseline), "the baseline to stop", 60)
         await wait(pilot, lambda: answering(host), "the drafter server to answer", 180)
         assert servers(host) == drafter
+        # the detached switch lets go of the server lock a moment after its server answers: a `b` pressed
+        # before then is refused ("the servers are being switched"), as it should be
+        await switch_done(pilot, session)
 
         await pilot.press("b")
         await confirmation(app, pilot)
@@ -410,6 +419,7 @@ async def test_v_b_serve_the_drafter_and_the_baseline_and_m_benches_them(host, t
         await wait(pilot, lambda: servers(host) and answering(host), "the baseline to answer", 180)
         assert not pids("sim.vllm_server", checkpoint)
         await wait(pilot, lambda: app.last_snapshot.server.phase == "ready", "ready", 120)
+        await switch_done(pilot, session)
 
         await pilot.press("m")
         await confirmation(app, pilot)
