@@ -190,6 +190,8 @@ async def running(work_dir: Path) -> Profile | None:
         profile = load_profile(path)
     except ProfileError:
         return None
+    # named as the template names a fresh start's profile, not after the file it was written to
+    profile.name = Path(TEMPLATE.name).stem
     panes = await _run(env_prefix(profile.paths.work_dir)
                        + ["tmux", "list-panes", "-t", tmux_target(profile.server.unit), "-F", "#{pane_dead}"])
     return profile if panes.ok and "0" in panes.stdout.split() else None

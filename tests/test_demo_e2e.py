@@ -5,6 +5,7 @@ through its keys (stop behind a confirmation whose default is No), and leave no 
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from console import demo
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None and os.environ.get("CI") != "true",
@@ -204,6 +207,10 @@ def test_a_second_demo_host_start_reuses_the_running_profile(tmp_path):
         assert second.returncode == 0, second.stderr
         assert second.stdout.strip() == str(profile) and "already running" in second.stderr
         assert profile.read_bytes() == before
+        # the console opened on the running demo names its profile as a fresh start does ("demo", not the
+        # file's stem "profile")
+        again = asyncio.run(demo.running(demo_dir))
+        assert again is not None and again.name == "demo"
         assert cli("wait-ready", "--profile", str(profile), "--timeout", "60").returncode == 0
     finally:
         cli("demo-host", "stop", "--dir", str(demo_dir))
