@@ -1,12 +1,13 @@
 """The console's copies of secrets on the host: files in the work dir's `secrets/` that a run reads and
 that never outlive it.
 
-The console uploads a secret a detached stage needs (the vLLM API key, the Hub token) as a 0600 file in
-the 0700 `<work dir>/secrets/` (console/control/launch.py): a copy per start, named after the run, so no
-other start rewrites or removes it. Who removes it: the program that reads it, once read (generate's and
-a lone bench's --remove-api-key-file); a program that runs others which read it (the bench pair, the
-pipeline) at its end, whatever the outcome (--secret-file); the console, when the start fails before
-the program runs (a preflight refused, the start command failed).
+The console uploads a secret a detached stage needs as a 0600 file in the 0700 `<work dir>/secrets/`
+(console/control/launch.py): the vLLM API key as a copy per start, named after the run, so no other start
+rewrites or removes it; the Hub token as `hf-token` (fetch-drafter removes it once read). Who removes the
+API key's copy: the program that reads it, once read (generate's and a lone bench's --remove-api-key-file);
+a program that runs others which read it (the bench pair, the pipeline) at its end, whatever the outcome
+(--secret-file); the console, for every secret it uploaded, when the start fails before the program runs
+(a preflight refused, the start command failed).
 """
 from __future__ import annotations
 
