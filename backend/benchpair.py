@@ -1,6 +1,6 @@
 """The bench, baseline against drafter, as one detached program that survives the console closing.
 
-`python -m backend.benchpair --work-dir W --run-id R --plan PLAN.json`; the plan (written by the console,
+`python -m backend.benchpair --work-dir W --run-id R --plan PLAN.json [--secret-file F]`; the plan (written by the console,
 console/control/bench_pair.py) holds the baseline's bench command line (`python -m backend.bench`, run id
 `R-baseline`), its contenders in the order they are benched (each a server of the switch, a bench command
 line compared with the baseline's, a title for its steps), and the one server switch's plan
@@ -15,6 +15,7 @@ and a published drafter (`R-third`, in the drafter server's unit) when the profi
     3. for each contender: switch (stop the server running, seen down; start the contender's, wait until
        it answers), then bench it (compared with step 2)
     4. always, also after a failure or SIGTERM: stop the drafter server, start the baseline again
+    5. always: remove the --secret-file copies (the API key every bench read), also after a refusal
 
 The run directory R holds its events (progress per step) and a summary with one comparison of every
 contender benched against the baseline, and with several K the best of them (`best_k`: the highest mean
@@ -40,6 +41,7 @@ from backend.contract.lookup import InputError, completed_run, last_finish
 from backend.contract.plans import PlanError, argv_list, read_plan
 from backend.contract.runs import Manifest, run_path, write_json_atomic
 from backend.kit.lifecycle import StageFailed, StageRun, refuse
+from backend.kit.secret_files import check_secret_file, remove_secret_file
 from backend.kit.switch import Switch, SwitchFailed, SwitchPlan, SwitchPlanError, SwitchStopped, switch_from_dict
 
 STAGE = PAIR_STAGE  # the console's bench row shows these runs; its benches are "bench" runs
@@ -296,13 +298,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-id", required=True)
     p.add_argument("--plan", required=True)
     p.add_argument("--fresh", action="store_true")
+    p.add_argument("--secret-file", action="append", default=[], metavar="PATH",
+                   help="a secret the benches read (the console's copy of the API key in the work dir's secrets/, "
+                        "their --api-key-file): removed when this program ends, whatever the outcome")
     a = p.parse_args(argv)
     try:
-        plan = load_plan(a.plan)
-    except PlanError as exc:
+        copies = [check_secret_file(a.work_dir, path) for path in a.secret_file]
+    except ValueError as exc:
         return refuse("benchpair", exc)
-    os.makedirs(a.work_dir, exist_ok=True)
-    return BenchPair(a.work_dir, a.run_id, plan).run(fresh=a.fresh)
+    try:
+        try:
+            plan = load_plan(a.plan)
+        except PlanError as exc:
+            return refuse("benchpair", exc)
+        os.makedirs(a.work_dir, exist_ok=True)
+        return BenchPair(a.work_dir, a.run_id, plan).run(fresh=a.fresh)
+    finally:  # after the last bench, or a failure, a stop (SIGTERM: the lifecycle's), a refusal
+        for path in copies:
+            remove_secret_file(path)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import stat
 
 import pytest
@@ -19,7 +20,7 @@ def test_api_key_is_uploaded_private_and_never_in_argv(tmp_path, monkeypatch):
                            "server": {"model_path": "/m", "manager": "tmux", "unit": "u",
                                       "api_key_env": "E3_TEST_VLLM_KEY"},
                            "paths": {"work_dir": str(tmp_path)}, "generate": {"dataset": "/d.jsonl"}})
-    path = asyncio.run(upload_api_key(LocalHost(), p))
+    path = asyncio.run(upload_api_key(LocalHost(), p, "r1"))
     assert path and open(path).read().strip() == "sk-very-secret"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
@@ -31,7 +32,7 @@ def test_no_key_no_file(tmp_path):
     p = profile_from_dict({"host": {"name": "localhost", "transport": "local"},
                            "server": {"model_path": "/m", "manager": "tmux", "unit": "u"},
                            "paths": {"work_dir": str(tmp_path)}})
-    assert asyncio.run(upload_api_key(LocalHost(), p)) is None
+    assert asyncio.run(upload_api_key(LocalHost(), p, "r1")) is None
     assert not (tmp_path / "secrets").exists()
 
 
@@ -80,8 +81,15 @@ def test_the_runs_key_copy_is_its_own_and_removed_once_read(tmp_path, monkeypatc
                            "server": {"model_path": "/m", "manager": "tmux", "unit": "u",
                                       "api_key_env": "E3_TEST_VLLM_KEY"},
                            "paths": {"work_dir": str(tmp_path)}, "generate": {"dataset": "/d.jsonl"}})
+    (tmp_path / "secrets").mkdir(mode=0o700)
+    (tmp_path / "secrets" / "vllm-api-key").write_text("sk-very-secret\n")  # the shared copy of older consoles
     path = asyncio.run(upload_api_key(LocalHost(), p, "gen-7"))
-    assert path == f"{tmp_path}/secrets/vllm-api-key-gen-7"
+    assert re.fullmatch(rf"{tmp_path}/secrets/vllm-api-key-gen-7\.[0-9a-f]{{8}}", path)
+    assert os.listdir(tmp_path / "secrets") == [os.path.basename(path)]  # the shared one is gone
+    # each start of a run has its own copy: a second start refused by the run lock removes only its own
+    again = asyncio.run(upload_api_key(LocalHost(), p, "gen-7"))
+    assert again != path and os.path.exists(path)
+    os.unlink(again)
     argv = generate_argv(p, "gen-7", api_key_path=path)
     config = parse_config(argv[argv.index("backend.generate") + 1:])
     assert config.api_key_file == path and config.remove_api_key_file is True

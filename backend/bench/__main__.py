@@ -11,14 +11,22 @@ import sys
 from backend.bench.config import ConfigError, parse_config
 from backend.bench.runner import main as run
 from backend.kit.lifecycle import refuse
+from backend.kit.secret_files import read_secret_file, remove_secret_file, removable_api_key_file
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
     except ConfigError as exc:
+        if copy := removable_api_key_file(argv):  # refused, but the console's copy goes all the same
+            remove_secret_file(copy)
         return refuse("bench", exc)
-    return run(config)
+    try:  # first of all: the copy is gone before the run can be refused (its lock), fail or be stopped
+        api_key = read_secret_file(config.api_key_file, "--api-key-file", remove=config.remove_api_key_file) \
+            if config.api_key_file else None
+    except ValueError as exc:
+        return refuse("bench", exc)
+    return run(config, api_key)
 
 
 if __name__ == "__main__":

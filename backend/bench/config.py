@@ -34,6 +34,7 @@ class BenchConfig:
     request_timeout_s: float = 600.0
     ready_timeout_s: float = 60.0
     api_key_file: str | None = None
+    remove_api_key_file: bool = False  # a lone bench's own copy (the console's, on the host): removed once read
     baseline_run: str | None = None
     third_run: str | None = None
     fresh: bool = False
@@ -77,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ignore-eos", action="store_true", help="every request generates exactly --max-tokens")
     a("--request-timeout", type=float, default=600.0)
     a("--ready-timeout", type=float, default=60.0, help="how long to wait for the server to answer")
-    a("--api-key-file")
+    a("--api-key-file", help="the file holding the server's API key (--api-key)")
+    a("--remove-api-key-file", action="store_true",
+      help="remove --api-key-file as soon as it is read, whatever the run does next (a lone bench's own copy; "
+           "the bench pair's benches share one, which the pair removes at its end)")
     a("--baseline-run", help="a finished bench run to compare with (exit 3 when this one is slower)")
     a("--third-run", help="a third finished bench run in the comparison (e.g. a published drafter)")
     a("--fresh", action="store_true", help="archive an existing run directory of this id and start over")
@@ -101,6 +105,8 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
         raise ConfigError(f"--top-p {ns.top_p}: expected (0, 1]")
     if ns.request_timeout <= 0 or ns.ready_timeout <= 0:
         raise ConfigError("--request-timeout and --ready-timeout must be > 0")
+    if ns.remove_api_key_file and not ns.api_key_file:
+        raise ConfigError("--remove-api-key-file needs --api-key-file (the file to remove once read)")
     if ns.third_run and not ns.baseline_run:
         raise ConfigError("--third-run needs --baseline-run (the comparison's reference)")
     return BenchConfig(work_dir=ns.work_dir, run_id=ns.run_id, endpoint=ns.endpoint.rstrip("/"), model=ns.model,
@@ -109,5 +115,6 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
                        client=ns.client, prompts=ns.prompts, input_run=ns.input_run, tokenizer=ns.tokenizer,
                        trust_remote_code=ns.trust_remote_code, ignore_eos=ns.ignore_eos,
                        request_timeout_s=ns.request_timeout, ready_timeout_s=ns.ready_timeout,
-                       api_key_file=ns.api_key_file, baseline_run=ns.baseline_run, third_run=ns.third_run,
+                       api_key_file=ns.api_key_file, remove_api_key_file=ns.remove_api_key_file,
+                       baseline_run=ns.baseline_run, third_run=ns.third_run,
                        fresh=ns.fresh)

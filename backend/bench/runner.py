@@ -39,12 +39,12 @@ def identity_of(c: BenchConfig, w: workload.Workload, client: str) -> dict[str, 
 
 
 class BenchRun:
-    def __init__(self, c: BenchConfig, w: workload.Workload, client: str, references: list[BenchResult]):
+    def __init__(self, c: BenchConfig, w: workload.Workload, client: str, references: list[BenchResult],
+                 api_key: str | None = None):
         self.c, self.w, self.client, self.references = c, w, client, references
         self.headers = {"Content-Type": "application/json"}
-        if c.api_key_file:
-            with open(c.api_key_file, encoding="utf-8") as f:
-                self.headers["Authorization"] = f"Bearer {f.read().strip()}"
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
         self.ctx: StageRun | None = None
         self.done = self.failed = 0
         self.total = len(c.levels) * len(w.prompts)
@@ -261,8 +261,9 @@ def with_output_length(c: BenchConfig, w: workload.Workload) -> BenchConfig:
     return replace(c, max_tokens=w.median_completion)
 
 
-def main(c: BenchConfig) -> int:
-    """Everything that can be refused is refused before the run directory is touched (exit 2)."""
+def main(c: BenchConfig, api_key: str | None = None) -> int:
+    """Everything that can be refused is refused before the run directory is touched (exit 2).
+    `api_key`: read from --api-key-file by __main__ before anything else (the file may be gone by now)."""
     try:
         client = choose_client(c)
         if c.input_run:
@@ -275,14 +276,12 @@ def main(c: BenchConfig) -> int:
         if len(set(labels)) != len(labels):
             raise RunDirError(f"--label {c.label!r} is already the label of a run it is compared with; give each "
                               f"contender its own label")
-        if c.api_key_file and not os.path.isfile(c.api_key_file):
-            raise RunDirError(f"--api-key-file {c.api_key_file}: no such file")
         manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, w, client),
                             settings={"request_timeout_s": c.request_timeout_s, "baseline_run": c.baseline_run,
                                       "third_run": c.third_run})
     except RunDirError as exc:
         return refuse("bench", exc)
-    run = BenchRun(c, w, client, refs)
+    run = BenchRun(c, w, client, refs, api_key)
     ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh, mode="cancel")
     ctx.summarize = run.summarize
     ctx.report = run.report

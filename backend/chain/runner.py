@@ -16,6 +16,7 @@ from backend.chain.requirements import check_plan
 from backend.contract.lookup import InputError, completed_run, last_finish
 from backend.contract.runs import Manifest, run_path
 from backend.kit.lifecycle import StageFailed, StageRun, refuse
+from backend.kit.secret_files import check_secret_file, remove_secret_file
 from backend.kit.serverlock import LockHeld, ServerLock
 from backend.kit.switch import BASELINE_HELD_ENV, Switch, SwitchFailed
 
@@ -28,6 +29,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-id", required=True)
     p.add_argument("--plan", required=True, help="the plan JSON (backend/chain/plan.py)")
     p.add_argument("--fresh", action="store_true", help="archive an existing chain run directory and start over")
+    p.add_argument("--secret-file", action="append", default=[], metavar="PATH",
+                   help="a secret a stage reads (the console's copy of the API key in the work dir's secrets/): "
+                        "removed when the chain ends, whatever the outcome, also when that stage never ran")
     return p.parse_args(argv)
 
 
@@ -218,7 +222,16 @@ class Chain:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        plan = load_chain(args.plan)
-    except PlanError as exc:
+        copies = [check_secret_file(args.work_dir, path) for path in args.secret_file]
+    except ValueError as exc:
         return refuse("pipeline", exc)
-    return Chain(args.work_dir, args.run_id, plan.stages, lock_path=plan.lock_path, hold=plan.hold).run(fresh=args.fresh)
+    try:
+        try:
+            plan = load_chain(args.plan)
+        except PlanError as exc:
+            return refuse("pipeline", exc)
+        return Chain(args.work_dir, args.run_id, plan.stages, lock_path=plan.lock_path,
+                     hold=plan.hold).run(fresh=args.fresh)
+    finally:  # a stage that read it removed it already; one never started (skipped, stopped before) did not
+        for path in copies:
+            remove_secret_file(path)

@@ -14,13 +14,19 @@ from backend.generate.config import ConfigError, parse_config
 from backend.generate.runner import Runner
 from backend.kit.dataset import DatasetError
 from backend.kit.lifecycle import refuse
+from backend.kit.secret_files import remove_secret_file, removable_api_key_file
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
-        api_key = read_api_key(config.api_key_env, config.api_key_file, remove=config.remove_api_key_file)
     except (ConfigError, ValueError) as exc:
+        if copy := removable_api_key_file(argv):  # refused, but the console's copy goes all the same
+            remove_secret_file(copy)
+        return refuse("generate", exc)
+    try:  # first of all: the copy is gone before the run can be refused (its lock), fail or be stopped
+        api_key = read_api_key(config.api_key_env, config.api_key_file, remove=config.remove_api_key_file)
+    except ValueError as exc:
         return refuse("generate", exc)
     try:
         return asyncio.run(Runner(config, api_key=api_key).run())

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 import aiohttp
 
 from backend.generate.fit import error_message, transient_400
+from backend.kit.secret_files import read_secret_file
 
 RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 # Why a request failed. `rejected` is permanent (the server refused this request: retrying cannot help);
@@ -84,20 +85,7 @@ def read_api_key(env_name: str | None, file_name: str | None, *, remove: bool = 
             raise ValueError(f"--api-key-env {env_name}: that environment variable is not set or empty")
         return value.strip()
     if file_name:
-        try:
-            with open(file_name, encoding="utf-8") as f:
-                value = f.read().strip()
-        except OSError as exc:
-            raise ValueError(f"--api-key-file {file_name}: cannot read it ({exc.strerror})") from exc
-        finally:
-            if remove:
-                try:
-                    os.unlink(file_name)
-                except FileNotFoundError:
-                    pass
-        if not value:
-            raise ValueError(f"--api-key-file {file_name}: the file is empty")
-        return value
+        return read_secret_file(file_name, "--api-key-file", remove=remove)
     return None
 
 

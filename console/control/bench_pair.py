@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from console.control import drafter_server as ds
 from console.control.bench_stage import bench_argv
+from console.control.stage_argv import secret_file_args
 from console.control.switch_plan import derived_server, switch_plan
 from console.control.units import ServerProgram
 from console.profile import Profile, check_k_values
@@ -97,7 +98,9 @@ def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str 
     }
 
 
-def pair_argv(profile: Profile, run_id: str, plan_file: str, *, fresh: bool = False) -> list[str]:
+def pair_argv(profile: Profile, run_id: str, plan_file: str, *, fresh: bool = False,
+              secret_files: Sequence[str] = ()) -> list[str]:
+    """`secret_files`: the API key's copy every bench of the pair reads; the pair removes it at its end."""
     argv = [profile.paths.python, "-m", "backend.benchpair", "--work-dir", profile.paths.work_dir,
-            "--run-id", run_id, "--plan", plan_file]
+            "--run-id", run_id, "--plan", plan_file, *secret_file_args(secret_files)]
     return argv + (["--fresh"] if fresh else [])

@@ -6,6 +6,7 @@ its content: a host whose copy is older gets the new one, a host that has it alr
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import hashlib
@@ -32,6 +33,7 @@ from backend.kit.gpu_owners import GpuPlan, OwnershipError
 from backend.kit.redact import shown as redacted_shown
 from console.naming import is_stage_unit
 from backend.kit.serverlock import lock_path
+from backend.kit import secret_files
 from console.control import stage_argv, stages
 from console.control import drafter_server as ds
 from console.control.bench_pair import check_against_trained, pair_argv, pair_plan
@@ -230,22 +232,38 @@ async def resolve_dataset(host: Host, profile: Profile, dataset: str | None) -> 
 
 async def upload_secret(host: Host, profile: Profile, secret: str | None, name: str) -> str | None:
     """The stage runs detached, where the console's environment does not reach: hand it a secret as a
-    0600 file in a 0700 dir on the host, so it is in no command line, unit property or log."""
+    0600 file in a 0700 dir on the host, so it is in no command line, unit property or log. Who removes
+    it, and when: backend/kit/secret_files.py."""
     if not secret:
         return None
-    secrets_dir = f"{profile.paths.work_dir}/secrets"
-    await host.run(["sh", "-c", 'umask 077 && mkdir -p "$1" && chmod 700 "$1"', "sh", secrets_dir],
-                   timeout=30, check=True)
-    path = f"{secrets_dir}/{name}"
+    secrets_dir = secret_files.secrets_dir(profile.paths.work_dir)
+    # the shared key file consoles before per-run copies left behind goes too: nothing reads it any more
+    legacy = posixpath.join(secrets_dir, LEGACY_API_KEY)
+    await host.run(["sh", "-c", 'umask 077 && mkdir -p "$1" && chmod 700 "$1" && rm -f "$2"', "sh", secrets_dir,
+                    legacy], timeout=30, check=True)
+    path = posixpath.join(secrets_dir, name)
     await host.upload(secret.encode() + b"\n", path, mode=0o600)
     return path
 
 
-async def upload_api_key(host: Host, profile: Profile, run_id: str | None = None) -> str | None:
-    """The vLLM API key for a stage; with `run_id`, a copy of that run's own, which the run removes once
-    read (generate's --remove-api-key-file), so no other start rewrites or needs it meanwhile."""
-    name = f"vllm-api-key-{run_id}" if run_id else "vllm-api-key"
-    return await upload_secret(host, profile, api_key(profile), name)
+LEGACY_API_KEY = "vllm-api-key"
+
+
+async def upload_api_key(host: Host, profile: Profile, run_id: str) -> str | None:
+    """The vLLM API key for one start of `run_id`: its own copy (secret_files.api_key_file_name), which
+    the program that reads it removes once read, or the bench pair or pipeline that runs the readers at its
+    end; None when the profile has no key."""
+    return await upload_secret(host, profile, api_key(profile), secret_files.api_key_file_name(run_id))
+
+
+async def remove_secrets(host: Host, paths: list[str]) -> None:
+    """A start that failed before its program ran (a preflight refused, the start command failed): the
+    secrets uploaded for it go, as the program would have removed them. Best effort: the start's own error
+    is what the operator must see."""
+    if not paths:
+        return
+    with contextlib.suppress(Exception):
+        await host.run(["rm", "-f", "--", *paths], timeout=30)
 
 
 async def upload_hub_token(host: Host, profile: Profile, shown: list[str] | None = None) -> str | None:
@@ -458,6 +476,7 @@ class Launcher:
 
     def __init__(self, host: Host, profile: Profile, env: dict[str, str], shown: list[str]):
         self.host, self.profile, self.env, self.shown = host, profile, env, shown
+        self.secrets: list[str] = []  # the secret files uploaded for this start (removed when it fails)
 
     async def host_query(self, argv: list[str], what: str) -> str:
         cmd = ["env", *(f"{k}={v}" for k, v in self.env.items()), *argv]
@@ -485,11 +504,16 @@ class Launcher:
     async def dataset(self, given: str | None) -> str:
         return await resolve_dataset(self.host, self.profile, given)
 
-    async def api_key(self, run_id: str | None = None) -> str | None:
-        return await upload_api_key(self.host, self.profile, run_id)
+    async def api_key(self, run_id: str) -> str | None:
+        return self._uploaded(await upload_api_key(self.host, self.profile, run_id))
 
     async def hub_token(self) -> str | None:
-        return await upload_hub_token(self.host, self.profile, self.shown)
+        return self._uploaded(await upload_hub_token(self.host, self.profile, self.shown))
+
+    def _uploaded(self, path: str | None) -> str | None:
+        if path:
+            self.secrets.append(path)
+        return path
 
     async def aux_layer_ids(self) -> tuple[list[int], int]:
         """The aux layer ids the verifier takes and its layer count (the extraction server is asked for
@@ -563,7 +587,7 @@ class Launcher:
         if not p.bench.dataset:
             prompts_run = await self.latest(
                 "prepare", "no prompts for the bench (set [bench].dataset, or run prepare)")
-        key = await upload_api_key(self.host, p)
+        key = await self.api_key(run_id)  # one copy every bench reads; the pair removes it at its end
         no_expand = p.server.manager == "systemd" and await systemd_run_expands(self.host)
         try:
             program = await read_server_program(self.host, p)
@@ -580,7 +604,7 @@ class Launcher:
                           for b in (plan["baseline"], *plan["contenders"]))
         if program.note:
             self.shown.append(f"(bench) note: {program.note}")
-        return pair_argv(p, run_id, plan_file, fresh=req.fresh)
+        return pair_argv(p, run_id, plan_file, fresh=req.fresh, secret_files=self.secrets)
 
     async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int], num_layers: int) -> str:
         try:
@@ -672,6 +696,20 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
     checked_gpu_plan(req, profile, shown)  # refused here when the GPUs cannot be shared as asked
     input_run = await launcher.input_run(spec.name, req.input_run, req.is_online(profile)) \
         if spec.kind == "run" else req.input_run
+    try:
+        await _start(host, profile, req, spec, launcher, run_id, unit, input_run)
+    except BaseException:
+        # the program never ran, so nothing else removes what was uploaded for it; a cancelled console
+        # (the operator quit mid-start) tries too
+        await asyncio.shield(remove_secrets(host, launcher.secrets))
+        raise
+    return Launch(run_id=run_id, unit=unit, run_dir=run_dir_path(profile, run_id), commands=shown)
+
+
+async def _start(host: Host, profile: Profile, req: StageRequest, spec: stages.Stage, launcher: Launcher,
+                 run_id: str, unit: str, input_run: str | None) -> None:
+    """The stage's command (and its preflight, run first), then its detached start; StageError when
+    either is refused."""
     argv, preflight = await launcher.argv(spec.name, run_id, input_run, req)
     if preflight is not None:
         await launcher.preflight(preflight)
@@ -680,13 +718,12 @@ async def launch_stage(host: Host, profile: Profile, req: StageRequest) -> Launc
     no_expand = profile.server.manager == "systemd" and await systemd_run_expands(host)
     try:
         start = stage_start_command(profile, unit, argv, log_path=stage_log_path(profile, unit),
-                                    cwd=profile.paths.work_dir, env=env, no_expand_option=no_expand,
+                                    cwd=profile.paths.work_dir, env=launcher.env, no_expand_option=no_expand,
                                     stop_timeout_s=stop_timeout)
     except UnitNameError as exc:
         raise StageError(str(exc)) from None
-    shown.append(start.shown)
+    launcher.shown.append(start.shown)
     res = await host.run(start.argv, timeout=60)
     if not res.ok:
         raise StageError(f"starting {unit} failed (exit {res.returncode}): "
                          f"{clean_block((res.stderr or res.stdout).strip())}")
-    return Launch(run_id=run_id, unit=unit, run_dir=run_dir_path(profile, run_id), commands=shown)

@@ -186,10 +186,17 @@ def fetch_drafter_argv(profile: Profile, run_id: str, *, token_path: str | None 
     return argv
 
 
-def chain_argv(profile: Profile, run_id: str, plan_file: str, *, fresh: bool = False) -> list[str]:
+def chain_argv(profile: Profile, run_id: str, plan_file: str, *, fresh: bool = False,
+               secret_files: Sequence[str] = ()) -> list[str]:
+    """`secret_files`: the console's copies of secrets its stages read, which the chain removes at its end."""
     argv = [profile.paths.python, "-m", "backend.chain", "--work-dir", profile.paths.work_dir, "--run-id", run_id,
-            "--plan", plan_file]
+            "--plan", plan_file, *secret_file_args(secret_files)]
     return argv + (["--fresh"] if fresh else [])
+
+
+def secret_file_args(paths: Sequence[str]) -> list[str]:
+    """--secret-file F for each: what a program that runs the readers removes at its end."""
+    return [arg for path in paths for arg in ("--secret-file", path)]
 
 
 def latest_argv(profile: Profile, stage: str) -> list[str]:

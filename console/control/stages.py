@@ -41,9 +41,10 @@ Argv = list[str]
 class Launcher(Protocol):
     """What an argv builder may ask for (console/control/launch.py's Launcher is the one)."""
     profile: Profile
+    secrets: list[str]  # the secret files uploaded for this start so far (backend/kit/secret_files.py)
 
     async def dataset(self, given: str | None) -> str: ...
-    async def api_key(self, run_id: str | None = None) -> str | None: ...
+    async def api_key(self, run_id: str) -> str | None: ...
     async def hub_token(self) -> str | None: ...
     async def swap_plan(self, run_id: str) -> tuple[str, list[int]]: ...
     async def bench_pair(self, run_id: str, req: Any) -> Argv: ...
@@ -156,7 +157,8 @@ async def _bench(ctx: Launcher, run_id: str, input_run: str | None, req: StageRe
 
 async def _pipeline(ctx: Launcher, run_id: str, input_run: str | None, req: StageRequest):
     plan_file = await ctx.pipeline_plan(run_id, req)
-    return stage_argv.chain_argv(ctx.profile, run_id, plan_file, fresh=req.fresh), None
+    # the chain removes its stages' secrets at its end: a stage it skips or never reaches never reads them
+    return stage_argv.chain_argv(ctx.profile, run_id, plan_file, fresh=req.fresh, secret_files=ctx.secrets), None
 
 
 # -- result readers ------------------------------------------------------------------------------------
