@@ -54,6 +54,8 @@ class SimApi:
         self.inflight_tokens = 0
         self.answered = 0
         self.on_die: Callable[[], None] = lambda: os._exit(1)
+        # the engine died and the server is to shut itself down (the CPU attention's refusal): Server sets it
+        self.on_engine_dead: Callable[[], None] = lambda: None
         # extraction mode: every generation also writes the prompt's hidden states (sim/extraction.py)
         self.extractor = HiddenStatesWriter(cfg, self.text, sink) if cfg.extract_layers else None
 
@@ -203,6 +205,11 @@ class SimApi:
         if f.error_burst > 0:
             f.error_burst -= 1
             raise ApiError(500, "InternalServerError", "Simulated internal server error (5xx fault).")
+        if self.cfg.attention_error and not f.engine_dead:
+            # vLLM's CPU build starts with a head size its kernel lacks and dies at the first step
+            f.engine_dead = True
+            loadlog.cpu_attention_death(self.sink, self.cfg.attention_error)
+            self.on_engine_dead()
         if f.engine_dead:
             raise ApiError(500, "InternalServerError",
                            "EngineCore encountered an issue. See stack trace (above) for the root cause.")

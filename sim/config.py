@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from sim import cpu_attention
 from sim.faults import FaultError, Faults, parse_spec
 from sim.gpu_state import DEFAULT_TOTAL_MIB
 from sim.versions import REASONING_FIELDS, Traits, traits_for
@@ -60,6 +61,10 @@ class SimConfig:
     # what vLLM prints and exits 1 on after its first lines, when a config it validates late is refused
     # (an unknown --speculative-config key): the lines after the traceback header
     config_error: tuple[str, ...] = ()
+    # --attention-backend CPU_ATTN (vLLM's CPU build): the kernel's error for the model's head size when the
+    # kernel cannot serve it, which kills the engine at the first generation request (sim/cpu_attention.py)
+    attention_backend: str | None = None
+    attention_error: str | None = None
 
     @property
     def served_name(self) -> str:
@@ -130,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="canned: instant canned text (default); tinylm: a tiny local model built at first use (needs torch, "
            "transformers, tokenizers); auto: tinylm when those import, else canned")
     a("--fault", action="append", default=[], metavar="KIND[:VALUE]")
+    a("--attention-backend", help="CPU_ATTN: serve as vLLM's CPU build does, which starts with any head size "
+      "and dies at the first request when its kernel lacks the model's (the --model directory's config.json); "
+      "other names are accepted and change nothing")
     # accepted for command-line compatibility with `vllm serve`, no effect here
     a("--trust-remote-code", action="store_true")
     a("--reasoning-parser")
@@ -324,6 +332,9 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         latency=ns.latency, latency_per_token=ns.latency_per_token,
         stream_tokens_per_chunk=ns.stream_tokens_per_chunk, max_num_seqs=ns.max_num_seqs,
         access_log=ns.access_log, text_backend=ns.text_backend, faults=faults, config_error=config_error,
+        attention_backend=ns.attention_backend,
+        attention_error=(cpu_attention.unsupported(cpu_attention.head_size(ns.model))
+                         if ns.attention_backend == cpu_attention.BACKEND else None),
         **(extraction or {}))
     try:
         cfg.traits()

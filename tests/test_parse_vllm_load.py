@@ -89,6 +89,17 @@ TRANSITIONS = {
         ("ready", "Application startup complete."),
         ("stopped", "[shutdown] API server: shutdown triggered"),
     ],
+    # the same engine and model compiled (no --enforce-eager): the CPU worker runs its torch.compile warm-up
+    # inside determine_available_memory, before it sizes the KV cache, so compiling sits where it does on a GPU
+    "v0_32_cpu_compiled_load.log": [
+        ("starting", "version 0.32.0"),
+        ("loading_weights", "[cpu_model_runner.py:68] Starting to load model /root/.cache/eagle3-console/"),
+        ("compiling", "[cpu_model_runner.py:87] Warming up model for the compilation..."),
+        ("allocating_kv_cache", "Explicitly set (0.06/23.54) GiB for KV cache on node 0."),
+        ("starting_api", "init engine (profile, create kv cache, warmup model) took 91.07 s"),
+        ("ready", "Application startup complete."),
+        ("stopped", "[shutdown] API server: shutdown triggered"),
+    ],
     "v0_33_load.log": [
         ("starting", "version 0.33.0"),
         ("loading_weights", "Starting to load model /models/Kimi-K2.5"),
@@ -181,6 +192,38 @@ def test_v0_32_cpu_phases_the_operator_sees_while_it_loads():
             seen.append((d.phase, d.estimate_load))
     assert seen == [("starting", True), ("loading_weights", True), ("allocating_kv_cache", False),
                     ("starting_api", False)]  # "ready" needs /health: the log alone says starting_api
+
+
+def test_v0_32_cpu_compiled_facts():
+    """Compiled, the CPU engine spends its start in the warm-up (91 s of the 211 s on 2 busy cores): the
+    compiling phase lasts from `Warming up model for the compilation...` to the KV memory line, and the
+    shared-memory broadcast's 60 s notice inside it is no failure."""
+    t, _ = replay("v0_32_cpu_compiled_load.log")
+    assert (t.phase, t.error, t.cause) == ("stopped", None, None)
+    assert (t.version, t.served_model, t.progress) == ("0.32.0", "tiny-verifier", Progress(1, 1))
+    assert (t.kv_cache_gib, t.kv_cache_tokens) == (0.06, 65536)
+    text = lines("v0_32_cpu_compiled_load.log")
+    warm = next(i for i, ln in enumerate(text) if "Warming up model for the compilation" in ln)
+    kv = next(i for i, ln in enumerate(text) if "GiB for KV cache on node" in ln)
+    assert (t.phase_started["compiling"], t.phase_started["allocating_kv_cache"]) == (1000.0 + warm, 1000.0 + kv)
+    assert any("No available shared memory broadcast block" in ln for ln in text[warm:kv])
+
+
+def test_v0_32_cpu_compiled_phases_the_operator_sees_while_it_loads():
+    """decide() line by line, as the collector runs it while the unit loads: compiled, the operator sees the
+    compiling phase between the weights and the KV cache (eager, tests above, goes straight to the KV cache)."""
+    from console.telemetry.phase import PhaseInputs, decide
+
+    t, seen = LoadTracker(), []
+    for i, line in enumerate(lines("v0_32_cpu_compiled_load.log")):
+        t.feed(line, 1000.0 + i)
+        if "[shutdown]" in line:
+            break
+        d = decide(PhaseInputs(log_phase=t.phase, log_error=t.error or t.cause, unit_state="active",
+                               unit_result=None, host_reachable=True))
+        if not seen or seen[-1] != d.phase:
+            seen.append(d.phase)
+    assert seen == ["starting", "loading_weights", "compiling", "allocating_kv_cache", "starting_api"]
 
 
 @pytest.mark.parametrize("name, runner", [("v0_33_v2_drafter_load.log", "v2"), ("v0_28_v1_drafter_load.log", None)])
