@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable, Sequence
 import aiohttp
 
 from backend.bench.scrape import Acceptance, SpecCounters, acceptance_between
+from backend.contract.numbers import finite
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 MAX_LINE = 1 * 2**20
@@ -168,7 +169,6 @@ def split_from_dict(data: Any) -> dict[str, float | None] | None:
     out: dict[str, float | None] = {}
     for name in ("reasoning", "answer"):
         side = data.get(name)
-        length = side.get("length") if isinstance(side, dict) else None
-        ok = isinstance(length, (int, float)) and not isinstance(length, bool) and 1 <= length < 1e6
-        out[name] = float(length) if ok else None
+        length = finite(side.get("length")) if isinstance(side, dict) else None
+        out[name] = length if length is not None and 1 <= length < 1e6 else None
     return out

@@ -250,19 +250,26 @@ class BenchRun:
         if self.self_test is not None:
             summary["self_test"] = self.self_test.to_dict()
         if self.reference is not None:
-            summary["reference"] = {"length": self.reference.length, "k": self.reference.k}
+            length, k = self._measured(comparison)
+            summary["reference"] = {"length": self.reference.length, "k": self.reference.k, "label": self.c.label,
+                                    "measured": None if length is None else round(length, 4), "measured_k": k}
         if error:
             summary["error"] = error
         return summary
+
+    def _measured(self, comparison: Comparison | None) -> tuple[float | None, int | None]:
+        """This server's mean acceptance length over its levels, and the K it drafted at."""
+        assert self.result is not None
+        length = (mean_length(comparison, self.result.label) if comparison is not None
+                  else _mean([lv.acceptance.length for lv in self.result.levels if lv.acceptance]))
+        return length, measured_k(self.result)
 
     def report(self, summary: dict[str, Any]) -> str:
         assert self.result is not None
         comparison = getattr(self, "comparison", None)
         lines = [format_table(comparison) if comparison is not None else _levels_text(self.result)]
         if self.reference is not None:
-            length = (mean_length(comparison, self.result.label) if comparison is not None
-                      else _mean([lv.acceptance.length for lv in self.result.levels if lv.acceptance]))
-            lines.append(self.reference.line(self.result.label, length, measured_k(self.result)))
+            lines.append(self.reference.line(self.result.label, *self._measured(comparison)))
         if self.split is not None:
             lines.extend(self.split.lines())
         if self.self_test is not None:

@@ -47,6 +47,7 @@ class Launcher(Protocol):
     async def hub_token(self) -> str | None: ...
     async def swap_plan(self, run_id: str) -> tuple[str, list[int]]: ...
     async def bench_pair(self, run_id: str, req: Any) -> Argv: ...
+    async def served_context(self) -> int | None: ...
     async def pipeline_plan(self, chain_id: str, req: Any) -> str: ...
 
 
@@ -142,7 +143,7 @@ async def _verify(ctx: Launcher, run_id: str, input_run: str | None, req: StageR
         stage_argv.check_host_path(req.checkpoint, "--checkpoint")
     plan_file = (await ctx.swap_plan(run_id))[0] if req.is_online(ctx.profile) else None
     return stage_argv.verify_argv(ctx.profile, run_id, input_run, fresh=req.fresh, plan_file=plan_file,
-                                  checkpoint=req.checkpoint), None
+                                  checkpoint=req.checkpoint, served_context=await ctx.served_context()), None
 
 
 async def _fetch_drafter(ctx: Launcher, run_id: str, input_run: str | None, req: StageRequest):
