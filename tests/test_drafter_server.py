@@ -199,7 +199,7 @@ def test_the_bench_plan_names_the_published_drafter_as_third():
     assert plan["switch"]["home"]["unit"] == "demo-vllm"
     third, drafter = plan["contenders"]
     assert (third["server"], third["ours"], drafter["server"], drafter["ours"]) == ("third", False, "drafter", True)
-    assert third["run_id"] == "b1-third" and third["argv"][-2:] == ["--baseline-run", "b1-baseline"]
+    assert third["run_id"] == "b1-third" and third["argv"][-4:-2] == ["--baseline-run", "b1-baseline"]
     argv = drafter["argv"]
     assert argv[argv.index("--third-run") + 1] == "b1-third" and argv[argv.index("--baseline-run") + 1] == "b1-baseline"
 
