@@ -304,3 +304,35 @@ def test_reasoning_and_answer_are_measured_apart(tmp_path, prompts):
     assert phases["reasoning"]["length"] == pytest.approx(3.4, abs=0.25)
     assert phases["answer"]["length"] == pytest.approx(1.8, abs=0.15)
     assert "acceptance by phase (4 requests one at a time, 4 with reasoning" in out.stdout
+
+
+def test_run_bench_refuses_a_longer_served_context_unless_told_yes():
+    from console.control.launch import Launcher, StageError
+    from console.control.units import ServerProgram
+    from console.profile import profile_from_dict
+
+    shown: list[str] = []
+    launcher = Launcher(None, profile_from_dict(copy.deepcopy(PROFILE), file="p.toml"), {}, shown)  # no host asked
+    program = ServerProgram(("vllm", "serve", "/m", "--max-model-len", "32K"))
+    found = {"checkpoint": "/runs/t/checkpoint_best", "max_position_embeddings": 4096}
+    with pytest.raises(StageError) as exc:
+        launcher.context_check(program, found, refuse=True)
+    said = str(exc.value)
+    assert "32768" in said and "4096" in said and "vLLM issue 58080" in said and "run bench --yes" in said
+    assert "nothing was stopped" in said and not shown
+    launcher.context_check(program, found, refuse=False)  # --yes: shown with the plan, not refused
+    assert len(shown) == 1 and shown[0].startswith("(bench) warning: the served context (32768 tokens")
+    # within the drafter's length, or a length it cannot tell: nothing to say
+    launcher.context_check(ServerProgram(("vllm", "serve", "/m", "--max-model-len", "4096")), found, refuse=True)
+    launcher.context_check(ServerProgram(("vllm", "serve", "/m")), found, refuse=True)
+    launcher.context_check(program, {"checkpoint": "/ck", "max_position_embeddings": None}, refuse=True)
+    assert len(shown) == 1
+
+
+def test_verify_is_told_the_served_context_by_the_console():
+    from console.control.stage_argv import verify_argv
+    from console.profile import profile_from_dict
+
+    p = profile_from_dict(copy.deepcopy(PROFILE), file="p.toml")
+    assert verify_argv(p, "v1", "t1", served_context=262144)[-2:] == ["--served-context", "262144"]
+    assert "--served-context" not in verify_argv(p, "v1", "t1")
