@@ -30,7 +30,7 @@ from backend.verify.report import table as verify_table
 from console.control import stage_argv
 from console.parsers.text import clean_block
 from console.telemetry import progress as views
-from console.telemetry.bench_view import best_k_of, finish_summary, gap_of
+from console.telemetry.bench_view import best_k_of, finish_summary, gap_of, summary_notes
 from console.telemetry.progress import StageProgress
 from console.profile import Profile
 from console.snapshot import RunInfo
@@ -193,7 +193,8 @@ def _bench_table(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
         best = best_k_of(summary)
         gap = gap_of(summary, runs)
         return (table + ([clean_block(best.line())] if best is not None else [])
-                + ([clean_block("\n".join(gap[1].lines(gap[0])))] if gap is not None else []))
+                + ([clean_block("\n".join(gap[1].lines(gap[0])))] if gap is not None else [])
+                + [clean_block(note) for note in summary_notes(summary)])
     return outputs(view, runs)
 
 
