@@ -604,11 +604,11 @@ class BenchSection:
     hub_token_env: str = knob("HF_TOKEN", check=check_env_name,
                               doc="the console's environment variable holding a Hub token (gated/private repos)")
     hub_token_file: str | None = knob(None, check=check_local_path, doc="or a file on this machine holding it")
-    reference_acceptance: float | None = knob(None, min=1, max=65,
+    reference_acceptance: float | None = knob(None, min=1, max=K_MAX + 1,
                                               doc="the field's acceptance length for this model (e.g. 2.88 for "
                                                   "Kimi-K2.5 with thinking, a published EAGLE-3 drafter's), shown "
                                                   "next to the drafter's; needs reference_k")
-    reference_k: int | None = knob(None, min=1, max=64, doc="the K (draft tokens per step) it was measured at")
+    reference_k: int | None = knob(None, min=1, max=K_MAX, doc="the K (draft tokens per step) it was measured at")
     split_prompts: int = knob(4, min=0, max=1000,
                               doc="after a drafter's levels, this many requests one at a time whose acceptance is "
                                   "split between reasoning and answer (0: no split)")
