@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from backend.bench.results import BenchResult, BenchResultError
+from backend.bench.scrape import MAX_POSITIONS
 from backend.contract import exitcodes
-from backend.verify.report import K_MAX
 
 EXIT_SLOWER = exitcodes.SLOWER  # the bench measured fine, and a drafter made generation slower
 BASELINE = "baseline"
@@ -196,9 +196,9 @@ class Reference:
 def check_reference(length: Any, k: Any) -> str | None:
     """Why (length, k) is not a reference acceptance: None when it is one. A length is 1 + accepted tokens
     per draft, so it lies in [1, K + 1]."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= K_MAX:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_POSITIONS:
         return (f"reference_k: expected the K (draft tokens per step) the reference was measured at, "
-                f"1..{K_MAX}, got {k!r}")
+                f"1..{MAX_POSITIONS}, got {k!r}")
     if isinstance(length, bool) or not isinstance(length, (int, float)) or not math.isfinite(length):
         return f"reference_acceptance: expected a finite number, got {length!r}"
     if not 1 <= length <= k + 1:
