@@ -4,7 +4,10 @@ Writes `<work dir>/runs/<run id>/`: manifest.json, events.jsonl (start, progress
 `bench.json` (the BenchResult, rewritten after each level, so a restart with the same run id measures
 only the levels still missing) and summary.json (the result, and with --baseline-run the comparison).
 Acceptance per level comes from two /metrics scrapes around it (or from vllm bench serve's own
-spec_decode_* keys when it has them); the stage never makes up a figure it did not measure.
+spec_decode_* keys when it has them); the stage never makes up a figure it did not measure. After the
+levels: the reasoning/answer split pass (--split-prompts, backend/bench/phases.py), the self-test's verdict
+(--self-test, backend/bench/selftest.py) and the reference line (--reference-acceptance at --reference-k);
+their figures go to the summary (`phases`, `self_test`, `reference`) and the report.
 """
 from __future__ import annotations
 
