@@ -13,8 +13,9 @@ so the console asks rather than guess from what it has seen):
         before the swap stops the baseline; "refusal" (null: none) says why this server cannot extract
     python -m backend.ask servable --work-dir W [--run RUN] [--third]
         the verified checkpoint the drafter server may load (backend/kit/servable.py), as JSON
-        {"run_id", "stage", "checkpoint", "trained_k"} (trained_k: the K its config.json says it was
-        trained for, null when it does not say; a bench of several K stays within it)
+        {"run_id", "stage", "checkpoint", "trained_k", "max_position_embeddings"} (trained_k: the K its
+        config.json says it was trained for, null when it does not say; a bench of several K stays within
+        it; max_position_embeddings: the context it was built for, backend/drafter/context.py)
 
 An answer that cannot be given (no such run, a verifier that does not fit) is one line on stderr, exit 2
 (backend/contract/exitcodes.py).
@@ -31,6 +32,7 @@ from backend.contract import exitcodes, stages as host_stages
 from backend.contract.lookup import latest_completed
 from backend.contract.runs import RunDirError, read_json_object
 from backend.drafter.checks import trained_k as checkpoint_k
+from backend.drafter.context import drafter_context
 from backend.kit.verifier import VerifierError, extraction_layer_ids, read_verifier, resolve_aux_layers
 
 
@@ -66,10 +68,10 @@ def servable(a: argparse.Namespace) -> str:
         raise RunDirError(f"the checkpoint {found.checkpoint} of run {found.run_id} is no longer on this host")
     try:
         config = read_json_object(os.path.join(found.checkpoint, "config.json"), ValueError, "")
-        trained_k = checkpoint_k(config)
+        trained_k, context = checkpoint_k(config), drafter_context(config)
     except ValueError:
-        trained_k = None  # a checkpoint the verify run vouched for, whose K it does not say: no bound
-    return json.dumps({**asdict(found), "trained_k": trained_k})
+        trained_k = context = None  # a checkpoint the verify run vouched for, whose K it does not say: no bound
+    return json.dumps({**asdict(found), "trained_k": trained_k, "max_position_embeddings": context})
 
 
 def parser() -> argparse.ArgumentParser:

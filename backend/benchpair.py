@@ -266,6 +266,23 @@ class BenchPair:
             "slower": top.slower}
         return cmp.to_dict(), found
 
+    def _what_ours_said(self, top: dict[str, Any] | None) -> dict[str, Any]:
+        """Our drafter's bench (the best K's, else the one benched) beyond the table: its reference line's
+        figures, its reasoning/answer split and its self-test, as that bench's summary has them."""
+        ours = [c for c in self.benched if c.ours]
+        pick = next((c for c in ours if top is not None and c.run_id == top["run_id"]), ours[0] if ours else None)
+        if pick is None:
+            return {}
+        try:
+            said = completed_run(self.work_dir, pick.run_id, BENCH_STAGE).summary
+        except InputError:
+            return {}
+        out: dict[str, Any] = {}
+        for key in ("reference", "phases", "self_test"):
+            if isinstance(said.get(key), dict):
+                out[key] = {**said[key], "label": said.get("label")} if key == "phases" else said[key]
+        return out
+
     def _summarize(self, status: str, error: str | None) -> dict[str, Any]:
         comparison, top = self._comparison()
         slower = bool(top and top["slower"])
@@ -277,6 +294,7 @@ class BenchPair:
             "elapsed_s": round(time.monotonic() - self.started, 1)}
         if comparison:
             summary["comparison"] = comparison
+        summary.update(self._what_ours_said(top))
         if len(self.plan.ours) > 1:  # several K of our drafter: which paid best
             summary["k_values"] = [c.k for c in self.plan.ours]
             if top is not None:

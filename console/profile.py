@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import tomli_w
 
+from backend.bench.compare import check_reference
 from backend.fetch_drafter.names import endpoint_problem, repo_id_problem, revision_problem
 from backend.verify.report import K_MAX
 
@@ -603,6 +604,14 @@ class BenchSection:
     hub_token_env: str = knob("HF_TOKEN", check=check_env_name,
                               doc="the console's environment variable holding a Hub token (gated/private repos)")
     hub_token_file: str | None = knob(None, check=check_local_path, doc="or a file on this machine holding it")
+    reference_acceptance: float | None = knob(None, min=1, max=K_MAX + 1,
+                                              doc="the field's acceptance length for this model (e.g. 2.88 for "
+                                                  "Kimi-K2.5 with thinking, a published EAGLE-3 drafter's), shown "
+                                                  "next to the drafter's; needs reference_k")
+    reference_k: int | None = knob(None, min=1, max=K_MAX, doc="the K (draft tokens per step) it was measured at")
+    split_prompts: int = knob(4, min=0, max=1000,
+                              doc="after a drafter's levels, this many requests one at a time whose acceptance is "
+                                  "split between reasoning and answer (0: no split)")
     hub_token_upload: bool = knob(False, doc="the drafter's repo is gated or private: hand `run fetch-drafter` the "
                                              "Hub token (never otherwise; the stage removes it once read)")
 
@@ -689,6 +698,14 @@ def _cross_checks(p: Profile, file: str) -> None:
         # the stage counts simulated GPUs but computes on the CPU, where speculators runs one process only
         problems.append(("train.gpus", f"expected 0 or 1 (or one index) on a simulated host (host.simulated = true: "
                                        f"training computes on the CPU there, in one process), got {p.train.gpus!r}"))
+    b = p.bench
+    if (b.reference_acceptance is None) != (b.reference_k is None):
+        key = "bench.reference_k" if b.reference_k is None else "bench.reference_acceptance"
+        problems.append((key, "missing; expected reference_acceptance and reference_k together (an acceptance "
+                              "length means something only at the K it was measured at)"))
+    elif b.reference_k is not None and (why := check_reference(b.reference_acceptance, b.reference_k)):
+        key, _, msg = why.partition(": ")
+        problems.append((f"bench.{key}", msg))
     if p.host.transport == "ssh" and p.host.simulated is False and p.host.name in ("localhost",) and p.host.port == 22:
         pass  # an operator may well ssh to localhost; nothing to flag
     if problems:

@@ -7,6 +7,7 @@ benchmark pushes tens of thousands of long completions through it at high concur
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 import uuid
@@ -19,7 +20,7 @@ from sim.config import SimConfig
 from sim.extraction import HiddenStatesWriter
 from sim.faults import FaultError
 from sim.loadlog import LogSink
-from sim.metrics import ServerMetrics
+from sim.metrics import RequestSpec, ServerMetrics
 from sim.textbackend import CannedText, Resolved
 from sim.tinylm_text import SamplingError, sampling_from
 
@@ -46,8 +47,13 @@ class SimApi:
         # a backend that generates step by step (tinylm) is served live: each step's tokens are streamed as
         # they come and timed for real; canned text is served whole after the simulated latencies
         self.live = bool(getattr(self.text, "live", False))
-        # made-up acceptance only for the SIMULATED drafter (a path with no checkpoint behind it)
-        self.made_up_acceptance = cfg.acceptance if cfg.drafter_mode == "simulated" else ()
+        # made-up acceptance only for the SIMULATED drafter (a path with no checkpoint behind it): its
+        # --acceptance rates, or those vLLM's synthetic sampler was set to (a real checkpoint with the
+        # synthetic sampler decodes for real and accepts by the set rates: sim/specdec.accept_synthetic)
+        self.made_up_acceptance = (cfg.synthetic_rates or cfg.acceptance) if cfg.drafter_mode == "simulated" else ()
+        # the answer's own made-up rates (--answer-acceptance; vLLM's synthetic sampler has one set for all)
+        self.made_up_answer = (cfg.answer_acceptance if cfg.drafter_mode == "simulated" and not cfg.synthetic_rates
+                               else None)
         self.kv_tokens = max(1, kv_tokens)
         self.slots = asyncio.Semaphore(cfg.max_num_seqs)
         self.running = self.waiting = 0
@@ -408,6 +414,7 @@ class SimApi:
         builder = text.output_builder(thinking=thinking)
         budget = text.budget(len(prompt_ids), max_tokens)
         counts = text.new_counts()
+        spec = RequestSpec(self.metrics, self.made_up_acceptance, self.made_up_answer)
         arrived = time.monotonic()
         ttft: float | None = None
         gaps: list[float] = []
@@ -437,6 +444,7 @@ class SimApi:
                     held += len(tokens)
                     end = len(builder.out.ids)
                     last = tokens[-1] == text.eos_id or end >= budget
+                    spec.step(end, counts, builder.out.reasoning_tokens)  # before its tokens go out, as vLLM
                     if emit is not None:
                         await emit(builder.out, start, end, last)
                     if dies and emit is not None and not last:
@@ -445,21 +453,23 @@ class SimApi:
                     self._die()  # a plain answer (or a one-step stream) dies before it is sent
             except ConnectionResetError:  # the client went away: vLLM aborts the request
                 builder.out.finish_reason = "abort"
-                self._account_live(builder.out, len(prompt_ids), arrived, ttft, gaps, counts)
+                spec.step(len(builder.out.ids), counts, builder.out.reasoning_tokens)
+                self._account_live(builder.out, len(prompt_ids), arrived, ttft, gaps)
                 raise
             finally:
                 self.running -= 1
                 self.inflight_tokens -= held
         out = builder.finish()
-        self._account_live(out, len(prompt_ids), arrived, ttft, gaps, counts)
+        spec.step(len(out.ids), counts, out.reasoning_tokens)
+        self._account_live(out, len(prompt_ids), arrived, ttft, gaps)
         return out
 
     def _account_live(self, out: chat.Output, prompt_tokens: int, arrived: float, ttft: float | None,
-                      gaps: list[float], counts: Any) -> None:
+                      gaps: list[float]) -> None:
+        """The request's end in /metrics; its spec-decode counters went in step by step (RequestSpec)."""
         e2e = time.monotonic() - arrived
         self.metrics.finished(reason=out.finish_reason, prompt_tokens=prompt_tokens, completion_tokens=len(out.ids),
-                              ttft=ttft if ttft is not None else e2e, e2e=e2e, spec=counts, itl=gaps,
-                              acceptance=self.made_up_acceptance)
+                              ttft=ttft if ttft is not None else e2e, e2e=e2e, itl=gaps)
         self._after_generation()
 
     async def _live_stream(self, request: web.Request, enc: chat.ChunkEncoder, prompt_ids: list[int], thinking: bool,
@@ -540,11 +550,15 @@ class SimApi:
                 spans = chat.chunk_spans(out, self.cfg.chunk_tokens())
                 per_token = self.cfg.latency_per_token
                 dies = self._dies_now()
+                spec = RequestSpec(self.metrics, self.made_up_acceptance, self.made_up_answer)
+                thought = list(itertools.accumulate((k == chat.REASONING for k in out.kinds), initial=0))
                 batch = [enc.first(prompt_ids) if encode == enc.delta else b""]
                 for i, (a, b) in enumerate(spans):
                     if dies and i >= len(spans) // 2:
                         await resp.write(b"".join(batch))
                         self._die()
+                    if per_token:  # a step at a time: its counters before its tokens go out, as vLLM's
+                        spec.step(b, None, thought[b])
                     batch.append(encode(out, a, b, out.finish_reason if i == len(spans) - 1 else None))
                     # with no per-token delay one write per 256 events keeps the cost per request low
                     if per_token or len(batch) >= 256:
@@ -559,8 +573,9 @@ class SimApi:
             finally:
                 self.running -= 1
                 self.inflight_tokens -= held
+            spec.step(len(out.ids), None, out.reasoning_tokens)
             self.metrics.finished(reason=out.finish_reason, prompt_tokens=prompt_len, completion_tokens=len(out.ids), ttft=ttft,
-                                  e2e=time.monotonic() - start, acceptance=self.made_up_acceptance)
+                                  e2e=time.monotonic() - start)
         self._after_generation()
         await resp.write_eof()
         return resp

@@ -42,6 +42,10 @@ class SimConfig:
     draft_tensor_parallel_size: int | None = None
     aux_layers: tuple[int, ...] = (2, KIMI_LAYERS // 2, KIMI_LAYERS - 3)
     acceptance: tuple[float, ...] = (0.75, 0.57, 0.45)
+    # vLLM's synthetic rejection sampler (--speculative-config rejection_sample_method "synthetic"): the
+    # per-position unconditional rates it resolves to; set, they replace the draft's own acceptance
+    synthetic_rates: tuple[float, ...] | None = None
+    answer_acceptance: tuple[float, ...] | None = None  # SIMULATED: the answer's rates (None: --acceptance)
     log_file: str | None = None
     stats_interval: float = 10.0
     response_tokens: int | None = None
@@ -78,7 +82,7 @@ class SimConfig:
             return self.stream_tokens_per_chunk
         # with a drafter vLLM emits 1 + accepted tokens per step, so deltas come in small groups; only the K
         # positions it drafts (num_speculative_tokens) can be accepted, whatever rates are made up past them
-        made_up = self.acceptance[:self.num_speculative_tokens]
+        made_up = (self.synthetic_rates or self.acceptance)[:self.num_speculative_tokens]
         return max(1, round(1 + sum(made_up))) if self.drafter_mode == "simulated" else 1
 
 
@@ -123,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--acceptance", type=_floats, default=(0.75, 0.57, 0.45),
       help="SIMULATED drafter only (a --drafter path with no checkpoint): made-up per-position acceptance "
            "rates; a real checkpoint is always decoded for real")
+    a("--answer-acceptance", type=_floats, help="SIMULATED drafter only: made-up per-position rates of the "
+      "answer's tokens, the thinking's being --acceptance (a reasoning model drafts the two differently)")
     a("--log-file")
     a("--stats-interval", type=float, default=10.0)
     a("--response-tokens", type=int)
@@ -168,6 +174,36 @@ def _checkpoint_tokens(path: str) -> int | None:
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return None
     return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else None
+
+
+def parse_synthetic(p: argparse.ArgumentParser, text: str, k: int) -> tuple[float, ...] | None:
+    """vLLM's synthetic rejection sampler from --speculative-config (rejection_sample_method "synthetic" with
+    synthetic_acceptance_length or synthetic_acceptance_rates), resolved to per-position rates as vLLM does
+    (sim/specdec.synthetic_rates); the keys without the method are refused as vLLM refuses them."""
+    from sim.specdec import synthetic_rates
+
+    spec = _json_object(p, "--speculative-config", text)
+    method = spec.get("rejection_sample_method", "standard")
+    rates, length = spec.get("synthetic_acceptance_rates"), spec.get("synthetic_acceptance_length")
+    if method not in ("standard", "synthetic", "block"):
+        p.error(f"--speculative-config: rejection_sample_method must be 'standard', 'synthetic' or 'block', "
+                f"got {method!r}")
+    if method != "synthetic":
+        if rates is not None or length is not None:
+            p.error("--speculative-config: synthetic_acceptance_rates / synthetic_acceptance_length are only "
+                    "valid with rejection_sample_method='synthetic'.")
+        return None
+    numbers = (int, float)
+    if length is not None and (isinstance(length, bool) or not isinstance(length, numbers)):
+        p.error(f"--speculative-config: synthetic_acceptance_length must be a number, got {length!r}")
+    if rates is not None and (not isinstance(rates, list) or
+                              any(isinstance(r, bool) or not isinstance(r, numbers) for r in rates)):
+        p.error(f"--speculative-config: synthetic_acceptance_rates must be a list of numbers, got {rates!r}")
+    try:
+        return synthetic_rates(k, rates, None if length is None else float(length))
+    except ValueError as exc:
+        p.error(f"--speculative-config: {exc}")
+    return None  # not reached: p.error exits
 
 
 def parse_speculative(p: argparse.ArgumentParser, text: str, tp: int) -> tuple[str, int | None, int | None]:
@@ -293,6 +329,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
     p = build_parser()
     ns = p.parse_args(argv)
     drafter, spec_tokens, draft_tp = ns.drafter, ns.num_speculative_tokens, None
+    synthetic: tuple[float, ...] | None = None
     if ns.kv_transfer_config:
         check_kv_transfer(p, ns.kv_transfer_config)
     config_error = spec_key_errors(_json_object(p, "--speculative-config", ns.speculative_config)) \
@@ -303,6 +340,7 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         model, k, draft_tp = parse_speculative(p, ns.speculative_config, ns.gpus)
         drafter = drafter or model
         spec_tokens = k if k is not None else (_checkpoint_tokens(drafter) or spec_tokens)
+        synthetic = parse_synthetic(p, ns.speculative_config, spec_tokens)
     faults = Faults()
     for spec_text in ns.fault:
         try:
@@ -327,7 +365,8 @@ def parse_args(argv: list[str] | None = None) -> SimConfig:
         drafter_mode=(None if not drafter else
                       "real" if os.path.isfile(os.path.join(drafter, "config.json")) else "simulated"),
         num_speculative_tokens=spec_tokens, draft_tensor_parallel_size=draft_tp, aux_layers=tuple(aux),
-        acceptance=tuple(ns.acceptance),
+        acceptance=tuple(ns.acceptance), synthetic_rates=synthetic,
+        answer_acceptance=tuple(ns.answer_acceptance) if ns.answer_acceptance else None,
         log_file=ns.log_file, stats_interval=ns.stats_interval, response_tokens=ns.response_tokens,
         latency=ns.latency, latency_per_token=ns.latency_per_token,
         stream_tokens_per_chunk=ns.stream_tokens_per_chunk, max_num_seqs=ns.max_num_seqs,

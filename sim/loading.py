@@ -157,7 +157,7 @@ class Loader:
         cfg, sink = self.cfg, self.sink
         self._drafter_start()
         if cfg.drafter_mode == "simulated":
-            rates = ", ".join(f"{r:g}" for r in cfg.acceptance)
+            rates = ", ".join(f"{r:g}" for r in (cfg.synthetic_rates or cfg.acceptance))
             sink.line(WORKER, "sim_text.py:1", f"SIMULATED drafter: nothing at {cfg.drafter}; acceptance is made up "
                       f"(per position {rates}), no draft model runs", "WARNING")
             await self._pause(0.02)
@@ -178,7 +178,7 @@ class Loader:
             self.sink.line(WORKER, *line)
 
     async def _real_drafter(self) -> tuple[int, ...]:
-        from sim.specdec import DrafterError, Eagle3Drafter
+        from sim.specdec import DrafterError, Eagle3Drafter, conditional_rates
 
         cfg, sink = self.cfg, self.sink
         text = self.resolved.backend if self.resolved else None
@@ -195,7 +195,8 @@ class Loader:
             sink.line(ENGINE, "core.py:708", "EngineCore failed to start.", "ERROR")
             loadlog.engine_init_failed(sink)
             raise LoadFailed("drafter") from None
-        text.use_drafter(drafter, cfg.num_speculative_tokens)
+        text.use_drafter(drafter, cfg.num_speculative_tokens,
+                         synthetic=conditional_rates(cfg.synthetic_rates) if cfg.synthetic_rates else None)
         sink.line(WORKER, "sim_text.py:1", f"SIMULATED GPUs: the EAGLE-3 drafter decodes for real on CPU with the "
                   f"tiny verifier ({cfg.num_speculative_tokens} speculative tokens per step)")
         return drafter.aux_layer_ids

@@ -112,11 +112,15 @@ class ServerMetrics:
             self._spec(completion_tokens, acceptance)
 
     def _spec(self, tokens: int, acceptance: tuple[float, ...]) -> None:
-        # SIMULATED drafter only. Per-position rates p_i: each step emits 1 + sum(p_i) tokens on average
+        self._record(*self.made_up(tokens, acceptance))
+
+    def made_up(self, tokens: int, acceptance: tuple[float, ...]) -> tuple[int, int, int, list[int]]:
+        """SIMULATED drafter only: (drafts, draft tokens, accepted, per position) for `tokens` output tokens
+        at per-position rates p_i (each step emits 1 + sum(p_i) tokens on average)."""
         rates = [acceptance[i] if i < len(acceptance) else 0.0 for i in range(self.num_spec_tokens)]
         drafts = max(1, math.ceil(tokens / (1 + sum(rates))))
         accepted_pos = [round(drafts * p) for p in rates]
-        self._record(drafts, drafts * self.num_spec_tokens, sum(accepted_pos), accepted_pos)
+        return drafts, drafts * self.num_spec_tokens, sum(accepted_pos), accepted_pos
 
     def _record(self, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]) -> None:
         self.spec["drafts"].inc(drafts)
@@ -135,3 +139,40 @@ class ServerMetrics:
         self.window_prompt = self.window_generation = 0
         self.window_spec = SpecWindow(per_pos=[0] * self.num_spec_tokens)
         return out
+
+
+class RequestSpec:
+    """One streamed request's spec-decode counters, put into /metrics step by step as vLLM does (its
+    counters grow each engine step, so a read in the middle of a request sees the steps so far: the
+    bench's reasoning/answer split reads them at the first answer token): the real drafter's counts, or
+    the made-up rates' share of the tokens so far (the SIMULATED drafter)."""
+
+    def __init__(self, metrics: ServerMetrics, acceptance: tuple[float, ...],
+                 answer_acceptance: tuple[float, ...] | None = None):
+        self.metrics = metrics
+        self.acceptance = acceptance
+        self.answer_acceptance = answer_acceptance  # made-up rates of the answer's tokens, when they differ
+        self.done: tuple[int, int, int, list[int]] = (0, 0, 0, [0] * metrics.num_spec_tokens)
+
+    def step(self, tokens: int, counts: SpecCounts | None, reasoning: int | None = None) -> None:
+        """`tokens` output so far, `reasoning` of them in the thinking (None: not told)."""
+        m = self.metrics
+        if m.spec is None:
+            return
+        if counts is not None:
+            now = (counts.drafts, counts.draft_tokens, counts.accepted, list(counts.per_pos))
+        elif self.acceptance and tokens > 0:
+            if self.answer_acceptance is not None and reasoning is not None:
+                parts = [m.made_up(n, rates) for n, rates in ((reasoning, self.acceptance),
+                                                             (tokens - reasoning, self.answer_acceptance)) if n > 0]
+                now = (sum(x[0] for x in parts), sum(x[1] for x in parts), sum(x[2] for x in parts),
+                       [sum(col) for col in zip(*(x[3] for x in parts))])
+            else:
+                now = m.made_up(tokens, self.acceptance)
+        else:
+            return
+        d, dt, a, pp = self.done
+        per_pos = [max(0, x - y) for x, y in zip(now[3], pp + [0] * (len(now[3]) - len(pp)))]
+        if now[0] - d > 0 or now[2] - a > 0:
+            m._record(now[0] - d, now[1] - dt, now[2] - a, per_pos)  # noqa: SLF001 - its own counters
+        self.done = now

@@ -261,6 +261,50 @@ def accept_sampled(target_probs: Any, draft: Sequence[int], generator: Any) -> t
     return len(draft), int(torch.multinomial(target_probs[len(draft)], 1, generator=generator))
 
 
+def synthetic_rates(k: int, rates: Sequence[float] | None, length: float | None) -> tuple[float, ...]:
+    """vLLM's synthetic rejection sampler settings as per-position *unconditional* rates (the share of drafts
+    whose first i+1 tokens are all accepted), resolved and checked as vLLM 0.32 does
+    (vllm/config/speculative.py:556-598): exactly one of the two; a length L in [1, K+1] becomes the
+    minimum-variance schedule [1]*floor(L-1) + [frac] + [0]*...; rates have length K, lie in [0, 1] and do
+    not increase. ValueError with vLLM's message otherwise."""
+    if (rates is None) == (length is None):
+        raise ValueError("rejection_sample_method='synthetic' requires exactly one of "
+                         "synthetic_acceptance_rates or synthetic_acceptance_length.")
+    if rates is not None:
+        rates = [float(r) for r in rates]
+        if len(rates) != k:
+            raise ValueError(f"synthetic_acceptance_rates must have length {k}, got {rates}.")
+        if not all(0.0 <= r <= 1.0 for r in rates):
+            raise ValueError(f"synthetic_acceptance_rates entries must be in [0, 1], got {rates}.")
+        if any(rates[i] > rates[i - 1] for i in range(1, k)):
+            raise ValueError(f"synthetic_acceptance_rates must be non-increasing, got {rates}.")
+        return tuple(rates)
+    assert length is not None
+    if not 1.0 <= length <= float(k + 1):
+        raise ValueError(f"synthetic_acceptance_length must be in [1, {k + 1}], got {length}.")
+    drafted = length - 1
+    full = int(drafted)
+    return tuple(([1.0] * full + [drafted - full] + [0.0] * (k - full - 1))[:k])
+
+
+def conditional_rates(rates: Sequence[float]) -> tuple[float, ...]:
+    """Unconditional to conditional per-position rates, c_i = p_i / p_(i-1) (vllm/v1/spec_decode/utils.py:848)."""
+    return tuple(p / q if q > 0.0 else 0.0 for p, q in zip(rates, [1.0, *rates[:-1]]))
+
+
+def accept_synthetic(conditional: Sequence[float], draft: Sequence[int], generator: Any) -> int:
+    """vLLM's synthetic mode (rejection_sampler.py, the greedy and random kernels): draft token j is accepted
+    when a uniform draw is below the conditional rate of position j, whatever the verifier says; the first
+    rejection ends the round. The accepted count."""
+    import torch
+
+    for j in range(len(draft)):
+        rate = conditional[j] if j < len(conditional) else 0.0
+        if not float(torch.rand(1, generator=generator)) < rate:
+            return j
+    return len(draft)
+
+
 # ---- the decoding loop ----------------------------------------------------------------------------------
 @dataclass
 class Verifier:
@@ -289,10 +333,11 @@ def _keep(cache: Any, length: int) -> None:
 
 def speculative_rounds(verifier: Verifier, drafter: Eagle3Drafter, prompt_ids: Sequence[int], *, budget: int,
                        k: int, probs: Callable[[Any], Any] | None, generator: Any,
-                       counts: SpecCounts) -> Iterator[list[int]]:
+                       counts: SpecCounts, synthetic: Sequence[float] | None = None) -> Iterator[list[int]]:
     """Yield the tokens of each verifier step: the first token after the prompt, then 1 + accepted per
     round, until EOS or `budget` tokens. `probs(logits)` is the sampling distribution (None: greedy).
-    Adds each round to `counts`."""
+    `synthetic`: vLLM's synthetic sampler's conditional rates (acceptance set, not measured; a rejected
+    position takes the verifier's own pick). Adds each round to `counts`."""
     import torch
     from transformers import DynamicCache
 
@@ -332,7 +377,10 @@ def speculative_rounds(verifier: Verifier, drafter: Eagle3Drafter, prompt_ids: S
                 draft.append(drafter.to_target(int(logits_d[-1].argmax())))
                 position += 1
         logits, aux = _verify(verifier, [token] + draft, v_cache, aux_ids)
-        if probs is None:
+        if synthetic is not None:
+            accepted = accept_synthetic(synthetic, draft, generator)
+            nxt = pick(logits[accepted])
+        elif probs is None:
             accepted, nxt = accept_greedy(logits, draft)
         else:
             accepted, nxt = accept_sampled(torch.stack([probs(row) for row in logits]), draft, generator)

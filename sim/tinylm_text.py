@@ -85,6 +85,7 @@ class TinyText:
         self._lock = threading.Lock()
         self.drafter: Any = None  # sim/specdec.Eagle3Drafter when served with --speculative-config
         self.spec_k = 0
+        self.synthetic: Any = None
 
     def describe(self) -> str:
         return f"{self.model_dir}, {self.layers} layers, vocab {self.vocab_size}"
@@ -106,9 +107,10 @@ class TinyText:
     # (one token per step, or 1 + accepted with a drafter), so TTFT and inter-token latency are measured.
     live = True
 
-    def use_drafter(self, drafter: Any, k: int) -> None:
-        """Decode speculatively with `drafter` (sim/specdec.py), proposing `k` tokens per step."""
-        self.drafter, self.spec_k = drafter, k
+    def use_drafter(self, drafter: Any, k: int, synthetic: Any = None) -> None:
+        """Decode speculatively with `drafter` (sim/specdec.py), proposing `k` tokens per step; `synthetic`:
+        the conditional rates of vLLM's synthetic sampler (the acceptance is set, not the draft's)."""
+        self.drafter, self.spec_k, self.synthetic = drafter, k, synthetic
 
     def budget(self, prompt_len: int, max_tokens: int) -> int:
         """Tokens a request may get: max_tokens, cut where RoPE would run past the trained length (nothing
@@ -214,7 +216,8 @@ class TinyText:
             verifier = specdec.Verifier(self.model, self.eos_id, self.max_positions)
             yield from specdec.speculative_rounds(verifier, self.drafter, prompt_ids, budget=budget, k=self.spec_k,
                                                   probs=None if temperature == 0 else probs, generator=gen,
-                                                  counts=counts if counts is not None else self.new_counts())
+                                                  counts=counts if counts is not None else self.new_counts(),
+                                                  synthetic=self.synthetic)
             return
         step = self.model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
         made = 0

@@ -38,11 +38,13 @@ def test_the_servable_checkpoint(tmp_path, capsys):
     assert main(["servable", "--work-dir", str(tmp_path)]) == 0
     # a checkpoint whose config does not say its K: no bound on the K values a bench may ask for
     assert json.loads(capsys.readouterr().out) == {"run_id": "v1", "stage": "verify", "checkpoint": str(ckpt),
-                                                   "trained_k": None}
+                                                   "trained_k": None, "max_position_embeddings": None}
     (ckpt / "config.json").write_text(json.dumps({"speculators_config": {"proposal_methods": [
-        {"speculative_tokens": 3}]}}))
+        {"speculative_tokens": 3}]}, "transformer_layer_config": {"max_position_embeddings": 2048}}))
     assert main(["servable", "--work-dir", str(tmp_path)]) == 0
-    assert json.loads(capsys.readouterr().out)["trained_k"] == 3
+    found = json.loads(capsys.readouterr().out)
+    # the context it was built for: run bench refuses a longer served --max-model-len without --yes
+    assert (found["trained_k"], found["max_position_embeddings"]) == (3, 2048)
     (ckpt / "config.json").unlink()
     ckpt.rmdir()
     assert main(["servable", "--work-dir", str(tmp_path)]) == 2

@@ -140,10 +140,10 @@ def test_sigterm_stops_the_drafter_bench_and_swaps_back(tmp_path, prompts):
     assert finish["kind"] == "finish" and finish["status"] == "stopped"
 
 
-def completed_pair(tmp_path: Path, work: Path, make_plan) -> tuple[int, str, dict]:
+def completed_pair(tmp_path: Path, work: Path, make_plan, *sim_args: str) -> tuple[int, str, dict]:
     """Run the pair to its end against a stand-in (the baseline serving at the start): (exit, output,
     summary); `make_plan(url)` writes its plan."""
-    sim = SimServer(tmp_path, "--served-model-name", MODEL, "--response-tokens", "8").start().wait_ready()
+    sim = SimServer(tmp_path, "--served-model-name", MODEL, "--response-tokens", "8", *sim_args).start().wait_ready()
     try:
         plan = make_plan(sim.url)
         (tmp_path / "servers" / "baseline").touch()
@@ -173,6 +173,25 @@ def test_a_third_contender_is_benched_in_the_drafters_unit_and_compared_in_one_t
         "stop drafter (running: drafter )", "start drafter (running: )",
         "stop drafter (running: drafter )", "start baseline (running: )"]
     assert sorted(os.listdir(tmp_path / "servers")) == ["baseline"]
+
+
+def test_the_pair_carries_our_drafters_reference_line_and_reasoning_answer_split(tmp_path, prompts):
+    from console.telemetry.bench_view import summary_notes
+
+    work = tmp_path / "w"
+    # the stand-in's SIMULATED drafter, served a step at a time: its counters grow as vLLM's do
+    _, _, summary = completed_pair(tmp_path, work, lambda url: plan_for(
+        tmp_path, bench_argv(work, prompts, url, "p-baseline", "baseline"),
+        bench_argv(work, prompts, url, "p-drafter", "drafter", "--baseline-run", "p-baseline",
+                   "--reference-acceptance", "2.88", "--reference-k", "3", "--split-prompts", "2"),
+        endpoint=url), "--drafter", "/nothing/there", "--acceptance", "1,1,0", "--latency-per-token", "0.001",
+        "--response-tokens", "60")
+    assert summary["status"] == "completed"
+    assert summary["reference"]["length"] == 2.88 and summary["reference"]["label"] == "drafter"
+    assert summary["phases"]["label"] == "drafter" and summary["phases"]["requests"] == 2
+    notes = summary_notes(summary)
+    assert notes[0].startswith("reference 2.88 (K=3); drafter ") and notes[0].endswith("of the reference")
+    assert notes[1].startswith("acceptance by phase (drafter, 2 requests one at a time): reasoning ")
 
 
 def test_a_bad_plan_is_refused_before_anything_runs(tmp_path):

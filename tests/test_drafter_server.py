@@ -128,7 +128,14 @@ def test_bench_argv():
         "--endpoint", "http://127.0.0.1:8000", "--model", "kimi-k2.5", "--input-run", "prepare-1",
         "--label", "drafter", "--concurrency", "1,4,16", "--num-prompts", "200",
         "--temperature", "0", "--seed", "0", "--client", "auto", "--ready-timeout", "3600",
-        "--tokenizer", "/shared/kimi-k2.5-int4", "--trust-remote-code", "--baseline-run", "bench-1"]
+        "--tokenizer", "/shared/kimi-k2.5-int4", "--trust-remote-code", "--baseline-run", "bench-1",
+        "--split-prompts", "4"]
+    # the baseline's bench has no drafter to split or to read against the reference
+    assert "--split-prompts" not in bench_argv(p, "bench-1", label="baseline", input_run="prepare-1")
+    p.bench.reference_acceptance, p.bench.reference_k, p.bench.split_prompts = 2.88, 3, 0
+    argv = bench_argv(p, "bench-2", label="drafter", input_run="prepare-1", baseline_run="bench-1")
+    assert argv[-4:] == ["--reference-acceptance", "2.88", "--reference-k", "3"]
+    assert "--split-prompts" not in argv
     with pytest.raises(ValueError, match="no prompts"):
         bench_argv(p, "b", label="baseline")
 
@@ -192,7 +199,7 @@ def test_the_bench_plan_names_the_published_drafter_as_third():
     assert plan["switch"]["home"]["unit"] == "demo-vllm"
     third, drafter = plan["contenders"]
     assert (third["server"], third["ours"], drafter["server"], drafter["ours"]) == ("third", False, "drafter", True)
-    assert third["run_id"] == "b1-third" and third["argv"][-2:] == ["--baseline-run", "b1-baseline"]
+    assert third["run_id"] == "b1-third" and third["argv"][-4:-2] == ["--baseline-run", "b1-baseline"]
     argv = drafter["argv"]
     assert argv[argv.index("--third-run") + 1] == "b1-third" and argv[argv.index("--baseline-run") + 1] == "b1-baseline"
 

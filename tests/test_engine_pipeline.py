@@ -73,3 +73,15 @@ def test_trained_beats_untrained_as_vllm_counts(real_runs):
     untrained = real_runs.gap(UNTRAINED_VERIFY, UNTRAINED)
     assert trained is not None and untrained is not None
     assert trained.online.length > untrained.online.length + 0.1, (trained, untrained)
+
+
+def test_the_bench_splits_acceptance_between_reasoning_and_answer(real_runs):
+    # [bench] split_prompts (4 by default): after its levels the drafter's bench sends 4 requests one at a
+    # time and reads vLLM's counters at each one's first answer token (the engine runs with a reasoning
+    # parser, so the thinking streams in delta.reasoning); the pair carries it to the bench pane
+    phases = real_runs.summary(f"{TRAINED}-drafter")["phases"]
+    assert phases["requests"] == 4, phases
+    counted = [phases[side]["drafts"] for side in ("reasoning", "answer") if phases[side] is not None]
+    assert counted and sum(counted) > 0, phases
+    assert real_runs.summary(TRAINED)["phases"]["label"] == "drafter"
+    assert "acceptance by phase (drafter, 4 requests one at a time)" in real_runs.output["bench trained"]

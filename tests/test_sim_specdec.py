@@ -163,6 +163,23 @@ def test_greedy_output_is_the_verifiers_and_training_pays(tiny_drafters, tiny):
     assert trained.per_pos == sorted(trained.per_pos, reverse=True)
 
 
+def test_the_synthetic_sampler_sets_the_acceptance_whatever_the_draft(tiny_drafters, tiny):
+    """vLLM's rejection_sample_method "synthetic" (the bench's self-test): the untrained draft, accepted
+    ~never on its own, is accepted at the set rates; a whole length is exact on every draft."""
+    prompt = tiny.chat_prompt(ASK, thinking=True)
+    untrained = _drafter(tiny_drafters.untrained, tiny)
+    verifier = specdec.Verifier(tiny.model, tiny.eos_id, tiny.max_positions)
+    for length in (2.0, 3.0):
+        counts = specdec.SpecCounts(3)
+        rates = specdec.conditional_rates(specdec.synthetic_rates(3, None, length))
+        with torch.inference_mode():
+            steps = list(specdec.speculative_rounds(verifier, untrained, prompt, budget=120, k=3, probs=None,
+                                                    generator=torch.Generator().manual_seed(0), counts=counts,
+                                                    synthetic=rates))
+        assert counts.drafts > 10 and counts.mean_acceptance_length == length, counts
+        assert all(len(step) == int(length) for step in steps[1:-1])  # 1 + accepted per round
+
+
 def test_budget_and_eos_end_a_round(tiny_drafters, tiny):
     prompt = tiny.chat_prompt(ASK, thinking=True)
     out, _ = _decode(tiny, _drafter(tiny_drafters.trained, tiny), prompt, budget=7)

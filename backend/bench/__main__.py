@@ -1,7 +1,8 @@
 """`python -m backend.bench ...`: see backend/bench/runner.py.
 
 Exit codes (backend/contract/exitcodes.py): 0 completed (or stopped by SIGTERM), 1 failed (the server did not
-answer, every request of a level failed, vllm bench serve failed), 2 bad input (nothing created), 3
+answer, every request of a level failed, vllm bench serve failed, --self-test read back another acceptance
+than the one set or none), 2 bad input (nothing created), 3
 completed but slower than the --baseline-run it was compared with (a drafter that does not pay).
 """
 from __future__ import annotations

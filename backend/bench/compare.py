@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from backend.bench.results import BenchResult, BenchResultError
+from backend.bench.scrape import MAX_POSITIONS
 from backend.contract import exitcodes
 
 EXIT_SLOWER = exitcodes.SLOWER  # the bench measured fine, and a drafter made generation slower
@@ -170,6 +171,53 @@ def _label(value: Any) -> str:
     if not isinstance(value, str):
         raise CompareError(f"expected a label string, got {value!r}")
     return value[:MAX_LABEL]
+
+
+# ---- the reference line ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reference:
+    """The field's figure for this model, from the profile (`[bench] reference_acceptance` at `reference_k`):
+    an acceptance length means something only at the K it was measured at, so it carries its K."""
+    length: float
+    k: int
+
+    def line(self, label: str, length: float | None, k: int | None) -> str:
+        """`reference 2.88 (K=3); drafter 1.84 (K=3): -1.04, 64% of the reference`."""
+        head = f"reference {self.length:.2f} (K={self.k})"
+        if length is None:
+            return f"{head}; {label[:MAX_LABEL]}: no acceptance measured"
+        at = f" (K={k})" if k is not None else ""
+        other_k = (f"; measured at another K than the reference's, so the two do not compare"
+                   if k is not None and k != self.k else "")
+        return (f"{head}; {label[:MAX_LABEL]} {length:.2f}{at}: {length - self.length:+.2f}, "
+                f"{length / self.length:.0%} of the reference{other_k}")
+
+
+def check_reference(length: Any, k: Any) -> str | None:
+    """Why (length, k) is not a reference acceptance: None when it is one. A length is 1 + accepted tokens
+    per draft, so it lies in [1, K + 1]."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_POSITIONS:
+        return (f"reference_k: expected the K (draft tokens per step) the reference was measured at, "
+                f"1..{MAX_POSITIONS}, got {k!r}")
+    if isinstance(length, bool) or not isinstance(length, (int, float)) or not math.isfinite(length):
+        return f"reference_acceptance: expected a finite number, got {length!r}"
+    if not 1 <= length <= k + 1:
+        return (f"reference_acceptance: expected an acceptance length from 1 to reference_k + 1 = {k + 1} "
+                f"(1 + accepted tokens per draft at K={k}), got {length!r}")
+    return None
+
+
+def reference_from_dict(data: Any) -> Reference | None:
+    """A reference read back from a summary (host data): None when absent or not one."""
+    if not isinstance(data, dict) or check_reference(data.get("length"), data.get("k")) is not None:
+        return None
+    return Reference(float(data["length"]), int(data["k"]))
+
+
+def mean_length(cmp: Comparison, label: str) -> float | None:
+    """A contender's mean acceptance length over the levels that report one."""
+    lengths = [r.acceptance_length for r in cmp.rows if r.label == label and r.acceptance_length is not None]
+    return sum(lengths) / len(lengths) if lengths else None
 
 
 # ---- the table ---------------------------------------------------------------------------------------

@@ -38,6 +38,11 @@ class BenchConfig:
     baseline_run: str | None = None
     third_run: str | None = None
     fresh: bool = False
+    self_test: float | None = None  # the acceptance length the server was set to (backend/bench/selftest.py)
+    self_test_tolerance: float = 0.05
+    reference_acceptance: float | None = None  # the field's figure, at reference_k (compare.Reference)
+    reference_k: int | None = None
+    split_prompts: int = 0  # requests of the reasoning/answer split pass (backend/bench/phases.py); 0: none
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -85,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--baseline-run", help="a finished bench run to compare with (exit 3 when this one is slower)")
     a("--third-run", help="a third finished bench run in the comparison (e.g. a published drafter)")
     a("--fresh", action="store_true", help="archive an existing run directory of this id and start over")
+    a("--self-test", type=float, metavar="LENGTH", help="the server runs vLLM's synthetic sampler set to this "
+      "acceptance length: the bench must read it back (within --self-test-tolerance) or fail")
+    a("--self-test-tolerance", type=float, default=0.05, help="absolute, in acceptance length (default 0.05)")
+    a("--reference-acceptance", type=float, help="the field's acceptance length for this model (with "
+      "--reference-k): shown next to the measured one")
+    a("--reference-k", type=int, help="the K the reference acceptance was measured at")
+    a("--split-prompts", type=int, default=0, metavar="N", help="after the levels, N requests one at a time "
+      "whose acceptance is split between reasoning and answer (0: no split pass)")
     return p
 
 
@@ -109,6 +122,24 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
         raise ConfigError("--remove-api-key-file needs --api-key-file (the file to remove once read)")
     if ns.third_run and not ns.baseline_run:
         raise ConfigError("--third-run needs --baseline-run (the comparison's reference)")
+    if ns.self_test is not None:
+        from backend.bench.selftest import check_length
+
+        if why := check_length(ns.self_test):
+            raise ConfigError(f"--self-test {ns.self_test}: {why}")
+        if not 0 < ns.self_test_tolerance <= 1:
+            raise ConfigError(f"--self-test-tolerance {ns.self_test_tolerance}: expected (0, 1]")
+    if (ns.reference_acceptance is None) != (ns.reference_k is None):
+        raise ConfigError("--reference-acceptance and --reference-k go together (a length means something only at "
+                          "its K)")
+    if ns.reference_k is not None:
+        from backend.bench.compare import check_reference
+
+        if why := check_reference(ns.reference_acceptance, ns.reference_k):
+            key, _, msg = why.partition(": ")
+            raise ConfigError(f"--{key.replace('_', '-')} {getattr(ns, key)}: {msg}")
+    if not 0 <= ns.split_prompts <= 1000:
+        raise ConfigError(f"--split-prompts {ns.split_prompts}: expected 0..1000")
     return BenchConfig(work_dir=ns.work_dir, run_id=ns.run_id, endpoint=ns.endpoint.rstrip("/"), model=ns.model,
                        label=ns.label, levels=_levels(ns.concurrency), num_prompts=ns.num_prompts,
                        max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed,
@@ -117,4 +148,6 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
                        request_timeout_s=ns.request_timeout, ready_timeout_s=ns.ready_timeout,
                        api_key_file=ns.api_key_file, remove_api_key_file=ns.remove_api_key_file,
                        baseline_run=ns.baseline_run, third_run=ns.third_run,
-                       fresh=ns.fresh)
+                       fresh=ns.fresh, self_test=ns.self_test, self_test_tolerance=ns.self_test_tolerance,
+                       reference_acceptance=ns.reference_acceptance, reference_k=ns.reference_k,
+                       split_prompts=ns.split_prompts)

@@ -4,7 +4,10 @@ Writes `<work dir>/runs/<run id>/`: manifest.json, events.jsonl (start, progress
 `bench.json` (the BenchResult, rewritten after each level, so a restart with the same run id measures
 only the levels still missing) and summary.json (the result, and with --baseline-run the comparison).
 Acceptance per level comes from two /metrics scrapes around it (or from vllm bench serve's own
-spec_decode_* keys when it has them); the stage never makes up a figure it did not measure.
+spec_decode_* keys when it has them); the stage never makes up a figure it did not measure. After the
+levels: the reasoning/answer split pass (--split-prompts, backend/bench/phases.py), the self-test's verdict
+(--self-test, backend/bench/selftest.py) and the reference line (--reference-acceptance at --reference-k);
+their figures go to the summary (`phases`, `self_test`, `reference`) and the report.
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ import aiohttp
 
 from backend.bench import STAGE
 from backend.bench import client as cl
-from backend.bench import vllm_cli, workload
-from backend.bench.compare import Comparison, compare, format_table, load_run_result
+from backend.bench import phases, selftest, vllm_cli, workload
+from backend.bench.compare import Comparison, Reference, compare, format_table, load_run_result, mean_length
 from backend.bench.config import BenchConfig
 from backend.bench.results import (OUR_CLIENT, VLLM_BENCH, BenchResult, BenchResultError, LevelResult, figures,
                                    parse_vllm_bench_result)
@@ -50,6 +53,10 @@ class BenchRun:
         self.total = len(c.levels) * len(w.prompts)
         self.started = time.monotonic()
         self.result: BenchResult | None = None
+        self.split: phases.PhaseSplit | None = None
+        self.self_test: selftest.SelfTest | None = None
+        self.reference = (Reference(c.reference_acceptance, c.reference_k)
+                          if c.reference_acceptance is not None and c.reference_k is not None else None)
 
     # -- events ---------------------------------------------------------------------------------------
     def emit(self, kind: str, **data: Any) -> None:
@@ -86,6 +93,14 @@ class BenchRun:
                     write_json_atomic(result_path, result.to_dict())
                     if lv.completed == 0:
                         raise StageFailed(f"every request failed at concurrency {level}; see the errors above")
+                if c.split_prompts:
+                    await self._split(session)
+            if c.self_test is not None:
+                self.self_test = selftest.judge(c.self_test, result.levels, c.self_test_tolerance)
+                self.emit("progress", done=self.done, total=self.total, failed=self.failed,
+                          self_test=self.self_test.to_dict())
+                if not self.self_test.ok:
+                    raise StageFailed(self.self_test.line())
         finally:
             write_json_atomic(result_path, result.to_dict())
 
@@ -143,7 +158,19 @@ class BenchRun:
                                                                         c.top_p, c.seed), 0)
         out = await cl.send(session, f"{c.endpoint}/v1/chat/completions", body, self.headers, c.request_timeout_s)
         if not out.success:
+            if c.self_test is not None and selftest.refused_on_cpu(out.error):
+                raise StageFailed(selftest.UNAVAILABLE_CPU)
             raise StageFailed(f"the warm-up request failed: {out.error}")
+
+    async def _split(self, session: aiohttp.ClientSession) -> None:
+        """The reasoning/answer split pass (backend/bench/phases.py): the first prompts, one at a time."""
+        c = self.c
+        sampling = cl.Sampling(c.max_tokens, c.temperature, c.top_p, c.seed, c.ignore_eos)
+        prompts = self.w.prompts[:c.split_prompts]
+        bodies = [cl.request_body(c.model, p, sampling, i) for i, p in enumerate(prompts)]
+        self.split = await phases.split(session, f"{c.endpoint}/v1/chat/completions", bodies, self.headers,
+                                        c.request_timeout_s, lambda: cl.scrape(session, c.endpoint, c.model))
+        self.emit("progress", done=self.done, total=self.total, failed=self.failed, phases=self.split.to_dict())
 
     async def _level(self, session: aiohttp.ClientSession, run_dir: RunDir, level: int) -> LevelResult:
         c = self.c
@@ -221,14 +248,46 @@ class BenchRun:
         if comparison is not None:
             summary["comparison"] = comparison.to_dict()
             summary["slower"] = comparison.slower
+        if self.split is not None:
+            summary["phases"] = self.split.to_dict()
+        if self.self_test is not None:
+            summary["self_test"] = self.self_test.to_dict()
+        if self.reference is not None:
+            length, k = self._measured(comparison)
+            summary["reference"] = {"length": self.reference.length, "k": self.reference.k, "label": self.c.label,
+                                    "measured": None if length is None else round(length, 4), "measured_k": k}
         if error:
             summary["error"] = error
         return summary
 
+    def _measured(self, comparison: Comparison | None) -> tuple[float | None, int | None]:
+        """This server's mean acceptance length over its levels, and the K it drafted at."""
+        assert self.result is not None
+        length = (mean_length(comparison, self.result.label) if comparison is not None
+                  else _mean([lv.acceptance.length for lv in self.result.levels if lv.acceptance]))
+        return length, measured_k(self.result)
+
     def report(self, summary: dict[str, Any]) -> str:
         assert self.result is not None
         comparison = getattr(self, "comparison", None)
-        return format_table(comparison) if comparison is not None else _levels_text(self.result)
+        lines = [format_table(comparison) if comparison is not None else _levels_text(self.result)]
+        if self.reference is not None:
+            lines.append(self.reference.line(self.result.label, *self._measured(comparison)))
+        if self.split is not None:
+            lines.extend(self.split.lines())
+        if self.self_test is not None:
+            lines.append(self.self_test.line())
+        return "\n".join(lines)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def measured_k(result: BenchResult) -> int | None:
+    """The K the server drafted at: vLLM's per-position counters have one position per draft token."""
+    ks = {len(lv.acceptance.per_position) for lv in result.levels if lv.acceptance and lv.acceptance.per_position}
+    return ks.pop() if len(ks) == 1 else None
 
 
 def _levels_text(result: BenchResult) -> str:

@@ -49,6 +49,8 @@ def table(report: dict[str, Any]) -> str:
         from backend.verify.k_table import format_table
 
         lines += ["", *format_table(k_table)]
+    warnings = report.get("warnings")
+    lines += [f"warning: {w}" for w in (warnings if isinstance(warnings, list) else [])[:8] if isinstance(w, str)]
     if report.get("error"):
         lines += ["", f"error: {report['error']}"]
     return "\n".join(lines)

@@ -50,6 +50,7 @@ class VerifyConfig:
     seed: int = 0
     draft_cost: float | None = None  # a draft step against a verifier step (default: a bench's, else assumed)
     fresh: bool = False
+    served_context: int | None = None  # the baseline's --max-model-len (backend/drafter/context.py)
 
 
 def parse_args(argv: list[str] | None) -> VerifyConfig:
@@ -70,10 +71,14 @@ def parse_args(argv: list[str] | None) -> VerifyConfig:
     p.add_argument("--draft-cost", type=float, help="one draft step's cost against one verifier step, for the K "
                                                     "table (default: from the latest bench, else assumed)")
     p.add_argument("--fresh", action="store_true", help="archive an existing run directory and start over")
+    p.add_argument("--served-context", type=int, help="the context the server serves (its --max-model-len): a "
+                   "warning when it is longer than the drafter's max_position_embeddings")
     args = p.parse_args(argv)
     config = VerifyConfig(**vars(args))
     if config.draft_cost is not None and not 0 <= config.draft_cost < 100:
         p.error(f"--draft-cost must be in [0, 100), got {config.draft_cost}")
+    if config.served_context is not None and config.served_context < 1:
+        p.error(f"--served-context must be >= 1, got {config.served_context}")
     if config.samples < 1:
         p.error(f"--samples must be >= 1, got {config.samples}")
     if config.speculative_tokens is not None and not 1 <= config.speculative_tokens <= 32:
@@ -139,6 +144,8 @@ def fetch_samples(run: CompletedRun, info: Any, c: VerifyConfig, ctx: StageRun) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from backend.drafter.context import context_warning, drafter_context
+
     c = parse_args(argv)
     try:
         run = completed_run(c.work_dir, c.input_run, "train") if c.input_run else latest_completed(c.work_dir, "train")
@@ -165,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     pre = PreflightReport()
 
     ctx.checkpoint = ckpt  # the drafter checked: its hash in the host facts
+    drafter_len = drafter_context(config)
+    report["context"] = {"served": c.served_context, "drafter": drafter_len}
+    if warning := context_warning(c.served_context, drafter_len, os.path.realpath(ckpt)):
+        report["warnings"] = [warning]
+        print(f"verify: warning: {warning}", file=sys.stderr)
 
     def body(ctx: StageRun) -> None:
         ctx.start(total=c.samples)

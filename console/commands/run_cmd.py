@@ -195,7 +195,7 @@ async def run_stage(a: argparse.Namespace) -> int:
     stage = stages.by_cli(a.stage).name
     req = StageRequest(stage, run_id=a.run_id, input_run=a.input_run, fresh=a.fresh, dataset=a.dataset,
                        limit=a.limit, from_stage=a.from_stage, to_stage=a.to_stage, online=a.online,
-                       checkpoint=a.checkpoint, k_values=a.k_values)
+                       checkpoint=a.checkpoint, k_values=a.k_values, yes=a.yes)
     if a.checkpoint and stage != "verify":
         print(f"error: --checkpoint is for verify, not {a.stage}", file=sys.stderr)
         return exitcodes.USAGE

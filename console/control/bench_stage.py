@@ -26,8 +26,12 @@ def bench_argv(profile: Profile, run_id: str, *, label: str, input_run: str | No
     if (profile.drafter.trust_remote_code or "--trust-remote-code" in profile.server.vllm_args
             or "--trust-remote-code" in profile.server.command):
         argv.append("--trust-remote-code")
-    if baseline_run:
+    if baseline_run:  # a contender: the figures a drafter is read against
         argv += ["--baseline-run", baseline_run]
+        if b.reference_acceptance is not None and b.reference_k is not None:
+            argv += ["--reference-acceptance", f"{b.reference_acceptance:g}", "--reference-k", str(b.reference_k)]
+        if b.split_prompts:
+            argv += ["--split-prompts", str(b.split_prompts)]
     if third_run:
         argv += ["--third-run", third_run]
     if api_key_path:

@@ -26,6 +26,7 @@ from console.profile import Profile, api_key, hub_token
 from console.host.base import Host
 from console.parsers.text import clean, clean_block
 from backend.chain.plan import ChainPlan, Hold, PlannedStage, chain_stage_run_id, dumps_plan
+from backend.drafter.context import context_warning, served_context
 from backend.contract.events import UNIT_ENV
 from backend.contract.runs import RunDirError
 from backend.contract.runs import check_run_id as _check_run_id
@@ -42,7 +43,7 @@ from console.control.gpu_plan import gpu_plan
 from console.control.switch_plan import switch_plan
 from console.control.permissions import check_permission
 from console.control.operator_unit import OperatorUnitError, read_server_program, unit_user_refusal
-from console.control.units import (UnitNameError, exit_status_path, stage_log_path, stage_start_command,
+from console.control.units import (ServerProgram, UnitNameError, exit_status_path, stage_log_path, stage_start_command,
                                    stage_stop_command, stage_unit_name, tmux_target)
 
 # The upload is the installed `backend` package and nothing else: host code only, never the console or the
@@ -391,6 +392,7 @@ class StageRequest:
     online: bool | None = None  # train (and pipeline): hidden states fetched during training; None: the profile's
     checkpoint: str | None = None  # verify: another drafter's checkpoint on the host (a fetched one)
     k_values: tuple[int, ...] | None = None  # bench: our drafter at each K; None: the profile's [bench].k_values
+    yes: bool = False  # the operator said --yes: a bench goes on past the served-context warning
 
     def is_online(self, profile: Profile | None = None) -> bool:
         """Online training: the request says so, else the profile's [extract] online."""
@@ -591,6 +593,7 @@ class Launcher:
         no_expand = p.server.manager == "systemd" and await systemd_run_expands(self.host)
         try:
             program = await read_server_program(self.host, p)
+            self.context_check(program, found, refuse=not req.yes)
             plan = pair_plan(p, run_id, str(found["checkpoint"]), input_run=prompts_run, api_key_path=key,
                              no_expand_option=no_expand, third_checkpoint=third and str(third["checkpoint"]),
                              program=program, k_values=k_values)
@@ -605,6 +608,26 @@ class Launcher:
         if program.note:
             self.shown.append(f"(bench) note: {program.note}")
         return pair_argv(p, run_id, plan_file, fresh=req.fresh, secret_files=self.secrets)
+
+    def context_check(self, program: ServerProgram, found: dict[str, object], *, refuse: bool) -> None:
+        """The served context (the baseline's --max-model-len) against the drafter's max_position_embeddings
+        (backend/drafter/context.py): longer, a bench is refused unless the operator said --yes, then shown."""
+        length = found.get("max_position_embeddings")
+        drafter_len = length if isinstance(length, int) and not isinstance(length, bool) else None
+        warning = context_warning(served_context(program.argv), drafter_len, str(found.get("checkpoint")))
+        if warning is None:
+            return
+        if refuse:
+            raise StageError(clean(f"{warning}; nothing was stopped. Serve a shorter --max-model-len, or bench "
+                                   f"anyway with `run bench --yes`"))
+        self.shown.append(clean(f"(bench) warning: {warning}"))
+
+    async def served_context(self) -> int | None:
+        """The baseline's --max-model-len, read from its command (None: not given there, or not readable)."""
+        try:
+            return served_context((await read_server_program(self.host, self.profile)).argv)
+        except OperatorUnitError:
+            return None
 
     async def upload_swap_plan(self, run_id: str, aux_layer_ids: list[int], num_layers: int) -> str:
         try:

@@ -148,7 +148,8 @@ def nvidia_smi_prefix(profile: Profile) -> list[str]:
 
 
 def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: bool = False,
-                plan_file: str | None = None, checkpoint: str | None = None) -> list[str]:
+                plan_file: str | None = None, checkpoint: str | None = None,
+                served_context: int | None = None) -> list[str]:
     """`python -m backend.verify ...`: k draft tokens as the drafter will be served, on held-out samples
     (with a swap plan, those of an online train run come from the plan's extraction server).
     `checkpoint` verifies another drafter (a fetched one) on the train run's held-out rows."""
@@ -161,6 +162,8 @@ def verify_argv(profile: Profile, run_id: str, input_run: str | None, *, fresh: 
         argv += ["--plan", plan_file, "--served-model", profile.server.model_id]
     if checkpoint:
         argv += ["--checkpoint", checkpoint, "--verifier", verifier_path(profile)]
+    if served_context is not None:  # the baseline's --max-model-len: verify warns past the drafter's
+        argv += ["--served-context", str(served_context)]
     if fresh:
         argv.append("--fresh")
     return argv

@@ -30,7 +30,7 @@ from backend.verify.report import table as verify_table
 from console.control import stage_argv
 from console.parsers.text import clean_block
 from console.telemetry import progress as views
-from console.telemetry.bench_view import best_k_of, finish_summary, gap_of
+from console.telemetry.bench_view import best_k_of, finish_summary, gap_of, summary_notes
 from console.telemetry.progress import StageProgress
 from console.profile import Profile
 from console.snapshot import RunInfo
@@ -48,6 +48,7 @@ class Launcher(Protocol):
     async def hub_token(self) -> str | None: ...
     async def swap_plan(self, run_id: str) -> tuple[str, list[int]]: ...
     async def bench_pair(self, run_id: str, req: Any) -> Argv: ...
+    async def served_context(self) -> int | None: ...
     async def pipeline_plan(self, chain_id: str, req: Any) -> str: ...
 
 
@@ -143,7 +144,7 @@ async def _verify(ctx: Launcher, run_id: str, input_run: str | None, req: StageR
         stage_argv.check_host_path(req.checkpoint, "--checkpoint")
     plan_file = (await ctx.swap_plan(run_id))[0] if req.is_online(ctx.profile) else None
     return stage_argv.verify_argv(ctx.profile, run_id, input_run, fresh=req.fresh, plan_file=plan_file,
-                                  checkpoint=req.checkpoint), None
+                                  checkpoint=req.checkpoint, served_context=await ctx.served_context()), None
 
 
 async def _fetch_drafter(ctx: Launcher, run_id: str, input_run: str | None, req: StageRequest):
@@ -194,7 +195,8 @@ def _bench_table(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
         best = best_k_of(summary)
         gap = gap_of(summary, runs)
         return (table + ([clean_block(best.line())] if best is not None else [])
-                + ([clean_block("\n".join(gap[1].lines(gap[0])))] if gap is not None else []))
+                + ([clean_block("\n".join(gap[1].lines(gap[0])))] if gap is not None else [])
+                + [clean_block(note) for note in summary_notes(summary)])
     return outputs(view, runs)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from backend.bench.acceptance_gap import AcceptanceGap, acceptance_gap
-from backend.bench.compare import MAX_LABEL, MAX_ROWS, CompareError, Row, comparison_from_dict
+from backend.bench.compare import MAX_LABEL, MAX_ROWS, CompareError, Row, comparison_from_dict, reference_from_dict
 from backend.bench.results import BenchResultError, LevelResult
 from backend.contract.numbers import count, finite
 from backend.verify.report import K_MAX
@@ -58,6 +58,7 @@ class BenchView:
     level: int | None = None  # the concurrency level being measured
     error: str | None = None
     best: BestK | None = None  # several K benched: the best of them
+    notes: tuple[str, ...] = ()  # the reference line, the reasoning/answer split, the self-test (summary_notes)
 
     @property
     def slower(self) -> bool:
@@ -88,6 +89,44 @@ def finish_summary(event: Any) -> dict[str, Any]:
     return event["summary"] if isinstance(event.get("summary"), dict) else event
 
 
+def _length(value: Any) -> float | None:
+    v = finite(value)
+    return v if v is not None and 1 <= v <= K_MAX + 1 else None
+
+
+def summary_notes(summary: Any) -> tuple[str, ...]:
+    """What a bench (or a pair, for our drafter) said beyond the table, rebuilt from its numbers (host data:
+    types and ranges checked, labels cut): the reference line, acceptance by phase, the self-test."""
+    if not isinstance(summary, dict):
+        return ()
+    out: list[str] = []
+    raw = summary.get("reference")
+    ref = reference_from_dict(raw)
+    if ref is not None and isinstance(raw, dict):
+        label = str(raw["label"]) if isinstance(raw.get("label"), str) else "drafter"
+        k = count(raw.get("measured_k")) or None
+        out.append(ref.line(label[:MAX_LABEL], _length(raw.get("measured")), k if k and k <= K_MAX else None))
+    ph = summary.get("phases")
+    if isinstance(ph, dict):
+        label = str(ph["label"]) if isinstance(ph.get("label"), str) else "drafter"
+        sides = []
+        for name in ("reasoning", "answer"):
+            side = ph.get(name)
+            length = _length(side.get("length")) if isinstance(side, dict) else None
+            drafts = count(side.get("drafts")) if isinstance(side, dict) else 0
+            sides.append(f"{name} {length:.2f} ({drafts} drafts)" if length is not None else f"{name} -")
+        requests, spill = count(ph.get("requests")), count(ph.get("spill"))
+        out.append(f"acceptance by phase ({label[:MAX_LABEL]}, {requests} requests one at a time): "
+                   f"{', '.join(sides)}; up to {spill} answer steps counted as reasoning")
+    st = summary.get("self_test")
+    if isinstance(st, dict) and _length(st.get("set")) is not None:
+        read = _length(st.get("read"))
+        verdict = "ok" if st.get("ok") is True else "FAILED"
+        out.append(f"self-test: set {_length(st.get('set')):.2f}, read "
+                   f"{'nothing' if read is None else format(read, '.2f')}: {verdict}")
+    return tuple(out)
+
+
 def bench_view(run: RunInfo) -> BenchView:
     event = run.last_event or {}
     base = BenchView(run_id=run.run_id, state=run.state, done=run.done, total=run.total)
@@ -103,8 +142,9 @@ def bench_view(run: RunInfo) -> BenchView:
         if isinstance(summary.get("comparison"), dict):
             cmp = comparison_from_dict(summary["comparison"])
             return replace(base, label=label, baseline=cmp.baseline, rows=cmp.rows, missing=cmp.missing,
-                           error=error, best=best_k_of(summary))
-        return replace(base, label=label, rows=_own_rows(summary.get("result")), error=error)
+                           error=error, best=best_k_of(summary), notes=summary_notes(summary))
+        return replace(base, label=label, rows=_own_rows(summary.get("result")), error=error,
+                       notes=summary_notes(summary))
     except (CompareError, BenchResultError, TypeError, ValueError) as exc:
         return replace(base, label=label, error=f"unreadable bench summary: {exc}")
 

@@ -48,6 +48,7 @@ def bench_markup(view: BenchView) -> Content:
                      f"{'TTFT p50':>8} {'acc len':>7} {'accept':>6}[/]")
         parts.extend(row_markup(r) for r in view.rows)
     parts.extend(markup("[dim]$note[/]", note=m) for m in view.missing)
+    parts.extend(markup("[b red]$note[/]" if "FAILED" in n else "$note", note=n) for n in view.notes)
     if view.best is not None:  # several K: the verdict is the best K's (a K that lost is marked in its rows)
         parts.append(markup(f"[b {'red' if view.best.slower else 'green'}]$best[/]", best=view.best.line()))
     elif view.slower:
