@@ -23,6 +23,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
+from harness.generate_support import StandIn  # noqa: E402
 from harness.rig.availability import rig_unavailable  # noqa: E402
 from harness.rig.rootfs import RigUnavailable  # noqa: E402
 from harness.rig.sshd import SshdServer  # noqa: E402
@@ -204,3 +205,18 @@ def answering():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+@pytest.fixture
+def standin(tmp_path):
+    """Start vLLM stand-ins for the generate tests (harness/generate_support.py); killed after the test."""
+    servers: list[StandIn] = []
+
+    def make(*args: str, port: int | None = None, wait: bool = True) -> StandIn:
+        server = StandIn(tmp_path, port).start(*args, wait=wait)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.kill()
