@@ -174,6 +174,19 @@ def tiny_drafters(tmp_path_factory):
     return make_drafters(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def engine_demo_dir(tmp_path_factory):
+    """The work dir of the session's one demo host with vLLM's CPU build as its baseline (a start costs 45 s
+    to 2 min on 2 cores): the conformance tier starts it and only reads it, the engine pipeline
+    (harness/real_engine.py, whose `demo-host start` finds it running) drives it afterwards. Stopped at
+    the end of the session."""
+    from harness import real_engine
+
+    work = tmp_path_factory.mktemp("engine-demo")
+    yield work
+    real_engine.stop(work)
+
+
 @pytest.fixture
 def utc(monkeypatch):
     """Times rendered in UTC (snapshots hold clock times)."""
