@@ -1,4 +1,4 @@
-"""Shared pieces of the drafter-stage tests: the tiny verifier built once per session, and generation runs
+"""Shared pieces of the drafter-stage tests: the tiny verifier once per session, and generation runs
 written the way backend.generate writes them (manifest, events, records, token rows, summary).
 
 The tiny verifier lives under the session's base temp dir at a fixed path, `<basetemp>/xdg/...`, so every
@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,28 @@ def tiny_verifier(tmp_path_factory) -> Path:
     missing = [m for m in ("torch", "transformers", "tokenizers", "speculators") if importlib.util.find_spec(m) is None]
     if missing:
         rig_unavailable(f"the training modules {', '.join(missing)} (pip install -e '.[train]')")
-    return tinylm.ensure_model(root=xdg_home(tmp_path_factory) / "eagle3-console" / "tiny-verifier")
+    root = xdg_home(tmp_path_factory) / "eagle3-console" / "tiny-verifier"
+    _copy_the_installed_build(root)
+    return tinylm.ensure_model(root=root)
+
+
+def _copy_the_installed_build(root: Path) -> None:
+    """Put the build that the install step made in the user cache (scripts/install.sh: `python -m sim.tinylm`)
+    into the session's cache instead of building it again (a minute or more of CPU per session). The build
+    is deterministic (one seed): the install's and a session's model.safetensors are byte-identical, and its
+    directory name holds the recipe and the corpus digest. Copied beside, then renamed, as a build is."""
+    installed = tinylm.model_dir()
+    target = root / installed.name
+    if target.exists() or installed.resolve() == target.resolve() or not (installed / "config.json").is_file():
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{installed.name}.", dir=root))
+    try:
+        shutil.copytree(installed, tmp, dirs_exist_ok=True)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def stage_env(tmp_path_factory, **extra: str) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Start and stop the vLLM stand-in as a real subprocess for the sim tests (loopback only)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -17,12 +18,25 @@ MODEL = "/shared/kimi-k2.5-int4"
 # The interpreter with this checkout importable, for commands run over SSH or under systemd, where
 # neither the test's cwd nor an editable install can be relied on to find `sim` and `backend`.
 PYTHON = ["env", f"PYTHONPATH={REPO}", sys.executable]
+# the tiny verifier's aux layers the extraction tests ask for, and what speculators' launcher asks the server
+# for: the aux ids, then the tiny verifier's final layer
+EXTRACT_AUX = [1, 2, 3]
+ASKED = [*EXTRACT_AUX, 4]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def extraction_flags(layers, storage) -> list[str]:
+    """vLLM's flags for a hidden-states extraction server (the stand-in takes the same)."""
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}}}
+    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+    return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv)]
 
 
 def first_listen(port: int, stop: threading.Event, out: list[float]) -> None:

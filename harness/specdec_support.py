@@ -156,9 +156,9 @@ def make_drafters(tmp_path_factory) -> Drafters:
 
     for mod in ("torch", "transformers", "tokenizers", "speculators"):
         pytest.importorskip(mod)
-    from sim import tinylm
+    from harness.drafter_support import tiny_verifier
 
-    verifier = tinylm.ensure_model(root=xdg_home(tmp_path_factory) / "eagle3-console" / "tiny-verifier")
+    verifier = tiny_verifier(tmp_path_factory)
     root = tmp_path_factory.mktemp("drafters")
     untrained = dry_run(verifier, root / "untrained", env(tmp_path_factory))
     trained, losses = stage_drafter(verifier, root / "trained", env(tmp_path_factory))

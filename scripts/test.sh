@@ -20,5 +20,10 @@ fi
 
 bash scripts/install-system-deps.sh
 e3_install full || exit 1
-# the slowest tests named at the end of every full run: where the suite's time goes
-exec "$E3_PY" -m pytest --durations=15 "$@"
+installed=$SECONDS
+# the slowest tests named at the end of every full run: where the suite's time goes; then the whole
+# command's time (pytest's own line leaves out the installs)
+rc=0
+"$E3_PY" -m pytest --durations=15 "$@" || rc=$?
+echo "test.sh: $((SECONDS / 60)) min $((SECONDS % 60)) s in all: installs $installed s, pytest $((SECONDS - installed)) s"
+exit "$rc"

@@ -23,6 +23,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
+from harness.generate_support import StandIn  # noqa: E402
 from harness.rig.availability import rig_unavailable  # noqa: E402
 from harness.rig.rootfs import RigUnavailable  # noqa: E402
 from harness.rig.sshd import SshdServer  # noqa: E402
@@ -173,6 +174,19 @@ def tiny_drafters(tmp_path_factory):
     return make_drafters(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def engine_demo_dir(tmp_path_factory):
+    """The work dir of the session's one demo host with vLLM's CPU build as its baseline (a start costs 45 s
+    to 2 min on 2 cores): the conformance tier starts it and only reads it, the engine pipeline
+    (harness/real_engine.py, whose `demo-host start` finds it running) drives it afterwards. Stopped at
+    the end of the session."""
+    from harness import real_engine
+
+    work = tmp_path_factory.mktemp("engine-demo")
+    yield work
+    real_engine.stop(work)
+
+
 @pytest.fixture
 def utc(monkeypatch):
     """Times rendered in UTC (snapshots hold clock times)."""
@@ -204,3 +218,18 @@ def answering():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+@pytest.fixture
+def standin(tmp_path):
+    """Start vLLM stand-ins for the generate tests (harness/generate_support.py); killed after the test."""
+    servers: list[StandIn] = []
+
+    def make(*args: str, port: int | None = None, wait: bool = True) -> StandIn:
+        server = StandIn(tmp_path, port).start(*args, wait=wait)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.kill()

@@ -38,8 +38,8 @@ from console.ui.panes.gauges import human_bytes
 from console.ui.panes.journal import JournalPane
 from console.ui.screens.confirm import ConfirmScreen
 from console.ui.screens.help import HelpScreen
-from tests.polling import until
-from tests.test_disk import DAY, make_run
+from harness.polling import until
+from harness.run_dirs import DAY, make_run
 
 pytestmark = pytest.mark.timeout(600)
 SIZE = (160, 50)

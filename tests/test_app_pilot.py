@@ -13,7 +13,7 @@ from textual.widgets import Button, Input
 
 from console.control.stages import STAGES
 from console.ui.app import ConsoleApp
-from tests.polling import until
+from harness.polling import until
 from console.session import ActionResult
 from harness.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run,
                                      stage_unit, training_run)

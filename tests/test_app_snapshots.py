@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 
 from console.ui.app import ConsoleApp
+from harness.app_snapshots import SIZE, settle
 from harness.fake_controller import (SERVER_UNIT, FakeController, base_snapshot, generation_run, stage_unit,
                                      training_run)
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("utc")]  # times shown in UTC
 NOW = 1_700_000_030.0
-SIZE = (150, 48)
 
 
 def app_for(*snapshots, journal=None, **kwargs) -> ConsoleApp:
@@ -20,15 +20,6 @@ def app_for(*snapshots, journal=None, **kwargs) -> ConsoleApp:
                                       for i in range(8)]}
     fake = FakeController(list(snapshots), lines, simulated=True, host_name="gpu-host")
     return ConsoleApp(fake, clock=lambda: NOW, **kwargs)
-
-
-async def settle(pilot) -> None:
-    app = pilot.app
-    for _ in range(100):
-        if app.last_snapshot is not None and app.query_one("#journal").unit:
-            break
-        await pilot.pause(0.02)
-    await pilot.pause(0.2)
 
 
 def training_history(n: int = 41):  # 41: the last point falls on a plot redraw (every 5 s)

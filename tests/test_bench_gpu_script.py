@@ -9,12 +9,10 @@ from pathlib import Path
 
 from console.cli import build_parser
 from console.profile import load_profile
+from harness.stock import GUARDED
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_gpu_speedup.py"
-# -I: no PYTHONPATH, no user site, not the current directory; pytest and tests/ made unimportable
-GUARDED = ("import runpy, sys; sys.modules['pytest'] = None; sys.modules['tests'] = None; sys.argv = sys.argv[1:]; "
-           "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ from console.snapshot import RunInfo, Snapshot
 from console.ui.app import ConsoleApp
 from console.ui.panes.bench import BenchPane, bench_markup
 from harness.fake_controller import FakeController, base_snapshot, generation_run, stage_unit
-from tests.polling import until
+from harness.polling import until
 
 pytestmark = pytest.mark.timeout(60)
 SAMPLES = Path(__file__).parent / "samples" / "bench"

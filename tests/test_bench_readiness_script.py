@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_bench_gpu_script import GUARDED
+from harness.stock import GUARDED
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_readiness.py"
 

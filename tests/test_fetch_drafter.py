@@ -14,8 +14,8 @@ import pytest
 
 from backend.contract.events import parse_events
 from harness.drafter_support import run_stage, stage_env, tiny_verifier
-from tests.fake_hub import FakeHub, HubServer, Repo
-from tests.hub_support import original_eagle3_files
+from harness.fake_hub import FakeHub, HubServer, Repo
+from harness.hub_support import original_eagle3_files
 from harness.train_support import LAYERS, Dataset, completed_run
 
 MIB = 2**20

@@ -20,7 +20,7 @@ from console.control.stage_argv import StageArgError, fetch_drafter_argv
 from console.host.local import LocalHost
 from console.profile import load_profile, profile_from_dict, write_profile
 from console.session import Session
-from tests.fake_hub import FakeHub, HubServer, Repo
+from harness.fake_hub import FakeHub, HubServer, Repo
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = {"host": {"name": "gpu-host.example"}, "server": {"model_path": "/models/kimi", "unit": "vllm-kimi"},

@@ -1,7 +1,7 @@
 """A full disk ends every host program the same way (backend/kit/lifecycle.py): exit 1, no traceback, and the
 last event a finish that says "failed" and names the full volume, so the console never shows "stale".
 
-Each program runs as in the stage contract (tests/test_stage_contract.py's cases, real inputs) with its work
+Each program runs as in the stage contract (harness/stage_cases.py, real inputs) with its work
 dir on a small tmpfs that fills up while it runs: the test takes every free block once the program is
 mid-body (a download under way, requests answered, samples being fetched), or leaves only room for the run
 directory before it starts (prepare, whose body is short). generate, extract and train have their own
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.rig.tmpfs import small_tmpfs
-from tests.test_stage_contract import LAYERS, Case, Kit, events, make_case, py, start
 from harness.drafter_support import copy_runs
+from harness.stage_cases import LAYERS, Case, Kit, events, make_case, py, start
 
 pytestmark = pytest.mark.timeout(600)
 FILLER = "filler"
@@ -55,7 +55,7 @@ def verify_case(tmp: Path, kit: Kit, request) -> Case:
     """verify on a train run with no stored held-out states: it fetches them from the extraction stand-in
     into the train run's cache (on the small volume) while it runs."""
     from harness.sim_support import SimServer
-    from tests.test_sim_extraction import ASKED, extraction_flags
+    from harness.sim_support import ASKED, extraction_flags
     from harness.train_support import completed_run
 
     work = tmp / "work"

@@ -16,7 +16,7 @@ import pytest
 from backend.generate.client import ChatClient, ClientSettings, RequestFailed
 from backend.generate.fit import parse_overflow
 from backend.generate.records import dumps_line
-from tests.test_generate_e2e import MODEL, StandIn, events, gen_argv, records, run_gen, standin  # noqa: F401
+from harness.generate_support import MODEL, StandIn, events, gen_argv, records, run_gen
 
 CONTEXT = 4096
 MAX_TOKENS = 1024

@@ -8,110 +8,13 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from backend.generate.records import model_turn
+from harness.generate_support import MODEL, REPO, events, gen_argv, records, run_gen, write_dataset
 from harness.rig.availability import rig_unavailable
-from harness.sim_support import free_port
-
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = "kimi-sim"
-
-
-class StandIn:
-    """One stand-in server process on a loopback port."""
-
-    def __init__(self, tmp: Path, port: int | None = None):
-        self.port = port or free_port()
-        self.tmp = tmp
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, *args: str, wait: bool = True) -> "StandIn":
-        argv = [sys.executable, "-m", "sim.vllm_server", "--host", "127.0.0.1", "--port", str(self.port),
-                "--model", "/models/kimi", "--served-model-name", MODEL, "--load-seconds", "0.2",
-                "--response-tokens", "120", *args]
-        log = open(self.tmp / f"sim-{self.port}-{time.monotonic_ns()}.log", "wb")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        if wait:
-            self.wait_ready()
-        return self
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, "the stand-in exited while starting"
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError("the stand-in did not become ready")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def standin(tmp_path):
-    servers: list[StandIn] = []
-
-    def make(*args: str, port: int | None = None, wait: bool = True) -> StandIn:
-        server = StandIn(tmp_path, port).start(*args, wait=wait)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.kill()
-
-
-def write_dataset(path: Path, n: int, bad: bool = True) -> int:
-    """n good ShareGPT rows (+ malformed ones); returns the number of good rows."""
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"conversations": [{"from": "human", "value": f"Question {i}: explain topic {i}."},
-                                                  {"from": "gpt", "value": "the dataset's own answer"}],
-                                "source": "test"}) + "\n")
-        if bad:
-            f.write("{not json\n")
-            f.write(json.dumps({"conversations": []}) + "\n")
-            f.write(json.dumps({"messages": [{"role": "assistant", "content": "no question"}]}) + "\n")
-            f.write(json.dumps({"conversations": [{"from": "human", "value": 3}]}) + "\n")
-    return n
-
-
-def gen_argv(server: StandIn, dataset: Path, work: Path, *extra: str, run_id: str = "r") -> list[str]:
-    return [sys.executable, "-m", "backend.generate", "--dataset", str(dataset), "--work-dir", str(work),
-            "--run-id", run_id, "--endpoint", server.url, "--model", MODEL, "--concurrency", "8",
-            "--progress-interval", "0.2", "--health-interval", "0.1", "--backoff-base", "0.05",
-            "--backoff-max", "0.2", "--flush-every", "4", "--min-free-bytes", "0", *extra]
-
-
-def run_gen(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-def records(run: Path) -> list[dict]:
-    lines = (run / "output.jsonl").read_bytes().split(b"\n")
-    assert lines[-1] == b"", "output ends with a torn line"
-    return [json.loads(line) for line in lines[:-1]]
-
-
-def events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize("field, version", [("reasoning", "0.33.0"), ("reasoning_content", "0.10.0"),
@@ -178,7 +81,7 @@ def test_kill_9_at_random_points_then_resume_loses_nothing(standin, tmp_path):
 
     for i in range(20):
         before = starts()
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if i % 4:
             # most kills land mid-run: counted from the run's own start, so a slow start-up on a loaded
             # machine cannot turn them all into kills during imports
@@ -206,7 +109,7 @@ def test_server_crash_and_restart_pauses_and_resumes(standin, tmp_path):
     good = write_dataset(tmp_path / "d.jsonl", 40, bad=False)
     run = tmp_path / "w" / "runs" / "r"
     proc = subprocess.Popen(gen_argv(first, tmp_path / "d.jsonl", tmp_path / "w", "--concurrency", "4"),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -274,7 +177,7 @@ def test_sigterm_stops_cleanly(standin, tmp_path):
     write_dataset(tmp_path / "d.jsonl", 200, bad=False)
     run = tmp_path / "w" / "runs" / "r"
     proc = subprocess.Popen(gen_argv(server, tmp_path / "d.jsonl", tmp_path / "w", "--stop-grace-s", "5"),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
         while not ((run / "events.jsonl").exists() and any(e["kind"] == "progress" for e in events(run))):

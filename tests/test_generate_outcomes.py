@@ -16,7 +16,7 @@ import pytest
 from backend.kit import dataset as ds
 from console.telemetry.probe import RunFile
 from console.telemetry.runs import RunBook
-from tests.test_generate_e2e import ROOT, events, gen_argv, records, run_gen, standin, write_dataset  # noqa: F401
+from harness.generate_support import REPO, events, gen_argv, records, run_gen, write_dataset
 
 
 def _corrupt_files(tmp: Path) -> dict[str, tuple[Path, str]]:
@@ -40,7 +40,7 @@ def test_corrupt_dataset_is_one_clear_line(tmp_path, kind):
     # the preflight the console runs prints that line, not a traceback
     result = subprocess.run([sys.executable, "-m", "backend.generate", "--dataset", str(path), "--work-dir",
                              str(tmp_path / "w"), "--model", "m", "--endpoint", "http://127.0.0.1:9",
-                             "--preflight-only"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                             "--preflight-only"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"generate: {info.value}"]
 
@@ -67,7 +67,7 @@ def test_killed_run_shows_what_is_on_disk_and_counts_total_alike(standin, tmp_pa
     run = tmp_path / "w" / "runs" / "r"
     proc = subprocess.Popen(gen_argv(first, tmp_path / "d.jsonl", tmp_path / "w", "--concurrency", "2",
                                      "--progress-interval", "600"),
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not ((run / "events.jsonl").exists() and any(e["kind"] == "pause" for e in events(run))):

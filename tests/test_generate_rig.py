@@ -11,82 +11,24 @@ import asyncio
 import json
 import shlex
 import subprocess
-import sys
-import time
 import uuid
-from pathlib import Path
 
 import pytest
-
-from tests.polling import until
 
 from backend.generate.records import model_turn
 from console.profile import load_profile
 from console.host.ssh import SshHost
 from console.control.launch import StageRequest, launch_stage, stop_stage_unit
-from tests.test_telemetry_rig import RigUnit, install_unit, stop_unit
+from harness.rig.remote import CLI, events_of, sh, standin_with_dataset, wait_for
+from harness.rig.sim_unit import REPO, stop_unit
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(180)]
-
-REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "console.cli"]
-
-
-async def sh(ssh: SshHost, script: str, *args: str, input: str | None = None, timeout: float = 30) -> str:
-    res = await ssh.run(["sh", "-c", script, "sh", *args], input=input, timeout=timeout)
-    assert res.ok, f"{script} {args}: exit {res.returncode}: {res.stderr}"
-    return res.stdout
-
-
-async def standin_with_dataset(ssh: SshHost, rig, tmp_path: Path, *, rows: int, latency: float = 0.0,
-                               concurrency: int = 8) -> tuple[RigUnit, Path, str]:
-    """A started, ready stand-in unit, a ShareGPT dataset on the rig, and a profile for both."""
-    unit = await install_unit(ssh, rig, tmp_path, load_seconds=0.5,
-                              extra=["--response-tokens", "40", "--latency", str(latency)])
-    dataset = f"{unit.work_dir}/prompts.jsonl"
-    lines = "".join(json.dumps({"conversations": [{"from": "human", "value": f"Question {i}: explain topic {i}."},
-                                                  {"from": "gpt", "value": "the dataset's own answer"}]}) + "\n"
-                    for i in range(rows))
-    await sh(ssh, 'cat > "$1"', dataset, input=lines)
-    # The stage must run with the interpreter that has its modules (bind-mounted at the same path).
-    text = unit.profile_path.read_text().replace(
-        f'[paths]\nwork_dir = "{unit.work_dir}"',
-        f'[paths]\nwork_dir = "{unit.work_dir}"\npython = "{sys.executable}"')
-    text += "\n".join(["", "[generate]", f'dataset = "{dataset}"', f"samples = {rows}",
-                       f"concurrency = {concurrency}", "max_tokens = 256", "request_timeout_s = 60.0",
-                       'return_token_ids = "auto"', "max_retries = 2", ""])
-    unit.profile_path.write_text(text)
-    assert load_profile(unit.profile_path).paths.python == sys.executable
-    await ssh.run(["systemctl", "start", unit.name], check=True, timeout=30)
-    await wait_health(ssh, unit.port)
-    return unit, unit.profile_path, dataset
-
-
-async def wait_health(ssh: SshHost, port: int, timeout: float = 30.0) -> None:
-    probe = [sys.executable, "-c", "import sys, urllib.request; "
-             "sys.exit(urllib.request.urlopen(sys.argv[1], timeout=2).status != 200)",
-             f"http://127.0.0.1:{port}/health"]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (await ssh.run(probe, timeout=10)).ok:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"the stand-in on port {port} did not become ready in {timeout:.0f} s")
 
 
 async def read_jsonl(ssh: SshHost, path: str) -> list[dict]:
     text = await sh(ssh, 'cat "$1"', path)
     assert text == "" or text.endswith("\n"), f"{path} ends with a torn line"
     return [json.loads(line) for line in text.splitlines()]
-
-
-async def events_of(ssh: SshHost, run_dir: str) -> list[dict]:
-    res = await ssh.run(["cat", f"{run_dir}/events.jsonl"], timeout=30)
-    return [json.loads(line) for line in res.stdout.splitlines() if line.strip()] if res.ok else []
-
-
-async def wait_for(predicate, what: str, timeout: float = 60.0, interval: float = 0.3):
-    return await until(predicate, what, timeout=timeout, interval=interval)
 
 
 async def unit_state(ssh: SshHost, unit: str) -> dict[str, str]:

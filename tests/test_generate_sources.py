@@ -12,7 +12,7 @@ import pytest
 
 from backend.contract.runs import Manifest, ManifestMismatch, open_run_dir
 from backend.generate import sources as src
-from tests.test_generate_e2e import ROOT, events, gen_argv, records, run_gen, standin  # noqa: F401
+from harness.generate_support import REPO, events, gen_argv, records, run_gen
 
 
 def _dataset(path: Path, n: int, tag: str) -> str:
@@ -83,7 +83,7 @@ def test_a_sourced_run_killed_and_resumed_keeps_its_rows_and_counts(standin, tmp
     at = argv.index("--dataset")
     argv[at:at + 2] = ["--sources", json.dumps(spec), "--sample-total", "20", "--selection-seed", "7"]
     run = tmp_path / "w" / "runs" / "r"
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         if (run / "output.jsonl").exists() and (run / "output.jsonl").read_bytes().count(b"\n") >= 4:

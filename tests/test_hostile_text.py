@@ -18,7 +18,7 @@ from console.session import ActionResult
 from console.telemetry.sanitize import sanitized
 from console.ui.app import ConsoleApp
 from harness.fake_controller import FakeController, base_snapshot, generation_run, training_run
-from tests.polling import until
+from harness.polling import until
 
 REPO = Path(__file__).resolve().parent.parent
 OSC_CLIPBOARD = "\x1b]52;c;aGFja2Vk\x07"

@@ -23,7 +23,7 @@ from console.telemetry.sanitize import sanitized
 from console.telemetry.snapshot import HostInfo, RunInfo, ServerMetrics, ServiceInfo, Snapshot
 from console.ui.app import ConsoleApp
 from console.ui.panes.training import verify_markup
-from tests.polling import until
+from harness.polling import until
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parent.parent

@@ -169,6 +169,21 @@ def test_benchmarks_import_nothing_from_tests_and_run_without_pytest():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+
+def test_test_modules_import_no_other_test_module():
+    """A helper that more than one test module uses lives in harness/ (or, for a fixture, tests/conftest.py):
+    a test module imported by another runs its module-level code twice and hides where the helper lives."""
+    for path in sorted((REPO / "tests").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            relative = isinstance(node, ast.ImportFrom) and node.level > 0
+            assert not relative and not any(n == "tests" or n.startswith("tests.") for n in names), \
+                f"{path.name}:{node.lineno} imports from tests/: move the helper to harness/"
+    assert not [p for p in (REPO / "tests").iterdir() if p.is_dir() and (p / "__init__.py").exists()], \
+        "no package under tests/: what tests share lives in harness/"
+
 # ---- the host side's rooms (backend/): the run contract at the bottom, the kit the programs are built from
 # above it, the drafter (what train and verify share) above the kit, the programs on top. No arrow runs back up.
 ROOM_BELOW = {"backend.contract": ("backend.contract",),

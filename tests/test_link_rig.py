@@ -14,7 +14,7 @@ import pytest
 
 from console.profile import load_profile
 from console.session import Session
-from tests.polling import until
+from harness.polling import until
 from harness.rig import keys
 from harness.rig.availability import rig_unavailable
 from harness.rig.blackhole import Blackhole

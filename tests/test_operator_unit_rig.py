@@ -15,9 +15,8 @@ from console.control.operator_unit import read_server_program
 from console.profile import load_profile
 from console.session import Session
 from harness.rig import keys
-from tests.test_generate_rig import sh, wait_health
-from tests.test_serve_drafter_rig import put_verify_run
-from tests.test_telemetry_rig import MODEL_PATH, REPO, SERVED, cli, write_profile
+from harness.rig.remote import cli, put_verify_run, sh, wait_health
+from harness.rig.sim_unit import MODEL_PATH, REPO, SERVED, write_profile
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(240)]
 SERVICE_USER = "e3svc"

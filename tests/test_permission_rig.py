@@ -13,8 +13,7 @@ import pytest
 from console.profile import load_profile
 from console.session import Session
 from harness.rig.sim_unit import install_unit
-from tests.test_generate_rig import sh, wait_health
-from tests.test_telemetry_rig import cli
+from harness.rig.remote import cli, sh, wait_health
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(240)]
 USER = "e3op"

@@ -63,7 +63,7 @@ async def test_the_apps_pipeline_dialog_names_the_whole_downtime(tmp_path):
     from console.session import Session
     from console.ui.app import ConsoleApp
     from console.ui.screens.confirm import ConfirmScreen
-    from tests.polling import until
+    from harness.polling import until
 
     profile = await demo.start(tmp_path / "demo", speed=10, seed_shape=True)
     app = ConsoleApp(Session(profile, interval=0.5))

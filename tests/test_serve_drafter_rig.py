@@ -6,36 +6,17 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-from backend.contract.events import EventLog
-from backend.contract.runs import Manifest, open_run_dir
 from console.control.drafter_server import drafter_command, drafter_unit
 from console.control.operator_unit import read_server_program
 from console.profile import load_profile
 from console.session import Session
-from tests.test_generate_rig import sh, wait_health
-from tests.test_telemetry_rig import MODEL_PATH, REPO, SERVED, install_unit, stop_unit
+from harness.rig.remote import put_verify_run, sh, wait_health
+from harness.rig.sim_unit import MODEL_PATH, REPO, SERVED, install_unit, stop_unit
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(240)]
-
-
-async def put_verify_run(ssh, tmp_path: Path, work_dir: str, checkpoint: str) -> None:
-    """A completed verify run of `checkpoint` in the rig's work dir: made here, its files copied there."""
-    local = tmp_path / "runs-src"
-    run = open_run_dir(str(local), "verify-rig", Manifest(stage="verify", run_id="verify-rig", identity={}))
-    events = EventLog(run.events_path, "verify", "verify-rig")
-    events.emit("start", total=1, manifest=run.manifest.to_dict())
-    summary = {"stage": "verify", "run_id": "verify-rig", "ok": True, "outputs": {"checkpoint": checkpoint}}
-    run.write_summary(summary)
-    events.emit("finish", status="completed", summary=summary)
-    events.close()
-    target = f"{work_dir}/runs/verify-rig"
-    await sh(ssh, 'mkdir -p "$1" "$2"', target, checkpoint)
-    for f in sorted(Path(run.path).iterdir()):
-        await sh(ssh, 'cat > "$1"', f"{target}/{f.name}", input=f.read_text())
 
 
 async def main_argv(ssh, unit: str) -> list[str] | None:

@@ -13,7 +13,7 @@ from console import demo
 from console.commands.server_cmd import wait_ready
 from console.profile import load_profile, write_profile
 from console.session import Session
-from tests.polling import until
+from harness.polling import until
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parent.parent

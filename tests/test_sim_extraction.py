@@ -12,22 +12,12 @@ from pathlib import Path
 import pytest
 
 from harness.drafter_support import Tokenizer, stage_env, tiny_verifier
-from harness.sim_support import SimServer
+from harness.sim_support import ASKED, EXTRACT_AUX as LAYERS, SimServer, extraction_flags
 
 pytestmark = pytest.mark.timeout(180)
 
-LAYERS = [1, 2, 3]
-ASKED = [*LAYERS, 4]  # as speculators' launcher asks: the aux ids, then the tiny verifier's final layer
 SERVED = "tiny-verifier"
 SAMPLES = Path(__file__).parent / "samples" / "vllm"
-
-
-def extraction_flags(layers, storage) -> list[str]:
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}}}
-    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
-    return ["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv)]
 
 
 @pytest.fixture(scope="module")

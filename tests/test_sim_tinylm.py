@@ -1,8 +1,8 @@
 """The tiny verifier (sim/tinylm.py) and the stand-in's `--text-backend tinylm|auto`.
 
-The model is built once per session into a temp cache (a real build: tokenizer, 4-layer Llama, a few
-seconds of CPU training); the stand-in subprocess is pointed at that cache with XDG_CACHE_HOME, so it
-finds the build there instead of making its own. Tests that need torch/transformers skip without them;
+The model is the session's (tokenizer, 4-layer Llama: the install step's build copied into a temp cache, or
+built there); the stand-in subprocess is pointed at that cache with XDG_CACHE_HOME, so it finds the build
+there instead of making its own. Tests that need torch/transformers skip without them;
 the fallback to canned text runs everywhere.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 
 from sim import textbackend, tinycorpus, tinylm
 from sim.chat import CONTENT, REASONING
+from harness.drafter_support import tiny_verifier, xdg_home
 from harness.sim_support import SimServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -31,16 +32,17 @@ def _needs_train_extra() -> None:
 
 @pytest.fixture(scope="session")
 def cache_home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("xdg-cache")
+    return xdg_home(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(cache_home) -> Path:
+def tiny_dir(tmp_path_factory) -> Path:
+    """The session's tiny verifier (harness/drafter_support.py: the install step's build, copied into the
+    session's cache, or built there when the install made none). A build of the default recipe from nothing
+    is what the install step does on every fresh machine; `test_first_build_reports_progress_to_the_end`
+    builds a small recipe here."""
     _needs_train_extra()
-    built: list[Path] = []
-    path = tinylm.ensure_model(root=cache_home / "eagle3-console" / "tiny-verifier", on_build=built.append)
-    assert built == [path]  # a fresh cache really builds
-    return path
+    return tiny_verifier(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,8 @@ import pytest
 from console.control.launch import stage_ended, systemd_run_expands
 from console.control.units import stage_start_argv
 from console.profile import load_profile
-from tests.test_generate_rig import CLI, REPO, events_of, sh, standin_with_dataset, wait_for
-from tests.test_telemetry_rig import stop_unit
+from harness.rig.remote import CLI, events_of, sh, standin_with_dataset, wait_for
+from harness.rig.sim_unit import REPO, stop_unit
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(180)]
 

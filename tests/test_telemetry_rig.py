@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -26,18 +24,13 @@ from console.telemetry.collector import Collector
 from console.commands.server_cmd import server_action
 from console.snapshot import PHASES
 from harness.rig import keys, procs
-# the unit and profile the rig tests share with benchmarks/bench_readiness.py (re-exported to the other rig tests)
-from harness.rig.sim_unit import (MODEL_PATH, REPO, SERVED, WEIGHTS_GIB, RigUnit, install_unit,  # noqa: F401
-                                  stop_unit, unit_text, write_profile)
+from harness.rig.remote import cli
+# the unit and profile the rig tests share with benchmarks/bench_readiness.py
+from harness.rig.sim_unit import SERVED, WEIGHTS_GIB, RigUnit, install_unit, stop_unit, unit_text, write_profile
 
 pytestmark = [pytest.mark.rig, pytest.mark.timeout(120)]
 
 LOAD_ORDER = list(SNAPSHOT_LOAD_ORDER)
-CLI = [sys.executable, "-m", "console.cli"]
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 @dataclass

@@ -148,7 +148,7 @@ def test_an_extraction_server_that_dies_during_online_training_fails_it_with_why
     import shutil
 
     from harness.drafter_support import prepared_work, run_stage, stage_env
-    from tests.test_extract_e2e import AUX, Host
+    from harness.tmux_host import AUX, Host
 
     if shutil.which("tmux") is None:
         rig_unavailable("tmux is not installed (scripts/install-system-deps.sh installs it)")

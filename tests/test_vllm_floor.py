@@ -15,7 +15,7 @@ from backend.kit.verifier import read_verifier
 from backend.kit.vllm_floor import extraction_floor, parse_version, refusal
 from console import demo
 from console.session import Session
-from tests.polling import until
+from harness.polling import until
 
 # Kimi-K2.5's config.json, the fields read here (the language model nested under text_config)
 KIMI = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
