@@ -46,6 +46,11 @@ def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, 
             "--expect-reasoning" if profile.server.expect_reasoning else "--no-expect-reasoning"]
     if g.chat_template_kwargs:
         argv += ["--chat-template-kwargs", json.dumps(g.chat_template_kwargs, separators=(",", ":"))]
+    if not g.smoke:
+        argv.append("--no-smoke")
+    smi = nvidia_smi_prefix(profile)
+    if smi != ["nvidia-smi"]:  # the smoke's clock-throttle reasons come from the table the telemetry reads
+        argv += ["--nvidia-smi", json.dumps(smi)]
     if api_key_path:
         argv += ["--api-key-file", api_key_path]
         if not preflight_only:  # the run reads it after its preflight: the run's own copy, removed once read
