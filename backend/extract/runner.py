@@ -32,7 +32,7 @@ from backend.contract.runs import Manifest, RunDir, read_manifest, run_path
 from backend.extract import disk
 from backend.extract.config import ExtractConfig
 from backend.kit.lifecycle import StageFailed, StageRun, Stopped
-from backend.kit.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
+from backend.kit.preflight import PreflightReport, check_host, check_modules, free_bytes, room_hint_for
 from backend.kit.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
 from backend.kit.swap_plan import PlanError, SwapPlan, check_server_layers, load_plan
 from backend.kit.vllm_floor import UPGRADE, refusal, server_version
@@ -108,6 +108,7 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
     """Every check before anything is touched; the inputs when all pass."""
     report = PreflightReport()
     check_modules(report, REQUIRED_MODULES)
+    check_host(report)  # warnings: two vLLM installs, an old driver (the leftover on the port: the switch)
     try:
         prep = completed_run(c.work_dir, c.input_run, "prepare")
         prep.output("train_data")

@@ -110,6 +110,7 @@ class Runner:
         self.first_rejection = ""  # the server's message for the first permanently failed sample
         self.selection: Any = None  # --sources: the seeded selection (backend/generate/sources.py)
         self.by_source: Counter = Counter()  # --sources: done samples per source
+        self.preflight_warnings: list[str] = []  # the host's integrity (backend/kit/hostfacts.py), said at start
 
     # -- events that must never take the run down (the disk may be full) --
     def emit(self, kind: str, **data: Any) -> None:
@@ -216,6 +217,7 @@ class Runner:
                 self.fail(f"preflight failed: {report.failures()}")
                 self.extra = {"preflight": report.to_dict()}
                 return
+            self.preflight_warnings = report.warnings()
             if c.return_token_ids == "auto":
                 token_ids = bool(report.token_ids)
             self.limits = report.context or ContextLimits()
@@ -226,7 +228,7 @@ class Runner:
         smoke = await self._smoke(client) if c.smoke and not c.skip_preflight and index.records < self.rows else None
         self.ctx.start(**self.progress(None), already_done=index.records, token_ids=token_ids,
                        context=self.limits.to_dict(), smoke=smoke.to_dict() if smoke is not None else None)
-        for warning in smoke.warnings if smoke is not None else ():
+        for warning in [*self.preflight_warnings, *(smoke.warnings if smoke is not None else ())]:
             self.emit("error", fatal=False, message=f"warning: {warning}")
         writer = self.writer = DurableWriter(out_path, flush_every=c.flush_every)
         failures = DurableWriter(run_dir.file(FAILURES_FILE), flush_every=1)
