@@ -32,7 +32,8 @@ from backend.contract.runs import Manifest, RunDir, read_manifest, run_path
 from backend.extract import disk
 from backend.extract.config import ExtractConfig
 from backend.kit.lifecycle import StageFailed, StageRun, Stopped
-from backend.kit.preflight import PreflightReport, check_host, check_modules, free_bytes, room_hint_for
+from backend.kit.hostfacts import check_host
+from backend.kit.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
 from backend.kit.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
 from backend.kit.swap_plan import PlanError, SwapPlan, check_server_layers, load_plan
 from backend.kit.vllm_floor import UPGRADE, refusal, server_version

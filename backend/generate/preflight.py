@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from backend.kit import preflight as shared
+from backend.kit.hostfacts import check_host
 from backend.kit.preflight import Check, PreflightReport, free_bytes, human_bytes  # noqa: F401 - the shared kit
 
 from backend.generate.client import ChatClient
@@ -169,7 +170,7 @@ async def run_preflight(config: GenerateConfig, client: ChatClient, *, run_dir: 
                         avg_row_bytes: int) -> GenerationPreflight:
     report = GenerationPreflight()
     check_modules(report, modules_for(config.dataset))
-    shared.check_host(report, config.nvidia_smi)  # warnings: two vLLM installs, an old driver
+    check_host(report, config.nvidia_smi)  # warnings: two vLLM installs, an old driver
     await check_server(report, client, config)
     if any(c.name == "served_model" and c.ok for c in report.checks):  # the server is up and serves it
         report.context = await discover(client, config.model, config.chat_template_kwargs,

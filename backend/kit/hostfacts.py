@@ -241,6 +241,17 @@ def check_integrity(report: PreflightReport, *, sys_path: Iterable[str] | None =
     check_driver(report, built if isinstance(built, str) else None, driver if isinstance(driver, str) else None)
 
 
+def check_host(report: PreflightReport, nvidia_smi: list[str] | None = None) -> None:
+    """The host-integrity warnings every stage's preflight carries: two vLLM installs, a driver older than
+    torch's CUDA build needs (below; the leftover server on the port is the switch's
+    refusal, backend/kit/switch.py, where a server is about to start)."""
+    try:
+        check_integrity(report, nvidia_smi=nvidia_smi)
+    except Exception as exc:  # noqa: BLE001 - a check of the host must never break the preflight it adds to
+        report.warn("host_integrity", False, f"could not check the host: {type(exc).__name__}: {exc}"[:300],
+                    "nothing to do unless a stage fails; then read the host's vLLM installs and driver by hand")
+
+
 # -- the server's port -------------------------------------------------------------------------------------
 def unit_of(pid: int, proc: str = "/proc") -> str | None:
     """The systemd service a process runs in, from its cgroup (`0::/system.slice/NAME.service`), or None."""

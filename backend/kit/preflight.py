@@ -2,7 +2,7 @@
 
 - the report: named checks, each ok or failed with `fix`, the exact thing the operator should do; printed
   as JSON by `--preflight-only` and kept in a failed run's summary. A check added with `warn` is said but
-  never refuses (two vLLM installs, an old driver: the host's integrity, backend/kit/hostfacts.py);
+  never refuses (two vLLM installs, an old driver: the host's integrity, backend/kit/hostfacts.check_host);
 - python modules: the host's python has what the stage imports, else the install command;
 - free space on the volume a path is on, and the check of it;
 - the offline environment of the stages that read the verifier and datasets (never reach a hub).
@@ -53,18 +53,6 @@ class PreflightReport:
 
     def failures(self) -> str:
         return "; ".join(f"{c.name}: {c.detail} -> {c.fix}" for c in self.checks if not c.ok and not c.warning)
-
-
-def check_host(report: PreflightReport, nvidia_smi: list[str] | None = None) -> None:
-    """The host-integrity warnings every stage's preflight carries: two vLLM installs, a driver older than
-    torch's CUDA build needs (backend/kit/hostfacts.py; the leftover server on the port is the switch's
-    refusal, backend/kit/switch.py, where a server is about to start)."""
-    from backend.kit import hostfacts  # imported late: it imports this module
-    try:
-        hostfacts.check_integrity(report, nvidia_smi=nvidia_smi)
-    except Exception as exc:  # noqa: BLE001 - a check of the host must never break the preflight it adds to
-        report.warn("host_integrity", False, f"could not check the host: {type(exc).__name__}: {exc}"[:300],
-                    "nothing to do unless a stage fails; then read the host's vLLM installs and driver by hand")
 
 
 def check_modules(report: PreflightReport, modules: tuple[str, ...], install: str | None = None) -> None:

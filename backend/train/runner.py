@@ -26,7 +26,7 @@ from backend.kit.lifecycle import StageFailed, StageRun, Stopped, refuse
 from backend.kit.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
 from backend.kit.swap_plan import PlanError, SwapPlan, check_server_layers, load_plan
 from backend.train import launch
-from backend.kit.preflight import check_host
+from backend.kit.hostfacts import check_host
 from backend.train import preflight as pf
 from backend.train.config import ConfigError, TrainStageConfig
 from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_status, speculators_argv
