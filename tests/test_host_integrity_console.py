@@ -50,3 +50,18 @@ def test_profile_check_on_the_demo_host_warns_of_two_vllm_installs(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "console.cli", "profile", "check", str(profile.source)],
                         capture_output=True, text=True, env=clean_env, cwd=ROOT, timeout=120)
     assert ok.returncode == 0 and "vllm_installs" not in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_a_generate_start_passes_the_baselines_command_line_redacted(tmp_path):
+    """Where the host hides the listening process (a root unit, a non-root SSH user), the run records the
+    baseline's command line as the profile states it, never its secret."""
+    from backend.kit.redact import redacted
+    from console.control.server_argv import server_command
+    from console.control.stage_argv import generate_argv
+
+    profile = demo.prepare(tmp_path / "demo")
+    profile.server.command = [*profile.server.command, "--api-key", "sk-secret"]
+    argv = generate_argv(profile, "g1")
+    sent = json.loads(argv[argv.index("--server-command") + 1])
+    assert sent == redacted(server_command(profile)) and sent[-2:] == ["--api-key", "***"]
+    assert "sk-secret" not in " ".join(argv)

@@ -96,6 +96,27 @@ def _listener() -> tuple[subprocess.Popen, int]:
     return child, int(child.stdout.readline())
 
 
+def test_the_serving_command_is_the_listeners_own_argv():
+    child, port = _listener()
+    try:
+        argv = hostfacts.serving_command(f"http://127.0.0.1:{port}")
+        assert argv is not None and argv[0] == sys.executable and argv[1] == "-c"
+    finally:
+        child.kill()
+        child.wait()
+    assert hostfacts.serving_command(f"http://127.0.0.1:{port}") is None
+    assert hostfacts.serving_command("not a url") is None
+
+
+def test_the_facts_keep_the_servers_command_lines_redacted():
+    facts = hostfacts.collect(server_command=["vllm", "serve", "m", "--api-key", "sk-1"],
+                              servers={"baseline": ["vllm", "serve", "--api-key=sk-2"], "none": []})
+    assert facts["server_command"] == ["vllm", "serve", "m", "--api-key", "***"]
+    assert facts["servers"] == {"baseline": ["vllm", "serve", "--api-key=***"]}
+    kept = host_facts({**facts, "servers": {"baseline\x1b[2J": ["a\x07"]}})
+    assert kept["servers"] == {"baseline": ["a"]} and kept["server_command"][-1] == "***"
+
+
 def test_a_listener_while_every_server_is_down_is_a_leftover():
     child, port = _listener()
     try:
@@ -166,8 +187,11 @@ def test_a_run_on_the_demo_host_records_the_host_facts_and_status_json_shows_the
         facts = summary["host"]
         assert facts["torch_version"] and facts["python"] == sys.version.split()[0]
         assert "vllm_version" in facts and "driver_version" in facts and "torch_cuda" in facts
+        # the baseline's command line as it runs: the stand-in the demo host's tmux session started
+        assert facts["server_command"][1:3] == ["-m", "sim.vllm_server"], facts.get("server_command")
         snap = json.loads(cli("status", "--profile", profile, "--json").stdout)
         run = next(r for r in snap["runs"] if r["run_id"] == "facts")
         assert run["host"]["torch_version"] == facts["torch_version"]
+        assert run["host"]["server_command"] == facts["server_command"]
     finally:
         cli("demo-host", "stop", "--dir", str(demo_dir), timeout=60)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class BenchConfig:
     baseline_run: str | None = None
     third_run: str | None = None
     fresh: bool = False
+    server_command: tuple[str, ...] = ()  # the benched server's command line as its starter knows it (provenance)
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -81,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--baseline-run", help="a finished bench run to compare with (exit 3 when this one is slower)")
     a("--third-run", help="a third finished bench run in the comparison (e.g. a published drafter)")
     a("--fresh", action="store_true", help="archive an existing run directory of this id and start over")
+    a("--server-command", default="", help="the benched server's command line, a JSON list (recorded in the "
+      "run's host facts when the listening process's own is not visible to this user)")
     return p
 
 
@@ -103,6 +107,12 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
         raise ConfigError("--request-timeout and --ready-timeout must be > 0")
     if ns.third_run and not ns.baseline_run:
         raise ConfigError("--third-run needs --baseline-run (the comparison's reference)")
+    try:
+        command = json.loads(ns.server_command) if ns.server_command else []
+    except ValueError:
+        command = None
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+        raise ConfigError(f"--server-command {ns.server_command[:80]!r}: expected a JSON list of strings")
     return BenchConfig(work_dir=ns.work_dir, run_id=ns.run_id, endpoint=ns.endpoint.rstrip("/"), model=ns.model,
                        label=ns.label, levels=_levels(ns.concurrency), num_prompts=ns.num_prompts,
                        max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed,
@@ -110,4 +120,4 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
                        trust_remote_code=ns.trust_remote_code, ignore_eos=ns.ignore_eos,
                        request_timeout_s=ns.request_timeout, ready_timeout_s=ns.ready_timeout,
                        api_key_file=ns.api_key_file, baseline_run=ns.baseline_run, third_run=ns.third_run,
-                       fresh=ns.fresh)
+                       fresh=ns.fresh, server_command=tuple(command))

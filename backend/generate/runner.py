@@ -30,7 +30,7 @@ from backend.generate import smoke as smoke_mod
 from backend.generate.request import Generated, PromptFitter, Skipped
 from backend.generate.tokens import export_token_rows
 from backend.generate.writer import DurableWriter, ResumeIndex, WriteFailed, drop_torn_tail, scan_output
-from backend.kit import dataset as ds
+from backend.kit import dataset as ds, hostfacts
 from backend.kit.lifecycle import StageRun
 from backend.kit.preflight import free_bytes, human_bytes
 
@@ -183,6 +183,8 @@ class Runner:
             ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh,
                                       mode="flag", failures=(ds.DatasetError,))
             ctx.on_stop(self._on_stop)
+            # provenance: the baseline's command line as it runs (the listener's own), else as the console says
+            ctx.server_command = hostfacts.serving_command(c.endpoint) or c.server_command
             ctx.stop_note = (f"finishing in-flight requests (up to {c.stop_grace_s:g} s), then stopping")
             ctx.summarize = self._summarize
             return await ctx.arun(lambda ctx: self._run(ctx.run_dir, client, avg_row))

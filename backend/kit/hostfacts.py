@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 from typing import Any, Iterable, Sequence
+from urllib.parse import urlsplit
 
 from backend.kit.preflight import PreflightReport
 from backend.kit.redact import redacted
@@ -34,6 +35,7 @@ PACKAGES = ("vllm", "speculators", "torch")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 HASH_METHOD = "sha256(config.json + weight files' names, sizes, mtimes)"
 CONFIG_MAX = 16 << 20
+CMDLINE_MAX = 64 * 1024
 
 
 def version_of(package: str) -> str | None:
@@ -98,20 +100,45 @@ def checkpoint_hash(path: str) -> dict[str, Any] | None:
     return {"path": path, "sha256": h.hexdigest(), "method": HASH_METHOD, "weight_files": files}
 
 
-def collect(*, server_command: Sequence[str] | None = None, checkpoint: str | None = None) -> dict[str, Any]:
-    """The facts recorded in a run's start event and summary (`host`)."""
+def collect(*, server_command: Sequence[str] | None = None, checkpoint: str | None = None,
+            servers: dict[str, Sequence[str]] | None = None) -> dict[str, Any]:
+    """The facts recorded in a run's start event and summary (`host`): `server_command`, the server the run
+    worked against; `servers`, by name, where it used several (a bench pair's)."""
     facts: dict[str, Any] = {f"{p}_version": version_of(p) for p in PACKAGES}
     facts["torch_cuda"] = torch_cuda()
     facts["driver_version"] = driver_version()
     facts["python"] = sys.version.split()[0]
     if server_command:
         facts["server_command"] = list(redacted(list(server_command)))
+    if servers:
+        facts["servers"] = {name: list(redacted(list(argv))) for name, argv in servers.items() if argv}
     if checkpoint:
         try:
             facts["checkpoint"] = checkpoint_hash(checkpoint)
         except OSError as exc:
             facts["checkpoint"] = {"path": checkpoint, "error": str(exc)[:200]}
     return facts
+
+
+def serving_command(endpoint: str, proc: str = "/proc") -> list[str] | None:
+    """The command line of the process listening on `endpoint`'s port, as it really runs (None when none
+    listens or this user cannot see which process does: another user's sockets hide their pid)."""
+    try:
+        port = urlsplit(endpoint).port
+    except ValueError:
+        return None
+    if port is None:
+        return None
+    for pid in listeners(port, proc):
+        try:
+            with open(f"{proc}/{pid}/cmdline", "rb") as fh:
+                raw = fh.read(CMDLINE_MAX)
+        except OSError:
+            continue
+        argv = [a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0")]
+        if argv and argv[0]:
+            return argv
+    return None
 
 
 # -- integrity --------------------------------------------------------------------------------------------

@@ -572,7 +572,12 @@ async def serve(plan: SwitchPlan, to: str, events_path: str, report: Callable[[s
     sw = Switch(plan, holder=f"serve-{to} switch", progress=lambda phase, force=False, **kw: emit(
         "progress", phase=phase, **kw), emit=emit, stopped=lambda: stopping)
     sw.on_started = lambda name: report(f"started {name}")
-    emit("start", to=to, home=plan.home.name)
+    # provenance: the host's facts and the command line of the server it puts up (backend/kit/hostfacts.py)
+    try:
+        facts = hostfacts.collect(server_command=plan.server(to).command or None)
+    except Exception as exc:  # noqa: BLE001 - facts missing must never stop a switch
+        facts = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    emit("start", to=to, home=plan.home.name, host=facts)
     status, error = "completed", None
     try:
         await sw.go(to)

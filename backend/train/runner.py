@@ -310,6 +310,8 @@ class Stage:
         ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh,
                                   mode="raise", failures=(SwapFailed,), stops=(SwapStopped,))
         ctx.on_stop(self._on_stop)
+        if self.swap_plan is not None:  # provenance: online, the extraction server it trains against
+            ctx.server_command = self.swap_plan.extractor.command or None
         self.outcome: dict[str, Any] = {}
         ctx.summarize = lambda status, error: self._summary(ctx.run_dir, inputs, save_path, status, error)
         return ctx.run(lambda ctx: self._run(ctx.run_dir, inputs, processes, available, save_path))

@@ -46,6 +46,10 @@ def host_facts(data: object) -> dict | None:
     cmd = data.get("server_command")
     if isinstance(cmd, list):
         out["server_command"] = [clean(a, 400) for a in cmd[:200]]
+    servers = data.get("servers")
+    if isinstance(servers, dict):
+        out["servers"] = {clean(name, 40): [clean(a, 400) for a in argv[:200]]
+                          for name, argv in list(servers.items())[:8] if isinstance(argv, list)}
     ck = data.get("checkpoint")
     if isinstance(ck, dict):
         out["checkpoint"] = {k: clean(ck[k], 400) for k in CHECKPOINT_KEYS if ck.get(k) is not None}
