@@ -107,3 +107,16 @@ def test_no_smoke_skips_it(standin, tmp_path):
     start = next(e for e in events(tmp_path / "w" / "runs" / "r") if e["kind"] == "start")
     assert start["smoke"] is None
     assert not (tmp_path / "w" / "state" / "smoke.jsonl").exists()
+
+
+def test_the_console_keeps_the_smoke_cleaned_and_bounded():
+    from console.telemetry.runs import smoke_facts
+
+    got = smoke_facts({"tokens_per_s": 1e999, "history_median": 12.5, "history": [1, 2], "requests": "8",
+                       "completed": 8, "throttle": [{"index": 0, "mask": 1, "reasons": ["gpu_idle"]},
+                                                    {"index": 1, "mask": 0x20, "reasons": ["sw\x1b[31m_thermal"]}],
+                       "warnings": ["slow\x07"] * 20})
+    assert got["tokens_per_s"] is None and got["history_median"] == 12.5 and got["history_runs"] == 2
+    assert got["requests"] == 0 and got["completed"] == 8
+    assert got["throttled"] == ["GPU 1: sw_thermal"] and got["warnings"] == ["slow"] * 8
+    assert smoke_facts(None) is None

@@ -193,5 +193,7 @@ def test_a_run_on_the_demo_host_records_the_host_facts_and_status_json_shows_the
         run = next(r for r in snap["runs"] if r["run_id"] == "facts")
         assert run["host"]["torch_version"] == facts["torch_version"]
         assert run["host"]["server_command"] == facts["server_command"]
+        # the generation's throughput smoke, as its start recorded it (issue 31 item 9)
+        assert run["smoke"]["requests"] > 0 and run["smoke"]["history_runs"] == 0
     finally:
         cli("demo-host", "stop", "--dir", str(demo_dir), timeout=60)

@@ -192,7 +192,7 @@ def driver_needed(cuda: str) -> tuple[str, str] | None:
 def check_driver(report: PreflightReport, built: str | None, driver: str | None) -> None:
     """`driver_cuda`, a warning: the driver is older than torch's CUDA build needs."""
     needed = driver_needed(built) if built else None
-    if not driver or not needed:
+    if not driver or not built or not needed:
         return
     full, compat = needed
     have = _version_tuple(driver)
