@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import time
@@ -236,8 +237,7 @@ async def run(client: ChatClient, config: GenerateConfig, *, nvidia_smi: Sequenc
     smoke.history = read_history(config.work_dir, config.model, config.concurrency)
     await burst(client, config, smoke, seconds)
     smi = list(nvidia_smi or ["nvidia-smi"])
-    from shutil import which
-    if which(smi[0]) is None:
+    if shutil.which(smi[0]) is None:
         smoke.throttle_note = f"{smi[0]} not found: clock throttle reasons not asked"
     else:
         smoke.throttle, smoke.throttle_note = await asyncio.to_thread(throttle_reasons, smi)

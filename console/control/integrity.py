@@ -59,7 +59,7 @@ async def host_integrity(host: Host, profile: Profile) -> Integrity:
                              timeout=INTEGRITY_TIMEOUT_S)
     except (HostError, StageError, OSError) as exc:
         return Integrity(note=clean(str(exc))[:300] or type(exc).__name__)
-    if not res.ok and not res.stdout.strip():
-        return Integrity(note=clean((res.stderr or f"exit {res.returncode}").strip().splitlines()[-1:][0]
-                                    if (res.stderr or "").strip() else f"exit {res.returncode}")[:300])
+    if not res.ok and not res.stdout.strip():  # an older backend without the question, a broken python
+        err = (res.stderr or "").strip().splitlines()
+        return Integrity(note=clean(err[-1] if err else f"exit {res.returncode}")[:300])
     return parse_integrity(res.stdout)
