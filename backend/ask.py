@@ -11,6 +11,10 @@ so the console asks rather than guess from what it has seen):
         the oldest vLLM an extraction server for this verifier runs on, and what the baseline at URL
         reports, as JSON {"floor", "why", "version", "note", "refusal"} (backend/kit/vllm_floor.py): asked
         before the swap stops the baseline; "refusal" (null: none) says why this server cannot extract
+    python -m backend.ask integrity [--port P] [--unit U] [--nvidia-smi JSON]
+        the host's integrity (backend/kit/hostfacts.py) as a preflight report in JSON: warnings for two vLLM
+        installs and a driver older than torch's CUDA build needs; `server_port` fails when a process in a
+        systemd service other than U listens on P (a leftover server); exit 0 either way
     python -m backend.ask servable --work-dir W [--run RUN] [--third]
         the verified checkpoint the drafter server may load (backend/kit/servable.py), as JSON
         {"run_id", "stage", "checkpoint", "trained_k", "max_position_embeddings"} (trained_k: the K its
@@ -60,6 +64,24 @@ def vllm_floor(a: argparse.Namespace) -> str:
                        "refusal": refusal(version, floor) if version else None})
 
 
+def integrity(a: argparse.Namespace) -> str:
+    from backend.kit import hostfacts
+    from backend.kit.preflight import PreflightReport
+
+    try:
+        smi = json.loads(a.nvidia_smi) if a.nvidia_smi else None
+    except ValueError:
+        smi = None
+    report = PreflightReport()
+    hostfacts.check_host(report, smi if isinstance(smi, list) and all(isinstance(x, str) for x in smi) else None)
+    if a.port:
+        # the unit may run or not: only a listener in another systemd service is known to be a leftover
+        why = hostfacts.leftover_on_port(a.port, units=[a.unit] if a.unit else None, servers_down=None)
+        report.add("server_port", why is None, f"port {a.port}: {why or 'no leftover server listens'}",
+                   hostfacts.leftover_message(a.port, why) if why else "")
+    return json.dumps(report.to_dict())
+
+
 def servable(a: argparse.Namespace) -> str:
     from backend.kit.servable import servable as choose, third
 
@@ -89,6 +111,11 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--verifier", required=True)
     q.add_argument("--url", required=True, help="the baseline's /version")
     q.set_defaults(answer=vllm_floor)
+    q = sub.add_parser("integrity", help="the host's integrity: vLLM installs, driver, a leftover on the port")
+    q.add_argument("--port", type=int, default=0)
+    q.add_argument("--unit", default="", help="the profile's systemd unit (its own listener is no leftover)")
+    q.add_argument("--nvidia-smi", default="", help="how the GPUs are asked, a JSON list")
+    q.set_defaults(answer=integrity)
     q = sub.add_parser("servable", help="the verified checkpoint the drafter server may load")
     q.add_argument("--work-dir", required=True)
     q.add_argument("--run", help="a verify run, or a train run a verify run verified (default: the latest verify)")

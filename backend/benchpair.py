@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -179,9 +180,13 @@ class BenchPair:
 
     def bench(self, spec: Bench) -> str | None:
         which = spec.title
+        argv = list(spec.argv)
+        command = self.plan.switch.server(spec.server).command
+        if command and "backend.bench" in argv:  # provenance: the server this leg benches, as the switch runs it
+            argv += ["--server-command", json.dumps(command)]
         self.say(f"bench {which} ({spec.run_id}): {' '.join(spec.argv)}")
         try:
-            self.child = subprocess.Popen(spec.argv)
+            self.child = subprocess.Popen(argv)
         except OSError as exc:
             return f"bench {which} could not start: {exc.strerror}"
         code = self.child.wait()
@@ -210,6 +215,7 @@ class BenchPair:
         ctx = self.ctx = StageRun(STAGE, self.run_id, work_dir=self.work_dir, fresh=fresh, mode="flag", prog="benchpair",
                                   manifest=Manifest(stage=STAGE, run_id=self.run_id, identity=identity))
         ctx.on_stop(self._forward)
+        ctx.server_commands = {s.name: s.command for s in (plan.switch.home, *plan.switch.away) if s.command}
         ctx.summarize = self._summarize
         ctx.stop_note = "the running bench stops, then the baseline is served again"
         self.started = time.monotonic()

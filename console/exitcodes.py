@@ -71,7 +71,8 @@ TABLE: dict[str, dict[int, str]] = {
     "profile init": {OK: "written", USAGE: "the file exists (no --force), a bad value, or the unit could not be "
                                            "read"},
     "profile check": {OK: "valid, and its unit matches (or was not compared)",
-                      FAILED: "drift between the profile and its unit, or the unit is unreadable",
+                      FAILED: "drift between the profile and its unit, the unit is unreadable, or a leftover "
+                              "server holds the profile's port",
                       USAGE: "not a valid profile"},
     "trust-host": {OK: "trusted (or already trusted)",
                    FAILED: "declined, not a fingerprint given, a changed key without --replace, or "

@@ -366,6 +366,9 @@ class GenerateSection:
                                              "{name, dataset, share} (a share of `samples`), sampled with "
                                              "selection_seed")
     selection_seed: int = knob(0, min=0, max=2**31 - 1, doc="which rows the sources' sample takes")
+    smoke: bool = knob(True, doc="before the run's work, a short burst at its concurrency against the baseline, "
+                                 "said beside this host's earlier smokes with the GPUs' clock-throttle reasons "
+                                 "(a warning, never a refusal)")
 
 
 def check_layer_ids(v: list[int]) -> str | None:

@@ -139,6 +139,7 @@ class RunInfo:
     skipped_lines: int = 0  # lines of its events.jsonl that were not events (a foreign or broken writer)
     started: float | None = None  # its latest start event's time (host clock): a resume starts it again
     host: dict[str, Any] | None = None  # the host's facts its start recorded (backend/kit/hostfacts.py), cleaned
+    smoke: dict[str, Any] | None = None  # a generation's throughput smoke (backend/generate/smoke.py), cleaned
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,10 @@ stage's GPU check reads, so a server that holds every GPU is seen there as on a 
 way the real tool does (columns in the order queried, ", " separated, `[N/A]` for unknown values).
 `--simulate-no-driver` (or EAGLE3_SIM_NO_DRIVER=1) prints the real "couldn't communicate with the
 NVIDIA driver" message and exits 9, as nvidia-smi does on a host whose driver is gone.
+Knobs for the host-integrity and smoke checks: EAGLE3_SIM_DRIVER_VERSION (the driver_version it reports,
+e.g. an old 525.60.13) and EAGLE3_SIM_CLOCK_REASONS (a hex mask every GPU reports as
+clocks_throttle_reasons.active / clocks_event_reasons.active, e.g. 0x20 for a thermal slowdown; default:
+GPU idle (0x1) on an idle GPU, none (0x0) on a busy one).
 """
 from __future__ import annotations
 
@@ -25,6 +29,22 @@ NO_DRIVER_MESSAGE = (
 NO_DRIVER_EXIT = 9
 BAD_ARGS_EXIT = 2
 DRIVER_VERSION = "570.133.20"
+DRIVER_ENV = "EAGLE3_SIM_DRIVER_VERSION"
+CLOCK_REASONS_ENV = "EAGLE3_SIM_CLOCK_REASONS"
+
+
+def _driver(_g: SimGpu) -> str:
+    return os.environ.get(DRIVER_ENV) or DRIVER_VERSION
+
+
+def _clock_reasons(g: SimGpu) -> str:
+    """nvidia-smi prints the mask as 0x and 16 hex digits."""
+    forced = os.environ.get(CLOCK_REASONS_ENV)
+    try:
+        mask = int(forced, 16) if forced else (0x1 if not g.utilization_pct else 0x0)
+    except ValueError:
+        mask = 0x0
+    return f"0x{mask:016x}"
 
 Getter = Callable[[SimGpu], "str | int | float | None"]
 # field -> (header, unit, value)
@@ -35,7 +55,9 @@ FIELDS: dict[str, tuple[str, str | None, Getter]] = {
     "uuid": ("uuid", None, lambda g: f"GPU-5a1d0000-0000-4000-8000-{g.index:012x}"),
     "gpu_uuid": ("uuid", None, lambda g: f"GPU-5a1d0000-0000-4000-8000-{g.index:012x}"),
     "pci.bus_id": ("pci.bus_id", None, lambda g: f"00000000:{0x18 + 0x10 * g.index:02X}:00.0"),
-    "driver_version": ("driver_version", None, lambda g: DRIVER_VERSION),
+    "driver_version": ("driver_version", None, _driver),
+    "clocks_throttle_reasons.active": ("clocks_throttle_reasons.active", None, _clock_reasons),
+    "clocks_event_reasons.active": ("clocks_event_reasons.active", None, _clock_reasons),
     "memory.used": ("memory.used", "MiB", lambda g: g.memory_used_mib),
     "memory.total": ("memory.total", "MiB", lambda g: g.memory_total_mib),
     "memory.free": ("memory.free", "MiB", lambda g: g.memory_total_mib - g.memory_used_mib),

@@ -264,3 +264,30 @@ def test_a_plan_whose_contenders_do_not_add_up_is_refused(tmp_path, change, says
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2 and says in out, out
     assert not (tmp_path / "w" / "runs").exists() and not (tmp_path / "server-commands.log").exists()
+
+
+def test_the_pair_and_each_bench_record_the_server_command_lines(tmp_path, prompts):
+    """Provenance (issue 31 item 7): the pair records each server's command line from its plan (redacted),
+    and each bench records the one of the process it really benched (the stand-in listening on the
+    endpoint, visible to this user), or the plan's where the listener cannot be seen."""
+    work = tmp_path / "w"
+
+    def make(url: str) -> Path:
+        path = plan_for(tmp_path, bench_argv(work, prompts, url, "p-baseline", "baseline"),
+                        bench_argv(work, prompts, url, "p-drafter", "drafter", "--baseline-run", "p-baseline"),
+                        endpoint=url)
+        plan = json.loads(path.read_text())
+        plan["switch"]["home"]["command"] = ["vllm", "serve", "/models/kimi", "--api-key", "sk-secret"]
+        plan["switch"]["away"][0]["command"] = ["vllm", "serve", "/models/kimi", "--speculative-config", "{}"]
+        path.write_text(json.dumps(plan))
+        return path
+
+    _, _, summary = completed_pair(tmp_path, work, make)
+    assert summary["status"] == "completed"
+    assert summary["host"]["servers"] == {
+        "baseline": ["vllm", "serve", "/models/kimi", "--api-key", "***"],
+        "drafter": ["vllm", "serve", "/models/kimi", "--speculative-config", "{}"]}
+    for leg in ("p-baseline", "p-drafter"):
+        host = json.loads((work / "runs" / leg / "summary.json").read_text())["host"]
+        assert host["server_command"][1:3] == ["-m", "sim.vllm_server"]  # the listener's own argv
+    assert "sk-secret" not in (work / "runs" / "p" / "events.jsonl").read_text()

@@ -78,7 +78,8 @@ def test_mixed_prompts_complete_with_exact_counts_and_too_long_ones_never_sent(s
     assert all(s["reason"] == "prompt_too_long" and s["prompt_tokens"] > CONTEXT for s in skipped)
     # known before sending: the too-long prompts were measured, never sent; no request was refused
     seen = requests_seen(server)
-    assert seen[("/v1/chat/completions", "200")] == 1 + FITTING + BORDERLINE  # + the preflight's smoke test
+    # + the preflight's smoke completion and the throughput smoke's burst (one request per --concurrency 8)
+    assert seen[("/v1/chat/completions", "200")] == 1 + 8 + FITTING + BORDERLINE
     assert not [k for k in seen if k[1] != "200"]
     assert seen[("/tokenize", "200")] == 1 + BORDERLINE + TOO_LONG  # the probe, then only the long prompts
     finish = events(run)[-1]

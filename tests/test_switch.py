@@ -196,6 +196,7 @@ async def test_the_consoles_own_server_actions_are_refused_while_a_program_holds
 def test_a_units_secret_environment_never_lands_in_the_switchs_events(tmp_path, answering):
     """A derived server carries the operator's unit's Environment= as --setenv; its token is run, not recorded."""
     plan = plan_dict(tmp_path, answering)
+    (tmp_path / "servers" / "baseline").touch()  # the baseline runs: the port's listener is its own
     start = plan["away"][0]["start"]
     plan["away"][0]["start"] = ["env", "HF_TOKEN=hf_secret_value", "--setenv=API_KEY=sk-secret",
                                 "HTTPS_PROXY=http://alice:pw-secret@proxy.example", *start, "--api-key", "sk-space",
@@ -239,3 +240,23 @@ def test_sigterm_stops_a_serve_switch_through_the_lifecycle_and_brings_the_basel
     finish = [json.loads(l) for l in events.read_text().splitlines() if '"finish"' in l][-1]
     assert finish["status"] == "stopped"
     assert sorted(os.listdir(tmp_path / "servers")) == ["baseline"]
+
+
+def test_a_leftover_server_on_the_port_is_refused_before_anything_is_stopped(tmp_path, answering):
+    """Issue 31 item 7: none of the plan's servers runs, yet something listens on the endpoint's port (a
+    previous model's server): the switch refuses before its first stop, naming the listener and the fix."""
+    progress: list[dict] = []
+    sw = Switch(switch_from_dict(plan_dict(tmp_path, answering)), holder="test",
+                progress=lambda phase, force=False, **kw: progress.append({"phase": phase, **kw}))
+
+    async def run() -> None:
+        try:
+            await sw.go("drafter")
+        finally:
+            await sw.back()
+
+    with pytest.raises(SwitchFailed, match="a leftover server holds port") as caught:
+        asyncio.run(run())
+    assert f"pid {os.getpid()}" in str(caught.value) and "nothing was stopped" in str(caught.value)
+    assert commands(tmp_path) == []  # nothing stopped, nothing started
+    assert any(p["phase"] == "leftover_server" for p in progress)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ class BenchConfig:
     reference_acceptance: float | None = None  # the field's figure, at reference_k (compare.Reference)
     reference_k: int | None = None
     split_prompts: int = 0  # requests of the reasoning/answer split pass (backend/bench/phases.py); 0: none
+    server_command: tuple[str, ...] = ()  # the benched server's command line as its starter knows it (provenance)
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -98,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--reference-k", type=int, help="the K the reference acceptance was measured at")
     a("--split-prompts", type=int, default=0, metavar="N", help="after the levels, N requests one at a time "
       "whose acceptance is split between reasoning and answer (0: no split pass)")
+    a("--server-command", default="", help="the benched server's command line, a JSON list (recorded in the "
+      "run's host facts when the listening process's own is not visible to this user)")
     return p
 
 
@@ -140,6 +144,12 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
             raise ConfigError(f"--{key.replace('_', '-')} {getattr(ns, key)}: {msg}")
     if not 0 <= ns.split_prompts <= 1000:
         raise ConfigError(f"--split-prompts {ns.split_prompts}: expected 0..1000")
+    try:
+        command = json.loads(ns.server_command) if ns.server_command else []
+    except ValueError:
+        command = None
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+        raise ConfigError(f"--server-command {ns.server_command[:80]!r}: expected a JSON list of strings")
     return BenchConfig(work_dir=ns.work_dir, run_id=ns.run_id, endpoint=ns.endpoint.rstrip("/"), model=ns.model,
                        label=ns.label, levels=_levels(ns.concurrency), num_prompts=ns.num_prompts,
                        max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed,
@@ -150,4 +160,4 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
                        baseline_run=ns.baseline_run, third_run=ns.third_run,
                        fresh=ns.fresh, self_test=ns.self_test, self_test_tolerance=ns.self_test_tolerance,
                        reference_acceptance=ns.reference_acceptance, reference_k=ns.reference_k,
-                       split_prompts=ns.split_prompts)
+                       split_prompts=ns.split_prompts, server_command=tuple(command))

@@ -29,6 +29,7 @@ from backend.bench.results import (OUR_CLIENT, VLLM_BENCH, BenchResult, BenchRes
                                    parse_vllm_bench_result)
 from backend.bench.scrape import acceptance_between
 from backend.contract.runs import Manifest, RunDir, RunDirError, write_json_atomic
+from backend.kit import hostfacts
 from backend.kit.lifecycle import StageFailed, StageRun, refuse
 
 RESULT_FILE = "bench.json"
@@ -342,6 +343,8 @@ def main(c: BenchConfig, api_key: str | None = None) -> int:
         return refuse("bench", exc)
     run = BenchRun(c, w, client, refs, api_key)
     ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh, mode="cancel")
+    # provenance: the benched server's command line as it runs (the listener's own), else as its starter says
+    ctx.server_command = hostfacts.serving_command(c.endpoint) or list(c.server_command) or None
     ctx.summarize = run.summarize
     ctx.report = run.report
     ctx.stop_note = "ending the bench; the levels measured so far are kept"

@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"extract: {check.name}: {check.detail}" + (f" -> {check.fix}" if check.fix else ""),
                           file=sys.stderr)
             return exitcodes.BAD_INPUT
+        for warning in report.warnings():  # the host's integrity: said in the run's log, never a refusal
+            print(f"extract: warning: {warning}", file=sys.stderr)
         return asyncio.run(ExtractRunner(config, inputs).run())
     except RunDirError as exc:
         return refuse("extract", exc)

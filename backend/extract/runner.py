@@ -32,6 +32,8 @@ from backend.contract.runs import Manifest, RunDir, read_manifest, run_path
 from backend.extract import disk
 from backend.extract.config import ExtractConfig
 from backend.kit.lifecycle import StageFailed, StageRun, Stopped
+from backend.kit import hostfacts
+from backend.kit.hostfacts import check_host
 from backend.kit.preflight import PreflightReport, check_modules, free_bytes, room_hint_for
 from backend.kit.swap import ExtractionServer, SwapFailed, SwapStopped, describe, kill_group, run_swapped, tail
 from backend.kit.swap_plan import PlanError, SwapPlan, check_server_layers, load_plan
@@ -108,6 +110,7 @@ def preflight(c: ExtractConfig) -> tuple[PreflightReport, Inputs | None]:
     """Every check before anything is touched; the inputs when all pass."""
     report = PreflightReport()
     check_modules(report, REQUIRED_MODULES)
+    check_host(report)  # warnings: two vLLM installs, an old driver (the leftover on the port: the switch)
     try:
         prep = completed_run(c.work_dir, c.input_run, "prepare")
         prep.output("train_data")
@@ -268,6 +271,9 @@ class ExtractRunner:
         ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh,
                                   mode="flag", failures=(SwapFailed,), stops=(SwapStopped,))
         ctx.on_stop(self._on_stop)
+        # provenance: the extraction server's command line, as the plan starts it (or the one found listening)
+        ctx.server_command = (self.plan.extractor.command or None) if self.plan else \
+            hostfacts.serving_command(self.endpoint)
         ctx.stop_note = ("stopping; the extraction server is stopped and the baseline started again before "
                          "exiting" if self.plan else "stopping")
         ctx.summarize = self._summary

@@ -54,6 +54,10 @@ class GenerateConfig:
     fresh: bool = False
     preflight_only: bool = False
     skip_preflight: bool = False
+    smoke: bool = True  # the throughput smoke before the real work (backend/generate/smoke.py)
+    smoke_seconds: float = 25.0
+    nvidia_smi: list[str] | None = None  # how this host's GPUs are asked (default: nvidia-smi)
+    server_command: list[str] | None = None  # the baseline's command line as the console knows it (provenance)
 
     def validate(self) -> None:
         if self.sources:
@@ -94,6 +98,13 @@ class GenerateConfig:
                               f"got {self.endpoint!r}")
         if self.api_key_env and self.api_key_file:
             raise ConfigError("give --api-key-env or --api-key-file, not both")
+        if not 0 < self.smoke_seconds <= 120:
+            raise ConfigError(f"--smoke-seconds must be in (0, 120], got {self.smoke_seconds}")
+        if self.server_command is not None and not all(isinstance(a, str) for a in self.server_command):
+            raise ConfigError("--server-command must be a JSON list of strings")
+        if self.nvidia_smi is not None and (not self.nvidia_smi or
+                                            not all(isinstance(a, str) and a for a in self.nvidia_smi)):
+            raise ConfigError("--nvidia-smi must be a JSON list of non-empty strings, e.g. '[\"nvidia-smi\"]'")
 
     def sampling_params(self) -> dict[str, Any]:
         """Request keys that shape the output (part of the run's identity)."""
@@ -110,7 +121,7 @@ class GenerateConfig:
 
 _BOOLS = {f.name for f in fields(GenerateConfig) if f.type in ("bool", bool)}
 _JSON = {"sampling", "chat_template_kwargs"}
-_JSON_LISTS = {"sources"}
+_JSON_LISTS = {"sources", "nvidia_smi", "server_command"}
 _HELP = {
     "dataset": "local dataset file or directory (parquet, jsonl, json)",
     "work_dir": "the run goes to WORK_DIR/runs/RUN_ID/",
@@ -134,6 +145,14 @@ _HELP = {
                            "console's copy in the work dir's secrets/ stays there no longer than needed)",
     "fresh": "archive an existing run directory (renamed, never deleted) and start over",
     "preflight_only": "run the preflight checks, print them as JSON, and exit",
+    "smoke": "before the real work, a short burst at --concurrency against the server, its tokens/s said "
+             "beside this host's earlier smokes with the GPUs' clock-throttle reasons (a warning, never a "
+             "refusal; --no-smoke skips it)",
+    "smoke_seconds": "the smoke's burst lasts at most this long",
+    "server_command": "the baseline server's command line as the console knows it, a JSON list, recorded in "
+                      "the run's host facts when the listening process's own is not visible to this user",
+    "nvidia_smi": "how this host's GPUs are asked, as a JSON list (the console passes its profile's [gpus] "
+                  "command without its query)",
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from backend.kit import preflight as shared
+from backend.kit.hostfacts import check_host
 from backend.kit.preflight import Check, PreflightReport, free_bytes, human_bytes  # noqa: F401 - the shared kit
 
 from backend.generate.client import ChatClient
@@ -43,7 +44,7 @@ class GenerationPreflight(PreflightReport):
     max_model_len: int | None = None  # from the served model's card in /v1/models
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "token_ids": self.token_ids,
+        return {"ok": self.ok, "token_ids": self.token_ids, "warnings": self.warnings(),
                 "context": self.context.to_dict() if self.context is not None else None,
                 "checks": [asdict(c) for c in self.checks]}
 
@@ -169,6 +170,7 @@ async def run_preflight(config: GenerateConfig, client: ChatClient, *, run_dir: 
                         avg_row_bytes: int) -> GenerationPreflight:
     report = GenerationPreflight()
     check_modules(report, modules_for(config.dataset))
+    check_host(report, config.nvidia_smi)  # warnings: two vLLM installs, an old driver
     await check_server(report, client, config)
     if any(c.name == "served_model" and c.ok for c in report.checks):  # the server is up and serves it
         report.context = await discover(client, config.model, config.chat_template_kwargs,

@@ -26,10 +26,11 @@ from backend.generate.config import GenerateConfig
 from backend.generate.fit import PROMPT_REASONS, ContextLimits, discover
 from backend.generate.preflight import run_preflight
 from backend.generate.records import ResponseError, build_record, dumps_line
+from backend.generate import smoke as smoke_mod
 from backend.generate.request import Generated, PromptFitter, Skipped
 from backend.generate.tokens import export_token_rows
 from backend.generate.writer import DurableWriter, ResumeIndex, WriteFailed, drop_torn_tail, scan_output
-from backend.kit import dataset as ds
+from backend.kit import dataset as ds, hostfacts
 from backend.kit.lifecycle import StageRun
 from backend.kit.preflight import free_bytes, human_bytes
 
@@ -109,6 +110,7 @@ class Runner:
         self.first_rejection = ""  # the server's message for the first permanently failed sample
         self.selection: Any = None  # --sources: the seeded selection (backend/generate/sources.py)
         self.by_source: Counter = Counter()  # --sources: done samples per source
+        self.preflight_warnings: list[str] = []  # the host's integrity (backend/kit/hostfacts.py), said at start
 
     # -- events that must never take the run down (the disk may be full) --
     def emit(self, kind: str, **data: Any) -> None:
@@ -181,6 +183,8 @@ class Runner:
             ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh,
                                       mode="flag", failures=(ds.DatasetError,))
             ctx.on_stop(self._on_stop)
+            # provenance: the baseline's command line as it runs (the listener's own), else as the console says
+            ctx.server_command = hostfacts.serving_command(c.endpoint) or c.server_command
             ctx.stop_note = (f"finishing in-flight requests (up to {c.stop_grace_s:g} s), then stopping")
             ctx.summarize = self._summarize
             return await ctx.arun(lambda ctx: self._run(ctx.run_dir, client, avg_row))
@@ -215,14 +219,19 @@ class Runner:
                 self.fail(f"preflight failed: {report.failures()}")
                 self.extra = {"preflight": report.to_dict()}
                 return
+            self.preflight_warnings = report.warnings()
             if c.return_token_ids == "auto":
                 token_ids = bool(report.token_ids)
             self.limits = report.context or ContextLimits()
         else:
             self.limits = await discover(client, c.model, c.chat_template_kwargs)
         assert self.ctx is not None
+        # the smoke belongs to the checks before the work: --skip-preflight skips it too
+        smoke = await self._smoke(client) if c.smoke and not c.skip_preflight and index.records < self.rows else None
         self.ctx.start(**self.progress(None), already_done=index.records, token_ids=token_ids,
-                       context=self.limits.to_dict())
+                       context=self.limits.to_dict(), smoke=smoke.to_dict() if smoke is not None else None)
+        for warning in [*self.preflight_warnings, *(smoke.warnings if smoke is not None else ())]:
+            self.emit("error", fatal=False, message=f"warning: {warning}")
         writer = self.writer = DurableWriter(out_path, flush_every=c.flush_every)
         failures = DurableWriter(run_dir.file(FAILURES_FILE), flush_every=1)
         skipped = self._open_skipped(run_dir)
@@ -245,6 +254,19 @@ class Runner:
                 and not self.stop.is_set()):
             extra["token_rows"] = export_token_rows(out_path, run_dir.file("prepare"))
         self.extra = extra
+
+    async def _smoke(self, client: ChatClient) -> "smoke_mod.Smoke":
+        """The throughput smoke (backend/generate/smoke.py), said on stdout (the run's log) before the work
+        starts and kept in this host's history; never a refusal."""
+        c = self.config
+        print(f"generate: throughput smoke: up to {min(c.concurrency, smoke_mod.SMOKE_MAX_REQUESTS)} requests "
+              f"at once, at most {c.smoke_seconds:g} s", flush=True)
+        smoke = await smoke_mod.run(client, c, nvidia_smi=c.nvidia_smi, seconds=c.smoke_seconds)
+        print(f"generate: {smoke.line()}", flush=True)
+        for warning in smoke.warnings:
+            print(f"generate: warning: {warning}", flush=True)
+        smoke_mod.record(c.work_dir, smoke, c.run_id)
+        return smoke
 
     @staticmethod
     def _open_skipped(run_dir: RunDir) -> DurableWriter:

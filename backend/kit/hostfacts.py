@@ -8,10 +8,11 @@ file's name, size and mtime (`config+sizes`), not the weights' bytes (a 1T model
 changed checkpoint is seen but two byte-identical copies with other mtimes differ. Two runs' facts side by
 side say whether the host changed between them.
 
-Integrity (`check_integrity`): what breaks stages before they start: two vLLM installs (importable from
-two places on sys.path, or two `vllm` executables on PATH), a driver older than torch's CUDA build needs
-(the driver's max CUDA from nvidia-smi's header), something listening on the server's port that is not
-the unit's server. Each is a named preflight check with the fix.
+Integrity: what breaks stages before they start. `check_integrity`, warnings in every stage's preflight
+(backend/kit/preflight.check_host): two vLLM installs (importable from two places on sys.path, or two
+`vllm` executables on PATH), a driver older than torch's CUDA build needs (CUDA_DRIVER_MIN, NVIDIA's
+table). `leftover_on_port`, a refusal where a server is about to start (the switch, before it stops
+anything): something listening on the server's port that is none of the plan's servers.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import sys
 from typing import Any, Iterable, Sequence
+from urllib.parse import urlsplit
 
 from backend.kit.preflight import PreflightReport
 from backend.kit.redact import redacted
@@ -33,6 +35,7 @@ PACKAGES = ("vllm", "speculators", "torch")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 HASH_METHOD = "sha256(config.json + weight files' names, sizes, mtimes)"
 CONFIG_MAX = 16 << 20
+CMDLINE_MAX = 64 * 1024
 
 
 def version_of(package: str) -> str | None:
@@ -61,26 +64,21 @@ def parse_torch_cuda(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _smi(*args: str) -> str | None:
-    if not NVIDIA_SMI or shutil.which(NVIDIA_SMI[0]) is None:
+def _smi(*args: str, prefix: Sequence[str] | None = None) -> str | None:
+    smi = list(prefix or NVIDIA_SMI)
+    if not smi or shutil.which(smi[0]) is None:
         return None
     try:
-        done = subprocess.run([*NVIDIA_SMI, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+        done = subprocess.run([*smi, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout[:1 << 20] if done.returncode == 0 else None
 
 
-def driver_version() -> str | None:
-    out = _smi("--query-gpu=driver_version", "--format=csv,noheader")
+def driver_version(prefix: Sequence[str] | None = None) -> str | None:
+    out = _smi("--query-gpu=driver_version", "--format=csv,noheader", prefix=prefix)
     first = (out or "").strip().splitlines()[:1]
     return first[0].strip() if first and re.fullmatch(r"[0-9][0-9.]*", first[0].strip()) else None
-
-
-def parse_driver_cuda(text: str) -> str | None:
-    """nvidia-smi's header: `| NVIDIA-SMI 570.133.20   Driver Version: 570.133.20   CUDA Version: 12.8 |`."""
-    m = re.search(r"CUDA Version:\s*([0-9]+\.[0-9]+)", text)
-    return m.group(1) if m else None
 
 
 def checkpoint_hash(path: str) -> dict[str, Any] | None:
@@ -102,20 +100,45 @@ def checkpoint_hash(path: str) -> dict[str, Any] | None:
     return {"path": path, "sha256": h.hexdigest(), "method": HASH_METHOD, "weight_files": files}
 
 
-def collect(*, server_command: Sequence[str] | None = None, checkpoint: str | None = None) -> dict[str, Any]:
-    """The facts recorded in a run's start event and summary (`host`)."""
+def collect(*, server_command: Sequence[str] | None = None, checkpoint: str | None = None,
+            servers: dict[str, Sequence[str]] | None = None) -> dict[str, Any]:
+    """The facts recorded in a run's start event and summary (`host`): `server_command`, the server the run
+    worked against; `servers`, by name, where it used several (a bench pair's)."""
     facts: dict[str, Any] = {f"{p}_version": version_of(p) for p in PACKAGES}
     facts["torch_cuda"] = torch_cuda()
     facts["driver_version"] = driver_version()
     facts["python"] = sys.version.split()[0]
     if server_command:
         facts["server_command"] = list(redacted(list(server_command)))
+    if servers:
+        facts["servers"] = {name: list(redacted(list(argv))) for name, argv in servers.items() if argv}
     if checkpoint:
         try:
             facts["checkpoint"] = checkpoint_hash(checkpoint)
         except OSError as exc:
             facts["checkpoint"] = {"path": checkpoint, "error": str(exc)[:200]}
     return facts
+
+
+def serving_command(endpoint: str, proc: str = "/proc") -> list[str] | None:
+    """The command line of the process listening on `endpoint`'s port, as it really runs (None when none
+    listens or this user cannot see which process does: another user's sockets hide their pid)."""
+    try:
+        port = urlsplit(endpoint).port
+    except ValueError:
+        return None
+    if port is None:
+        return None
+    for pid in listeners(port, proc):
+        try:
+            with open(f"{proc}/{pid}/cmdline", "rb") as fh:
+                raw = fh.read(CMDLINE_MAX)
+        except OSError:
+            continue
+        argv = [a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0")]
+        if argv and argv[0]:
+            return argv
+    return None
 
 
 # -- integrity --------------------------------------------------------------------------------------------
@@ -136,7 +159,54 @@ def vllm_installs(paths: Iterable[str] | None = None, path_env: str | None = Non
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+# The oldest Linux x86_64 driver each CUDA toolkit release needs to run everything it builds: NVIDIA's CUDA
+# Toolkit Release Notes, Table 3 "CUDA Toolkit and Corresponding Driver Versions" (the GA releases). Below
+# it, CUDA minor version compatibility (the same notes, Table 2) still runs a 12.x build on a driver from
+# 525.60.13 (13.x from the R580 branch), without the features newer than the driver (PTX it cannot JIT):
+# both are warnings, the second says the build cannot run at all.
+CUDA_DRIVER_MIN: dict[str, str] = {
+    "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03", "12.3": "545.23.06",
+    "12.4": "550.54.14", "12.5": "555.42.02", "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03",
+    "13.0": "580.65.06",
+}
+MINOR_COMPAT_MIN: dict[str, str] = {"11": "450.80.02", "12": "525.60.13", "13": "580.65.06"}
+
+
+def driver_needed(cuda: str) -> tuple[str, str] | None:
+    """(the toolkit's own driver floor, its major's minor-version-compatibility floor) for a CUDA build
+    `MAJOR.MINOR`; a release not in the table takes the nearest older one of its major."""
+    major_minor = _version_tuple(cuda)[:2]
+    if len(major_minor) < 2:
+        return None
+    known = sorted((v for v in CUDA_DRIVER_MIN if _version_tuple(v)[0] == major_minor[0]
+                    and _version_tuple(v) <= major_minor), key=_version_tuple)
+    compat = MINOR_COMPAT_MIN.get(str(major_minor[0]))
+    if not known or compat is None:
+        return None
+    return CUDA_DRIVER_MIN[known[-1]], compat
+
+
+def check_driver(report: PreflightReport, built: str | None, driver: str | None) -> None:
+    """`driver_cuda`, a warning: the driver is older than torch's CUDA build needs."""
+    needed = driver_needed(built) if built else None
+    if not driver or not built or not needed:
+        return
+    full, compat = needed
+    have = _version_tuple(driver)
+    if have >= _version_tuple(full):
+        report.warn("driver_cuda", True, f"driver {driver}; torch is built for CUDA {built} (needs >= {full})")
+        return
+    can = (f"below even the CUDA {built.split('.')[0]}.x minor-version-compatibility floor {compat}: CUDA "
+           f"cannot initialize, every GPU stage fails" if have < _version_tuple(compat) else
+           f"it runs through CUDA minor version compatibility (>= {compat}) but without what needs the newer "
+           f"driver (kernels compiled from PTX at load fail)")
+    report.warn("driver_cuda", False, f"driver {driver} is older than {full}, which torch's CUDA {built} build "
+                f"needs (NVIDIA's CUDA toolkit/driver table); {can}",
+                f"upgrade the NVIDIA driver to {full} or newer, or install a torch (and vLLM) built for the CUDA "
+                f"this driver supports")
 
 
 def listeners(port: int, proc: str = "/proc") -> list[int]:
@@ -180,31 +250,86 @@ def _cmdline(pid: int, proc: str = "/proc") -> str:
         return "?"
 
 
-def check_integrity(report: PreflightReport, *, port: int | None = None, server_pids: Iterable[int] = (),
-                    sys_path: Iterable[str] | None = None, path_env: str | None = None,
-                    torch_cuda_build: str | None | bool = True, smi_header: str | None | bool = True) -> None:
-    """The host-integrity checks (see the module docstring). `server_pids`: the unit's server processes (a
-    listener among them is the server itself); the keyword defaults read this host."""
+def check_integrity(report: PreflightReport, *, sys_path: Iterable[str] | None = None,
+                    path_env: str | None = None, torch_cuda_build: str | None | bool = True,
+                    driver: str | None | bool = True, nvidia_smi: Sequence[str] | None = None) -> None:
+    """The host-integrity warnings (see the module docstring); the keyword defaults read this host."""
     packages, exes = vllm_installs(sys_path, path_env)
     two = len(packages) > 1 or len(exes) > 1
-    report.add("vllm_installs", not two,
-               f"vllm importable from {', '.join(packages) or 'nowhere'}; `vllm` on PATH: {', '.join(exes) or 'none'}",
-               "keep one vLLM install: `pip uninstall vllm` in the environment the server does not use (or take "
-               "the other from PATH / PYTHONPATH); which one a stage and the server load otherwise depends on "
-               "the order of sys.path")
+    report.warn("vllm_installs", not two,
+                f"vllm importable from {', '.join(packages) or 'nowhere'}; `vllm` on PATH: {', '.join(exes) or 'none'}"
+                + ("; two installs: which one a stage and the server load depends on the order of the path"
+                   if two else ""),
+                "keep one vLLM install: `pip uninstall vllm` in the environment the server does not use (or take "
+                "the other from PATH / PYTHONPATH)")
     built = torch_cuda() if torch_cuda_build is True else torch_cuda_build
-    header = _smi() if smi_header is True else smi_header
-    most = parse_driver_cuda(header) if isinstance(header, str) else None
-    if isinstance(built, str) and most:
-        ok = _version_tuple(most) >= _version_tuple(built)
-        report.add("driver_cuda", ok, f"torch is built for CUDA {built}; the driver supports up to CUDA {most}",
-                   f"upgrade the NVIDIA driver to one supporting CUDA {built}, or install a torch (and vLLM) built "
-                   f"for CUDA {most} or older")
-    if port is not None:
-        own = set(server_pids)
-        others = [p for p in listeners(port) if p not in own]
-        report.add("server_port", not others,
-                   f"port {port}: " + ("; ".join(f"pid {p} listens ({_cmdline(p)})" for p in others)
-                                       if others else "nothing but the unit's server listens"),
-                   f"a leftover server holds port {port}: stop it (kill {' '.join(map(str, others))}) or check "
-                   f"what started it; the unit's server cannot bind the port while it runs")
+    if driver is True:
+        driver = driver_version(nvidia_smi)
+    check_driver(report, built if isinstance(built, str) else None, driver if isinstance(driver, str) else None)
+
+
+def check_host(report: PreflightReport, nvidia_smi: list[str] | None = None) -> None:
+    """The host-integrity warnings every stage's preflight carries: two vLLM installs, a driver older than
+    torch's CUDA build needs (below; the leftover server on the port is the switch's
+    refusal, backend/kit/switch.py, where a server is about to start)."""
+    try:
+        check_integrity(report, nvidia_smi=nvidia_smi)
+    except Exception as exc:  # noqa: BLE001 - a check of the host must never break the preflight it adds to
+        report.warn("host_integrity", False, f"could not check the host: {type(exc).__name__}: {exc}"[:300],
+                    "nothing to do unless a stage fails; then read the host's vLLM installs and driver by hand")
+
+
+# -- the server's port -------------------------------------------------------------------------------------
+def unit_of(pid: int, proc: str = "/proc") -> str | None:
+    """The systemd service a process runs in, from its cgroup (`0::/system.slice/NAME.service`), or None."""
+    try:
+        with open(f"{proc}/{pid}/cgroup") as fh:
+            text = fh.read(64 * 1024)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        leaf = line.rsplit("/", 1)[-1]
+        if leaf.endswith(".service"):
+            return leaf
+    return None
+
+
+def port_listening(port: int, proc: str = "/proc") -> bool:
+    """Whether any socket listens on TCP `port` (the tables are readable whoever owns the socket)."""
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"{proc}/net/{table}") as fh:
+                rows = fh.read(8 << 20).splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cells = row.split()
+            if len(cells) > 3 and cells[3] == "0A" and int(cells[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def leftover_on_port(port: int, *, units: Iterable[str] | None, servers_down: bool | None,
+                     proc: str = "/proc") -> str | None:
+    """Why the port is held by something that is none of the plan's servers (None: it is not). Two ways to
+    know: every plan server is down and still something listens; or a listener's pid is visible and it runs
+    in a systemd service that is none of the plan's `units` (a previous model's server left running; None:
+    the servers are no systemd units, a service says nothing)."""
+    pids = listeners(port, proc)
+    foreign: list[tuple[int, str | None]] = []
+    if units is not None:
+        own = {u if u.endswith(".service") else f"{u}.service" for u in units if u}
+        foreign = [(p, unit_of(p, proc)) for p in pids]
+        foreign = [(p, u) for p, u in foreign if u is not None and u not in own]
+    if foreign:
+        return "; ".join(f"pid {p} in {u} listens ({_cmdline(p, proc)})" for p, u in foreign)
+    if servers_down and port_listening(port, proc):
+        who = "; ".join(f"pid {p} ({_cmdline(p, proc)})" for p in pids) or "a process this user cannot see"
+        return f"none of the servers it knows runs, yet {who} listens"
+    return None
+
+
+def leftover_message(port: int, why: str) -> str:
+    return (f"a leftover server holds port {port}: {why}. The server was not started and nothing was stopped: "
+            f"stop the leftover (`ss -ltnp 'sport = :{port}'` names it; `systemctl stop UNIT` or `kill PID`), "
+            f"then start again")

@@ -145,6 +145,7 @@ class StageRun:
         # server's command line and the checkpoint it reads before its start
         self.host_facts: dict[str, Any] | None = None
         self.server_command: list[str] | None = None
+        self.server_commands: dict[str, list[str]] | None = None  # by name, where it used several servers
         self.checkpoint: str | None = None
 
     # -- what the body uses ----------------------------------------------------------------------------
@@ -184,7 +185,8 @@ class StageRun:
         if self.host_facts is None:  # provenance: the host's versions, driver, server command, checkpoint
             from backend.kit import hostfacts
             try:
-                self.host_facts = hostfacts.collect(server_command=self.server_command, checkpoint=self.checkpoint)
+                self.host_facts = hostfacts.collect(server_command=self.server_command, checkpoint=self.checkpoint,
+                                                    servers=self.server_commands)
             except Exception as exc:  # noqa: BLE001 - facts missing must never stop a run
                 self.host_facts = {"error": f"{type(exc).__name__}: {exc}"[:200]}
         data.setdefault("host", self.host_facts)

@@ -1,7 +1,8 @@
 """Checks before a stage touches anything, shared by every stage (each adds its own on top):
 
 - the report: named checks, each ok or failed with `fix`, the exact thing the operator should do; printed
-  as JSON by `--preflight-only` and kept in a failed run's summary;
+  as JSON by `--preflight-only` and kept in a failed run's summary. A check added with `warn` is said but
+  never refuses (two vLLM installs, an old driver: the host's integrity, backend/kit/hostfacts.check_host);
 - python modules: the host's python has what the stage imports, else the install command;
 - free space on the volume a path is on, and the check of it;
 - the offline environment of the stages that read the verifier and datasets (never reach a hub).
@@ -22,6 +23,7 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    warning: bool = False  # failed, it is said (with its fix) but the report stays ok
 
 
 @dataclass
@@ -30,18 +32,27 @@ class PreflightReport:
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
+        return all(c.ok or c.warning for c in self.checks)
 
     def add(self, name: str, ok: bool, detail: str, fix: str = "") -> Check:
         check = Check(name, ok, detail, "" if ok else fix)
         self.checks.append(check)
         return check
 
+    def warn(self, name: str, ok: bool, detail: str, fix: str = "") -> Check:
+        """A check that warns when it fails and never refuses."""
+        check = Check(name, ok, detail, "" if ok else fix, warning=True)
+        self.checks.append(check)
+        return check
+
+    def warnings(self) -> list[str]:
+        return [f"{c.name}: {c.detail} -> {c.fix}" for c in self.checks if not c.ok and c.warning]
+
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "checks": [asdict(c) for c in self.checks]}
 
     def failures(self) -> str:
-        return "; ".join(f"{c.name}: {c.detail} -> {c.fix}" for c in self.checks if not c.ok)
+        return "; ".join(f"{c.name}: {c.detail} -> {c.fix}" for c in self.checks if not c.ok and not c.warning)
 
 
 def check_modules(report: PreflightReport, modules: tuple[str, ...], install: str | None = None) -> None:

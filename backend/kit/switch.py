@@ -33,12 +33,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from backend.contract import exitcodes
 from backend.contract.numbers import finite
 from backend.contract.plans import PlanError, argv_list
 from backend.contract.runs import read_json_object
-from backend.kit import gpu_free
+from backend.kit import gpu_free, hostfacts
 from backend.kit.lifecycle import ignore_hangups, install_stop_handler, refuse
 from backend.kit.redact import redacted_text
 from backend.kit.redact import shown as redacted_shown
@@ -276,6 +277,7 @@ class Switch:
         self.max_model_len: int | None = None  # what the server reports in /v1/models
         self.model_id: str | None = None
         self.freeing: str | None = None  # the server last seen down, whose GPUs may not be released yet
+        self.port_checked = False
 
     # -- commands ------------------------------------------------------------------------------------
     async def _exec(self, argv: list[str], timeout: float) -> tuple[int | None, str]:
@@ -357,12 +359,33 @@ class Switch:
             except OSError as exc:
                 raise SwitchFailed(f"cannot take the server lock {self.plan.lock_path}: {exc.strerror}") from None
 
+    async def check_port(self) -> None:
+        """SwitchFailed before anything is stopped when a leftover server holds the endpoint's port (backend/
+        kit/hostfacts.leftover_on_port): the server this switch starts could not bind it, and the baseline
+        would be down for nothing. Asked once per switch, before its first stop."""
+        if self.port_checked:
+            return
+        self.port_checked = True
+        port = urlsplit(self.plan.endpoint).port
+        if port is None:
+            return
+        servers = [self.plan.home, *self.plan.away]
+        states = [await self.alive(s) for s in servers]
+        down = True if all(a is False for a in states) else False if any(states) else None
+        # a process's systemd service names it only where the servers are systemd units
+        units = [s.unit for s in servers] if any("systemctl" in a for a in self.plan.home.stop) else None
+        why = await asyncio.to_thread(hostfacts.leftover_on_port, port, units=units, servers_down=down)
+        if why:
+            self.progress("leftover_server", force=True, port=port, why=why)
+            raise SwitchFailed(hostfacts.leftover_message(port, why))
+
     async def go(self, name: str) -> None:
         """Put server `name` on the GPUs (see the module docstring)."""
         target = self.plan.server(name)
         if self.stopped():
             raise SwitchStopped()
         self._take_lock()
+        await self.check_port()
         for other in (self.plan.home, *self.plan.away):
             if other.name == name:
                 continue
@@ -549,7 +572,12 @@ async def serve(plan: SwitchPlan, to: str, events_path: str, report: Callable[[s
     sw = Switch(plan, holder=f"serve-{to} switch", progress=lambda phase, force=False, **kw: emit(
         "progress", phase=phase, **kw), emit=emit, stopped=lambda: stopping)
     sw.on_started = lambda name: report(f"started {name}")
-    emit("start", to=to, home=plan.home.name)
+    # provenance: the host's facts and the command line of the server it puts up (backend/kit/hostfacts.py)
+    try:
+        facts = hostfacts.collect(server_command=plan.server(to).command or None)
+    except Exception as exc:  # noqa: BLE001 - facts missing must never stop a switch
+        facts = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    emit("start", to=to, home=plan.home.name, host=facts)
     status, error = "completed", None
     try:
         await sw.go(to)

@@ -7,8 +7,11 @@ version against it before the baseline is stopped for the swap.
 - 0.25.0 for the DeepSeek-V2 family (deepseek_v2, deepseek_v3, kimi_k2; Kimi-K2.5 wraps a kimi_k2 /
   deepseek_v3 text model): the extraction server is asked for the final layer's state as well
   (backend/kit/verifier.extraction_layer_ids), and vLLM's DeepSeek-V2 model returns that state only from
-  0.25.0 (issue 31's reading of vLLM's sources): an older server loads (22 minutes for Kimi-K2.5 INT4 on
-  TP8) and then fails the first request.
+  0.25.0: 0.24.0's `DeepseekV2Model.forward` captures layer inputs only (deepseek_v2.py:1334-1352), 0.25.0
+  adds `if self.end_layer in self.aux_hidden_state_layers` after the loop (deepseek_v2.py:1489-1490). An
+  older server loads (22 minutes for Kimi-K2.5 INT4 on TP8) and then fails the first request: its
+  extract_hidden_states proposer copies one state fewer than its buffer holds (0.24.0
+  v1/spec_decode/extract_hidden_states.py:125-129). Checked in both sdists: /work/shared/notes/vllm-surface.md.
 
 The version is the baseline's own `GET /version` (the same vLLM install the extraction server starts from:
 both run the operator unit's program). Its answer is untrusted: read with a deadline and a size cap, and

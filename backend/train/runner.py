@@ -26,6 +26,7 @@ from backend.kit.lifecycle import StageFailed, StageRun, Stopped, refuse
 from backend.kit.swap import ExtractionServer, SwapFailed, SwapStopped, describe, run_swapped_blocking
 from backend.kit.swap_plan import PlanError, SwapPlan, check_server_layers, load_plan
 from backend.train import launch
+from backend.kit.hostfacts import check_host
 from backend.train import preflight as pf
 from backend.train.config import ConfigError, TrainStageConfig
 from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_status, speculators_argv
@@ -264,6 +265,7 @@ class Stage:
         """Online, the GPU check waits for the swap-in (the baseline holds the GPUs until then): see _run."""
         report = pf.PreflightReport()
         pf.check_modules(report)
+        check_host(report, list(self.c.nvidia_smi) if self.c.nvidia_smi else None)  # warnings only
         if self.swap_plan is None:
             pf.check_gpus(report, processes, available)
         pf.check_disk(report, where, estimate_checkpoint_bytes(self.c, inputs.info, len(inputs.layer_ids))
@@ -308,6 +310,8 @@ class Stage:
         ctx = self.ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh,
                                   mode="raise", failures=(SwapFailed,), stops=(SwapStopped,))
         ctx.on_stop(self._on_stop)
+        if self.swap_plan is not None:  # provenance: online, the extraction server it trains against
+            ctx.server_command = self.swap_plan.extractor.command or None
         self.outcome: dict[str, Any] = {}
         ctx.summarize = lambda status, error: self._summary(ctx.run_dir, inputs, save_path, status, error)
         return ctx.run(lambda ctx: self._run(ctx.run_dir, inputs, processes, available, save_path))
@@ -320,6 +324,8 @@ class Stage:
             if not report.ok:
                 self.outcome["preflight"] = report.to_dict()
                 raise StageFailed(f"preflight failed: {report.failures()}")
+            for warning in report.warnings():  # the host's integrity: said, never a refusal
+                self.emit("error", fatal=False, message=f"warning: {warning}")
         for repair in ck.recover_interrupted_save(save_path):  # under the run's lock: no live save to touch
             print(f"train: {repair}", file=sys.stderr)
             self.emit("progress", phase="recovered", message=repair)

@@ -103,6 +103,17 @@ def heldout_samples(run: CompletedRun, info: Any, limit: int, endpoint: str | No
                              cache_dir=os.path.join(run.path, "hs-cache"))
 
 
+def plan_server_command(path: str) -> list[str] | None:
+    """The extraction server's command line in the swap plan (provenance); None when the plan cannot be
+    read here (fetch_samples refuses it with the reason)."""
+    from backend.kit.swap_plan import PlanError, load_plan
+
+    try:
+        return load_plan(path).extractor.command or None
+    except (PlanError, OSError, ValueError):
+        return None
+
+
 def fetch_samples(run: CompletedRun, info: Any, c: VerifyConfig, ctx: StageRun) -> list[dict[str, Any]]:
     """The held-out samples; an online train run's come from the plan's extraction server, swapped in for
     the baseline while they are fetched (backend/kit/swap.py). A stop during the swap ends the fetch and the
@@ -177,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if warning := context_warning(c.served_context, drafter_len, os.path.realpath(ckpt)):
         report["warnings"] = [warning]
         print(f"verify: warning: {warning}", file=sys.stderr)
+    ctx.server_command = plan_server_command(c.plan) if c.plan else None  # online: the extraction server
 
     def body(ctx: StageRun) -> None:
         ctx.start(total=c.samples)

@@ -10,6 +10,7 @@ from pathlib import Path
 from console import exitcodes
 from console.control.operator_unit import (OperatorUnitError, profile_drafter_values, profile_server_values,
                                            read_server_program, unit_drift, unit_settings)
+from console.control.integrity import Integrity, host_integrity
 from console.control.permissions import check_permission
 from console.host.base import HostError
 from console.host.factory import host_for_profile
@@ -169,9 +170,12 @@ def cmd_check(a: argparse.Namespace) -> int:
     sim = " (simulated demo host)" if p.host.simulated else ""
     print(f"{a.path}: ok: host {p.host.name}{sim}, {p.server.manager} {p.server.unit!r}, "
           f"model {p.server.model_id}, work dir {p.paths.work_dir}")
-    if a.offline or p.server.manager != "systemd" or p.host.simulated:
-        return exitcodes.OK  # tmux: the profile's command is the server, nothing to compare
-    if p.host.transport == "ssh" and p.host.name.lower().rstrip(".").endswith(PLACEHOLDER_DOMAINS):
+    if a.offline:
+        return exitcodes.OK
+    placeholder = p.host.transport == "ssh" and p.host.name.lower().rstrip(".").endswith(PLACEHOLDER_DOMAINS)
+    if p.server.manager != "systemd" or p.host.simulated:  # tmux: the profile's command is the server
+        return exitcodes.OK if placeholder else print_integrity(p)
+    if placeholder:
         print(f"unit {p.server.unit}: not compared, {p.host.name} is a placeholder name (RFC 2606/6761): "
               f"set [host].name to the GPU host")
         return exitcodes.OK
@@ -190,11 +194,40 @@ def cmd_check(a: argparse.Namespace) -> int:
     if verdict is not None:
         print(clean_block(f"{'error: ' if denied else ''}permission: {verdict.message}"),
               file=sys.stderr if denied else sys.stdout)
+    integrity = print_integrity(p)
     if not drift:
         print(clean(f"unit {p.server.unit}: matches the profile (served as {settings.served_id})"))
-        return exitcodes.FAILED if denied else exitcodes.OK
+        return exitcodes.FAILED if denied else integrity
     print(f"unit {p.server.unit}: drift between the profile and its unit:")
     for line in drift:
         print(clean_block(f"  {line}"))
     return exitcodes.FAILED
+
+
+async def _integrity(profile: Profile) -> Integrity:
+    host = host_for_profile(profile)
+    try:
+        await host.connect()
+        return await host_integrity(host, profile)
+    finally:
+        await host.close()
+
+
+def print_integrity(profile: Profile) -> int:
+    """The host's integrity (console/control/integrity.py): each warning on stdout, a leftover server on the
+    port as an error (exit 1); a host that does not answer is said, not failed."""
+    try:
+        got = asyncio.run(asyncio.wait_for(_integrity(profile), UNIT_READ_TIMEOUT_S))
+    except (HostError, OSError, asyncio.TimeoutError) as e:
+        got = Integrity(note=str(e) or "timed out")
+    if got.note:
+        print(clean_block(f"host integrity: not checked: {got.note}"))
+        return exitcodes.OK
+    for line in got.warnings:
+        print(clean_block(f"warning: host integrity: {line}"))
+    for line in got.refusals:
+        print(clean_block(f"error: host integrity: {line}"), file=sys.stderr)
+    if not got.warnings and not got.refusals:
+        print("host integrity: one vLLM install, the driver fits torch's CUDA build, no leftover server on the port")
+    return exitcodes.FAILED if got.refusals else exitcodes.OK
 

@@ -14,7 +14,7 @@ import sys
 from console import exitcodes
 from console.commands.server_cmd import load_or_exit
 from console.control import stages
-from console.control.launch import StageRequest, stage_ended, stops_baseline
+from console.control.launch import PREFLIGHT_WARNING, StageRequest, stage_ended, stops_baseline
 from console.control.units import stage_unit_name
 from console.parsers.text import clean_block
 from console.profile import parse_k_values
@@ -218,8 +218,9 @@ async def run_stage(a: argparse.Namespace) -> int:
         # a run id given again resumes that run: --wait follows the new start, never the old outcome
         before = next((r for r in snap.runs if r.run_id == a.run_id), None) if a.run_id else None
         result, launch = await session.launch_stage(req)
-        for cmd in result.commands:
-            print(f"$ {clean_block(cmd)}", file=sys.stderr)
+        for cmd in result.commands:  # a preflight's warning (the host's integrity) is said as one, not as `$`
+            warning = cmd.startswith(PREFLIGHT_WARNING)
+            print(f"{'' if warning else '$ '}{clean_block(cmd)}", file=sys.stderr)
         if not result.ok or launch is None:
             print(f"error: {clean_block(result.message)}", file=sys.stderr)
             return exitcodes.FAILED

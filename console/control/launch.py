@@ -304,6 +304,24 @@ def run_dir_path(profile: Profile, run_id: str) -> str:
     return f"{profile.paths.work_dir}/runs/{run_id}"
 
 
+PREFLIGHT_WARNING = "warning (preflight):"
+
+
+def preflight_warnings(stdout: str) -> list[str]:
+    """The failed warning checks of a `--preflight-only` JSON report (backend/kit/preflight.py), at most 20."""
+    try:
+        report = json.loads(stdout)
+    except ValueError:
+        return []
+    checks = report.get("checks") if isinstance(report, dict) else None
+    out = []
+    for c in checks if isinstance(checks, list) else []:
+        if isinstance(c, dict) and c.get("warning") is True and c.get("ok") is False:
+            fix = f" -> {c['fix']}" if c.get("fix") else ""
+            out.append(f"{c.get('name')}: {str(c.get('detail'))[:600]}{str(fix)[:600]}")
+    return out[:20]
+
+
 def _preflight_text(stdout: str, stderr: str) -> str:
     try:
         report = json.loads(stdout)
@@ -653,6 +671,8 @@ class Launcher:
         res = await self.host.run(cmd, timeout=300)
         if not res.ok:
             raise StageError("preflight failed:\n" + clean_block(_preflight_text(res.stdout, res.stderr)))
+        # warnings (the host's integrity: two vLLM installs, an old driver) are said, never a refusal
+        self.shown.extend(clean(f"{PREFLIGHT_WARNING} {w}") for w in preflight_warnings(res.stdout))
 
     async def pipeline_plan(self, chain_id: str, req: StageRequest) -> str:
         """Each stage of a pipeline run planned (its argv by its row), the plan uploaded; its path."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
+from backend.kit.redact import redacted
+from console.control.server_argv import server_command
 from console.profile import Profile, check_path
 
 
@@ -46,6 +48,13 @@ def generate_argv(profile: Profile, run_id: str, *, dataset: str | None = None, 
             "--expect-reasoning" if profile.server.expect_reasoning else "--no-expect-reasoning"]
     if g.chat_template_kwargs:
         argv += ["--chat-template-kwargs", json.dumps(g.chat_template_kwargs, separators=(",", ":"))]
+    if not g.smoke:
+        argv.append("--no-smoke")
+    # provenance where the host hides the listening process (another user's): the profile's baseline, redacted
+    argv += ["--server-command", json.dumps(redacted(server_command(profile)), separators=(",", ":"))]
+    smi = nvidia_smi_prefix(profile)
+    if smi != ["nvidia-smi"]:  # the smoke's clock-throttle reasons come from the table the telemetry reads
+        argv += ["--nvidia-smi", json.dumps(smi)]
     if api_key_path:
         argv += ["--api-key-file", api_key_path]
         if not preflight_only:  # the run reads it after its preflight: the run's own copy, removed once read

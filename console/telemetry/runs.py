@@ -46,10 +46,32 @@ def host_facts(data: object) -> dict | None:
     cmd = data.get("server_command")
     if isinstance(cmd, list):
         out["server_command"] = [clean(a, 400) for a in cmd[:200]]
+    servers = data.get("servers")
+    if isinstance(servers, dict):
+        out["servers"] = {clean(name, 40): [clean(a, 400) for a in argv[:200]]
+                          for name, argv in list(servers.items())[:8] if isinstance(argv, list)}
     ck = data.get("checkpoint")
     if isinstance(ck, dict):
         out["checkpoint"] = {k: clean(ck[k], 400) for k in CHECKPOINT_KEYS if ck.get(k) is not None}
     return out
+
+
+def smoke_facts(data: object) -> dict | None:
+    """A generation start's `smoke` (backend/generate/smoke.py) as the console keeps it: its numbers (finite
+    or null), the history's size, the throttled GPUs and the warnings, cleaned and bounded."""
+    if not isinstance(data, dict):
+        return None
+    history = data.get("history")
+    throttle = data.get("throttle")
+    warnings = data.get("warnings")
+    return {"tokens_per_s": finite(data.get("tokens_per_s")), "history_median": finite(data.get("history_median")),
+            "history_runs": len(history) if isinstance(history, list) else 0,
+            "requests": count(data.get("requests")), "completed": count(data.get("completed")),
+            "seconds": finite(data.get("seconds")),
+            "throttled": [clean(f"GPU {r.get('index')}: {', '.join(map(str, r.get('reasons') or []))}", 200)
+                          for r in (throttle if isinstance(throttle, list) else [])[:64]
+                          if isinstance(r, dict) and count(r.get("mask")) & ~1],
+            "warnings": [clean(w, 600) for w in (warnings if isinstance(warnings, list) else [])[:8]]}
 
 
 @dataclass
@@ -72,6 +94,7 @@ class RunTrack:
     history: list[dict] = field(default_factory=list)
     series: TrainSeries | None = None  # train runs only
     host: dict | None = None  # the host's facts of its latest start
+    smoke: dict | None = None  # a generation's throughput smoke, from its latest start
 
     @property
     def unit(self) -> str:
@@ -91,6 +114,7 @@ class RunTrack:
             self.total = count(ev.data.get("total"))
             self.started = ev.ts
             self.host = host_facts(ev.data.get("host"))
+            self.smoke = smoke_facts(ev.data.get("smoke"))
             self.finish = None  # a resumed run starts again
             unit = ev.data.get("unit")
             # only a unit this project names is believed: a foreign or hostile writer naming another unit
@@ -233,5 +257,5 @@ class RunBook:
             out.append(RunInfo(stage=t.stage, run_id=t.run_id, state=state, unit=t.unit, done=done, total=total,
                                failed=count(p.get("failed")), rate=rate, eta_s=eta, last_event=p or None,
                                series=t.series.to_dict() if t.series is not None else None,
-                               skipped_lines=t.skipped_lines, started=t.started, host=t.host))
+                               skipped_lines=t.skipped_lines, started=t.started, host=t.host, smoke=t.smoke))
         return out
