@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from backend.generate import smoke
-from tests.test_generate_e2e import ROOT, events, gen_argv, run_gen, standin, write_dataset  # noqa: F401 - fixture
+from harness.generate_support import REPO as ROOT, events, gen_argv, run_gen, write_dataset
 
 # nvidia-smi --query-gpu=index,clocks_throttle_reasons.active --format=csv,noheader on an 8-GPU host: one idle
 # GPU, one at its power cap, one slowed down for heat (NVML's bit values)
