@@ -88,6 +88,15 @@ def test_secret_looking_values_are_hidden_in_shown_commands():
                               "sh", "-c", "exec vllm serve /m --api-key *** --hf-token=***"]
 
 
+def test_a_rate_per_token_is_not_a_secret():
+    """The demo's `--latency-per-token 0.01` read `--latency-per-token ***` in every recorded server command."""
+    from backend.kit.redact import redacted, redacted_text
+
+    assert redacted(["sim", "--latency-per-token", "0.01", "--access-token", "t0k", "--latency-per-token=0.02"]) \
+        == ["sim", "--latency-per-token", "0.01", "--access-token", "***", "--latency-per-token=0.02"]
+    assert redacted_text("x --latency-per-token 0.01 --hf-token hf_x") == "x --latency-per-token 0.01 --hf-token ***"
+
+
 def test_deeply_nested_busctl_answer_is_a_clean_error():
     """A host answering busctl with 100000 nested arrays: json.loads would recurse once per level and end
     `profile init --from-unit` in a RecursionError traceback; the reader refuses it by depth, naming the bound."""

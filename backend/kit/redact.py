@@ -12,13 +12,14 @@ from typing import Sequence
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # an option whose value is a secret: its name ends in one (`--tokenizer` or `--max-num-batched-tokens`
-# do not); `--api-key` is vLLM's, `--hf-token` huggingface-cli's
-_SECRET_OPTION = re.compile(r"--[A-Za-z0-9_-]*(api[-_]?key|token|secret|passw(or)?d|credentials?)",
+# do not, nor a rate such as the stand-in's `--latency-per-token`); `--api-key` is vLLM's, `--hf-token`
+# huggingface-cli's
+_SECRET_OPTION = re.compile(r"--[A-Za-z0-9_-]*(api[-_]?key|(?<!per[-_])token|secret|passw(or)?d|credentials?)",
                             re.IGNORECASE)
 # `scheme://user:password@`: the password goes, the user and the host stay (they say which proxy)
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*):[^/@\s]*@")
 # a secret option inside one word (an `sh -c` script, a wrapper's single argument)
-_INNER_OPTION = re.compile(r"(--[A-Za-z0-9_-]*(?:api[-_]?key|token|secret|passw(?:or)?d|credentials?))"
+_INNER_OPTION = re.compile(r"(--[A-Za-z0-9_-]*(?:api[-_]?key|(?<!per[-_])token|secret|passw(?:or)?d|credentials?))"
                            r"([= ]+)([^\s'\"]+)", re.IGNORECASE)
 HIDDEN = "***"
 
