@@ -290,6 +290,19 @@ def test_find_vllm_falls_back_to_path_when_the_python_has_no_vllm(tmp_path, monk
     assert vllm_cli.find_vllm(sys.executable) is None and vllm_cli.find_vllm() is None
 
 
+def test_the_served_python_counts_only_when_it_has_what_the_cli_needs(tmp_path, monkeypatch):
+    """The probe asks the interpreter for vllm and pandas (the custom dataset's reader); one that says no is
+    passed over for `vllm` on PATH. Stand-in interpreters: the real one is the engine tier's."""
+    yes, no = tmp_path / "yes-python", tmp_path / "no-python"
+    yes.write_text("#!/bin/sh\ncase \"$2\" in *vllm*pandas*) exit 0;; esac\nexit 3\n")
+    no.write_text("#!/bin/sh\nexit 1\n")
+    for f in (yes, no):
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert vllm_cli.find_vllm(str(yes)) == [str(yes), "-c", vllm_cli.CLI_MAIN]
+    assert vllm_cli.find_vllm(str(no)) is None
+
+
 def test_client_vllm_without_a_cli_is_refused_naming_the_python(tmp_path, monkeypatch):
     import sys
 

