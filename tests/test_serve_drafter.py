@@ -369,7 +369,7 @@ def test_the_trained_drafter_served_on_the_demo_host(tiny_drafters, tmp_path_fac
         # stand-in's drafter lands beside it; the figures' path is tested here, their agreement on the engine tier
         recorded = json.loads((REPO / "tests" / "samples" / "vllm" / "cpu-pipeline" / "verify-summary.json").read_text())
         finished_run(work, "verify", "verify-trained", {"checkpoint": str(tiny_drafters.trained)},
-                     checkpoint=str(tiny_drafters.trained), k=3, acceptance=recorded["acceptance"])
+                     checkpoint=str(tiny_drafters.trained), k=3, acceptance=recorded["acceptance"], checks=[])
         on = run("run", "serve-drafter", "--profile", path, "--yes", "--wait")
         assert on.returncode == 0, on.stdout + on.stderr
         assert "ready with the drafter: drafter loaded, auxiliary layers 1, 2, 3" in on.stdout, on.stdout
