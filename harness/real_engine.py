@@ -5,7 +5,9 @@ One demo host with vLLM's CPU build as its baseline (`demo-host start --engine v
 `run pipeline --limit N --run-id real` (generate -> prepare -> extract with the real extract_hidden_states
 server and the CPU connector -> train -> verify), `run bench --run-id bench-trained` of the verified drafter
 (its drafter server is vLLM's EAGLE-3 loading our checkpoint), an untrained drafter (speculators'
-`train --dry-run`, specdec_support.dry_run) verified with `run verify --checkpoint` and benched the same way.
+`train --dry-run`, specdec_support.dry_run) verified with `run verify --checkpoint` and benched the same way;
+the trained checkpoint is verified again after its bench (`run verify --run-id verify-after-bench`), so its
+report carries vLLM's count beside the prediction.
 Each phase's wall time is kept. The caller stops the demo (`stop`) whatever happened.
 """
 from __future__ import annotations
@@ -19,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.bench.acceptance_gap import AcceptanceGap, acceptance_gap
+from backend.kit.acceptance_gap import AcceptanceGap, acceptance_gap
 from backend.bench.results import BenchResult
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINE, TRAINED, UNTRAINED_VERIFY, UNTRAINED = "real", "bench-trained", "verify-untrained", "bench-untrained"
+REVERIFY = "verify-after-bench"  # the trained checkpoint verified again: its report carries vLLM's count
 
 
 class PhaseFailed(AssertionError):
@@ -48,6 +51,12 @@ class RealRuns:
     profile: Path | None = None
     times: dict[str, float] = field(default_factory=dict)
     output: dict[str, str] = field(default_factory=dict)  # each phase's stdout (the console's own tables)
+    say: Callable[[str, float], None] | None = None  # told each phase's name and wall time as it ends
+
+    def timed(self, name: str, seconds: float) -> None:
+        self.times[name] = self.times.get(name, 0.0) + seconds
+        if self.say is not None:
+            self.say(name, self.times[name])
 
     def summary(self, run_id: str) -> dict[str, Any]:
         return json.loads((self.work / "runs" / run_id / "summary.json").read_text())
@@ -61,8 +70,8 @@ class RealRuns:
 def _phase(runs: RealRuns, name: str, *args: str, allowed: tuple[int, ...] = ()) -> str:
     t = time.monotonic()
     out = ok(cli(*args), *allowed)
-    runs.times[name] = time.monotonic() - t
     runs.output[name] = out
+    runs.timed(name, time.monotonic() - t)
     return out
 
 
@@ -71,22 +80,24 @@ def run_all(runs: RealRuns, limit: int = 64) -> RealRuns:
     from console.profile import load_profile
     from harness.specdec_support import dry_run
 
-    out = _phase(runs, "engine start", "demo-host", "start", "--dir", str(runs.work), "--engine", "vllm")
+    t = time.monotonic()
+    out = ok(cli("demo-host", "start", "--dir", str(runs.work), "--engine", "vllm"))
     runs.profile = Path(out.strip().splitlines()[-1])
     p = str(runs.profile)
-    t = time.monotonic()
     ok(cli("wait-ready", "--profile", p, "--timeout", "600", "--interval", "3"))
-    runs.times["engine start"] += time.monotonic() - t
+    runs.timed("engine start", time.monotonic() - t)
     _phase(runs, "pipeline", "run", "pipeline", "--profile", p, "--yes", "--wait", "--limit", str(limit),
            "--interval", "10", "--run-id", PIPELINE)
     # exit 3: the drafter is slower than the baseline, as it is on a CPU (its step costs a verifier step)
     _phase(runs, "bench trained", "run", "bench", "--profile", p, "--yes", "--wait", "--interval", "10",
            "--run-id", TRAINED, allowed=(3,))
+    _phase(runs, "verify after bench", "run", "verify", "--profile", p, "--yes", "--wait", "--interval", "5",
+           "--input", f"{PIPELINE}-train", "--run-id", REVERIFY)
     t = time.monotonic()
     prof = load_profile(runs.profile)
     verifier = Path(prof.drafter.verifier or prof.server.model_path)
     untrained = dry_run(verifier, runs.work / "untrained", {**os.environ, "HF_HUB_OFFLINE": "1"})
-    runs.times["untrained dry-run"] = time.monotonic() - t
+    runs.timed("untrained dry-run", time.monotonic() - t)
     _phase(runs, "verify untrained", "run", "verify", "--profile", p, "--yes", "--wait", "--interval", "5",
            "--checkpoint", str(untrained), "--input", f"{PIPELINE}-train", "--run-id", UNTRAINED_VERIFY)
     _phase(runs, "bench untrained", "run", "bench", "--profile", p, "--yes", "--wait", "--interval", "10",

@@ -9,7 +9,7 @@
   sim/hidden_states.py, the one definition); its best checkpoint is what vLLM would load.
 
 `train()` is a plain AdamW loop over speculators' own model and loss on rows given in memory, for the GPU
-benchmark (benchmarks/bench_gpu_speedup.py), which trains on rows its generation run produced.
+benchmark (benchmarks/bench_real_engine.py --device cuda), which trains on rows its generation run produced.
 
 The tiny verifier is the session's one build at `<basetemp>/xdg` (as harness/drafter_support.py and
 harness/train_support.py place it), so a merged suite builds it once.

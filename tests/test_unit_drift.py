@@ -9,7 +9,7 @@ import pytest
 from console.control.operator_unit import (profile_drafter_values, profile_server_values, program_from_unit,
                                            unit_drift, unit_settings)
 from console.parsers.systemd_unit import parse_unit_show
-from console.parsers.vllm_cmdline import CmdlineError, read_serve_argv
+from console.parsers.vllm_cmdline import CmdlineError, read_serve_argv, server_python
 from console.profile import load_profile, profile_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +47,18 @@ def test_vllm_command_lines(argv, expect):
 def test_bad_command_lines(argv, message):
     with pytest.raises(CmdlineError, match=message):
         read_serve_argv(argv)
+
+
+def test_the_interpreter_a_server_runs_vllm_with():
+    """The bench runs `vllm bench serve` through it (backend/bench/vllm_cli.py); the demo engine's own line."""
+    from console import demo
+
+    assert server_python(demo.engine_command("/v/bin/python", "/m", "m", 8000)) == "/v/bin/python"
+    assert server_python(["python3", "-m", "vllm.entrypoints.cli.main", "serve", "m"]) == "python3"
+    assert server_python(SEED_UNIT) is None  # `vllm serve`: the CLI is on PATH
+    assert server_python(["${VENV}/bin/python", "-m", "vllm.entrypoints.openai.api_server"]) is None
+    assert server_python(["env", "A=1", "-m", "vllm.entrypoints.openai.api_server"]) is None
+    assert server_python(["python3", "-m", "sim.vllm_server", "--model", "m"]) is None
 
 
 def seed_settings():

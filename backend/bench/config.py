@@ -10,6 +10,7 @@ from backend.kit.lifecycle import ConfigError  # noqa: F401 - the one definition
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}")
 CLIENTS = ("auto", "vllm", "ours")
+PYTHON = re.compile(r"[A-Za-z0-9_./+~-]{1,4096}")
 MAX_LEVELS = 16
 
 
@@ -30,6 +31,7 @@ class BenchConfig:
     prompts: str | None = None
     input_run: str | None = None
     tokenizer: str | None = None
+    vllm_python: str | None = None  # the served vLLM's interpreter: `vllm bench serve` through it
     trust_remote_code: bool = False
     ignore_eos: bool = False
     request_timeout_s: float = 600.0
@@ -81,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--client", choices=CLIENTS, default="auto", help="vllm: `vllm bench serve`; ours: the built-in client; "
       "auto: vllm when installed on this host")
     a("--tokenizer", help="vllm bench serve: the checkpoint to count tokens with (default: --model)")
+    a("--vllm-python", help="the served vLLM's python: `vllm bench serve` runs through it (vLLM's CPU build's "
+      "`vllm` script does not run); default `vllm` on PATH")
     a("--trust-remote-code", action="store_true")
     a("--ignore-eos", action="store_true", help="every request generates exactly --max-tokens")
     a("--request-timeout", type=float, default=600.0)
@@ -150,11 +154,14 @@ def parse_config(argv: list[str] | None = None) -> BenchConfig:
         command = None
     if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
         raise ConfigError(f"--server-command {ns.server_command[:80]!r}: expected a JSON list of strings")
+    if ns.vllm_python is not None and not PYTHON.fullmatch(ns.vllm_python):
+        raise ConfigError(f"--vllm-python {ns.vllm_python!r}: expected a path to an interpreter")
     return BenchConfig(work_dir=ns.work_dir, run_id=ns.run_id, endpoint=ns.endpoint.rstrip("/"), model=ns.model,
                        label=ns.label, levels=_levels(ns.concurrency), num_prompts=ns.num_prompts,
                        max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed,
                        client=ns.client, prompts=ns.prompts, input_run=ns.input_run, tokenizer=ns.tokenizer,
-                       trust_remote_code=ns.trust_remote_code, ignore_eos=ns.ignore_eos,
+                       vllm_python=ns.vllm_python, trust_remote_code=ns.trust_remote_code,
+                       ignore_eos=ns.ignore_eos,
                        request_timeout_s=ns.request_timeout, ready_timeout_s=ns.ready_timeout,
                        api_key_file=ns.api_key_file, remove_api_key_file=ns.remove_api_key_file,
                        baseline_run=ns.baseline_run, third_run=ns.third_run,

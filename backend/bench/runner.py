@@ -44,8 +44,9 @@ def identity_of(c: BenchConfig, w: workload.Workload, client: str) -> dict[str, 
 
 class BenchRun:
     def __init__(self, c: BenchConfig, w: workload.Workload, client: str, references: list[BenchResult],
-                 api_key: str | None = None):
+                 api_key: str | None = None, vllm: list[str] | None = None):
         self.c, self.w, self.client, self.references = c, w, client, references
+        self.vllm = vllm  # the words that run vLLM's CLI (vllm_cli.find_vllm), with the vllm client
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
@@ -201,9 +202,8 @@ class BenchRun:
 
     async def _vllm_level(self, run_dir: RunDir, level: int) -> LevelResult:
         c = self.c
-        vllm = vllm_cli.find_vllm()
-        if vllm is None:
-            raise StageFailed("vllm is no longer on PATH")
+        vllm = self.vllm
+        assert vllm is not None  # choose_client found it
         out_dir = run_dir.file(VLLM_DIR)
         os.makedirs(out_dir, exist_ok=True)
         dataset = os.path.join(out_dir, "prompts.jsonl")
@@ -215,7 +215,7 @@ class BenchRun:
                                          seed=c.seed, result_dir=out_dir, result_file=name, label=c.label,
                                          trust_remote_code=c.trust_remote_code, ignore_eos=c.ignore_eos)
         self.emit("progress", done=self.done, total=self.total, failed=self.failed, level=level,
-                  command=argv)
+                  command=vllm_cli.shown(argv))
         env = {"OPENAI_API_KEY": self.headers["Authorization"][7:]} if "Authorization" in self.headers else None
         rc, tail = await vllm_cli.run(argv, c.request_timeout_s * max(1, len(self.w.prompts)), env)
         path = os.path.join(out_dir, name)
@@ -302,13 +302,16 @@ def _levels_text(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
-def choose_client(c: BenchConfig) -> str:
+def choose_client(c: BenchConfig) -> tuple[str, list[str] | None]:
+    """The client, and for `vllm bench serve` the words that run vLLM's CLI."""
     if c.client == "ours":
-        return OUR_CLIENT
-    found = vllm_cli.find_vllm()
+        return OUR_CLIENT, None
+    found = vllm_cli.find_vllm(c.vllm_python)
     if c.client == "vllm" and not found:
-        raise RunDirError("--client vllm: `vllm` is not on this host's PATH (install vLLM, or use --client ours)")
-    return VLLM_BENCH if found else OUR_CLIENT
+        where = f"{c.vllm_python} cannot import vllm and " if c.vllm_python else ""
+        raise RunDirError(f"--client vllm: {where}`vllm` is not on this host's PATH (install vLLM, or use "
+                          f"--client ours)")
+    return (VLLM_BENCH, found) if found else (OUR_CLIENT, None)
 
 
 def with_output_length(c: BenchConfig, w: workload.Workload) -> BenchConfig:
@@ -325,7 +328,7 @@ def main(c: BenchConfig, api_key: str | None = None) -> int:
     """Everything that can be refused is refused before the run directory is touched (exit 2).
     `api_key`: read from --api-key-file by __main__ before anything else (the file may be gone by now)."""
     try:
-        client = choose_client(c)
+        client, vllm = choose_client(c)
         if c.input_run:
             w = workload.from_run(c.work_dir, c.input_run, c.num_prompts, c.seed)
         else:
@@ -341,7 +344,7 @@ def main(c: BenchConfig, api_key: str | None = None) -> int:
                                       "third_run": c.third_run})
     except RunDirError as exc:
         return refuse("bench", exc)
-    run = BenchRun(c, w, client, refs, api_key)
+    run = BenchRun(c, w, client, refs, api_key, vllm)
     ctx = StageRun(STAGE, c.run_id, work_dir=c.work_dir, manifest=manifest, fresh=c.fresh, mode="cancel")
     # provenance: the benched server's command line as it runs (the listener's own), else as its starter says
     ctx.server_command = hostfacts.serving_command(c.endpoint) or list(c.server_command) or None

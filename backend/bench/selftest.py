@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from backend.bench.acceptance_gap import counted
+from backend.kit.acceptance_gap import counted
 from backend.bench.results import LevelResult
 
 DEFAULT_TOLERANCE = 0.05

@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 FETCH_DRAFTER = "fetch_drafter"
+BENCH = "bench"
+# The bench pair's own run directories (backend/benchpair.py): a name of its own, so the console never
+# takes one of the pair's benches (stage "bench", run ids R-baseline, R-drafter) for the pair itself
+BENCH_PAIR = "bench_pair"
 
 GpuUse = Literal["none", "baseline", "extraction", "trainer", "drafter"]
 
@@ -65,7 +69,7 @@ TABLE: tuple[HostStage, ...] = (
     HostStage("verify", gpus="trainer", input_stage="train", in_pipeline=True, cpu_offline=True,
               modules=_TRAIN_MODULES),
     HostStage(FETCH_DRAFTER),
-    HostStage("bench", gpus="drafter"),
+    HostStage(BENCH, gpus="drafter"),
 )
 
 

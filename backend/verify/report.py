@@ -51,9 +51,22 @@ def table(report: dict[str, Any]) -> str:
         lines += ["", *format_table(k_table)]
     warnings = report.get("warnings")
     lines += [f"warning: {w}" for w in (warnings if isinstance(warnings, list) else [])[:8] if isinstance(w, str)]
+    lines += online_lines(report)
     if report.get("error"):
         lines += ["", f"error: {report['error']}"]
     return "\n".join(lines)
+
+
+def online_lines(report: dict[str, Any]) -> list[str]:
+    """The prediction beside vLLM's count (the report's `online`, a bench of this checkpoint), with the gap
+    and its tolerance (backend/kit/acceptance_gap.py); none when no bench counted it at this K."""
+    from backend.kit.acceptance_gap import gap_of_count, reported_count
+
+    found = reported_count(report)
+    gap = gap_of_count(report, found[:2]) if found is not None else None
+    if gap is None or found is None:
+        return []
+    return ["", *gap.lines(str(report.get("run_id"))[:80], found[2])]
 
 
 def read_k_table(data: Any) -> Any:

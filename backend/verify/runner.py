@@ -5,7 +5,8 @@ checks the checkpoint (backend/drafter/checks.py), loads it, and measures offlin
 (backend/drafter/acceptance.py) on the held-out rows the drafter never trained on (the prepare run's
 heldout split, with the extract run's hidden states, or fetched from an extraction server with
 --vllm-endpoint; with --plan the stage swaps that server in for the baseline itself, backend/kit/swap.py),
-next to an untrained draft of the same shape. Writes verify.json in its run
+next to an untrained draft of the same shape, and beside it vLLM's own count when a bench pair of the same
+checkpoint has run (backend/verify/online.py). Writes verify.json in its run
 directory, prints a table, and the finish event carries the same report as its summary.
 
 Exit codes (backend/contract/exitcodes.py): 0 the checkpoint passed every check (acceptance is reported, not
@@ -28,6 +29,7 @@ from backend.drafter import checks
 from backend.drafter.verifier import VerifierError, inspect_verifier
 from backend.kit.lifecycle import Stopped, StageRun, refuse
 from backend.kit.preflight import PreflightReport
+from backend.verify.online import vllm_count
 from backend.verify.report import table
 
 STAGE = "verify"
@@ -200,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 report["acceptance"] = measure(ckpt, info, run, k, c, ctx, pre, keys)
                 report["k_table"] = k_evidence(report["acceptance"]["trained"]["per_position"], k, c).to_dict()
+                online = vllm_count(c.work_dir, ckpt, k)  # a bench of this checkpoint ran before: vLLM's count
+                if online is not None:
+                    report["online"] = online
             except InputError as exc:
                 report["error"] = str(exc)
             except Exception as exc:  # a checkpoint that does not load is what this stage exists to catch

@@ -12,7 +12,8 @@ from console.control import drafter_server as ds
 from console.control.bench_stage import bench_argv
 from console.control.stage_argv import secret_file_args
 from console.control.switch_plan import derived_server, switch_plan
-from console.control.units import ServerProgram
+from console.control.units import ServerProgram, profile_program
+from console.parsers.vllm_cmdline import server_python
 from console.profile import Profile, check_k_values
 
 
@@ -68,7 +69,9 @@ def pair_plan(profile: Profile, run_id: str, checkpoint: str, *, input_run: str 
     if problem:
         raise ValueError(f"K values {list(k_values)}: expected {problem}")
     base_id, drafter_id, third_id = pair_run_ids(run_id)
-    common = {"input_run": input_run, "api_key_path": api_key_path}
+    # every bench runs `vllm bench serve` through the baseline's vLLM (the drafter servers start from it)
+    common = {"input_run": input_run, "api_key_path": api_key_path,
+              "vllm_python": server_python((program or profile_program(profile)).argv)}
     drafter_stop = ds.drafter_stop_command(profile).argv
     unit = ds.drafter_unit(profile)
     third_run = third_id if third_checkpoint else None

@@ -6,9 +6,10 @@ from console.profile import Profile
 
 def bench_argv(profile: Profile, run_id: str, *, label: str, input_run: str | None = None,
                prompts: str | None = None, baseline_run: str | None = None, third_run: str | None = None,
-               api_key_path: str | None = None) -> list[str]:
+               api_key_path: str | None = None, vllm_python: str | None = None) -> list[str]:
     """Bench the server on the profile's port: prompts from `prompts` (else [bench].dataset, else the
-    held-out rows of `input_run`); compared with `baseline_run` (and `third_run`) when given."""
+    held-out rows of `input_run`); compared with `baseline_run` (and `third_run`) when given; `vllm bench
+    serve` through `vllm_python` (the served vLLM's interpreter, vllm_cmdline.server_python) when given."""
     b = profile.bench
     source = prompts or b.dataset
     if not source and not input_run:
@@ -36,4 +37,6 @@ def bench_argv(profile: Profile, run_id: str, *, label: str, input_run: str | No
         argv += ["--third-run", third_run]
     if api_key_path:
         argv += ["--api-key-file", api_key_path]
+    if vllm_python and b.client != "ours":
+        argv += ["--vllm-python", vllm_python]
     return argv

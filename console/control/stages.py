@@ -26,11 +26,11 @@ from backend.bench import PAIR_STAGE
 from backend.bench.compare import CompareError, comparison_from_dict, format_table
 from backend.contract import stages as host_stages
 from backend.contract.stages import FETCH_DRAFTER
-from backend.verify.report import table as verify_table
+from backend.verify.report import online_lines, table as verify_table
 from console.control import stage_argv
 from console.parsers.text import clean_block
 from console.telemetry import progress as views
-from console.telemetry.bench_view import best_k_of, finish_summary, gap_of, summary_notes
+from console.telemetry.bench_view import best_k_of, counted_for, finish_summary, gap_of, summary_notes
 from console.telemetry.progress import StageProgress
 from console.profile import Profile
 from console.snapshot import RunInfo
@@ -165,12 +165,17 @@ async def _pipeline(ctx: Launcher, run_id: str, input_run: str | None, req: Stag
 # -- result readers ------------------------------------------------------------------------------------
 
 def _verify_table(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
+    """verify's table; when its report carries no count of vLLM's and the run book has a bench of the same
+    checkpoint, that bench's count beside the prediction."""
     report = getattr(view, "report", None)
     if report is not None:
         try:
-            return [clean_block(verify_table(dict(report)))]
+            table = [clean_block(verify_table(dict(report)))]
         except (KeyError, TypeError, ValueError, IndexError):
-            pass  # an unexpected report: its outputs are still worth printing
+            return outputs(view, runs)  # an unexpected report: its outputs are still worth printing
+        run = next((r for r in runs if r.run_id == view.run_id), None)
+        found = counted_for(run, runs) if run is not None and not online_lines(dict(report)) else None
+        return table + ([clean_block("\n".join(found[1].lines(view.run_id, found[0])))] if found else [])
     return outputs(view, runs)
 
 
@@ -195,7 +200,7 @@ def _bench_table(view: StageProgress, runs: Sequence[RunInfo]) -> list[str]:
         best = best_k_of(summary)
         gap = gap_of(summary, runs)
         return (table + ([clean_block(best.line())] if best is not None else [])
-                + ([clean_block("\n".join(gap[1].lines(gap[0])))] if gap is not None else [])
+                + ([clean_block("\n".join(gap[1].lines(gap[0], view.run_id)))] if gap is not None else [])
                 + [clean_block(note) for note in summary_notes(summary)])
     return outputs(view, runs)
 

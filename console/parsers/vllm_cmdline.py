@@ -59,6 +59,25 @@ def serve_args(argv: Sequence[str]) -> tuple[list[str], str | None]:
                        f"`python -m {_API_SERVER} ...`")
 
 
+_CLI_MAIN = "vllm.entrypoints.cli.main"
+
+
+def server_python(argv: Sequence[str]) -> str | None:
+    """The interpreter a server command line runs vLLM with (`PY -m vllm.entrypoints.openai.api_server ...`,
+    `PY -m vllm.entrypoints.cli.main serve ...`, possibly after `env NAME=VALUE`): the bench runs
+    `vllm bench serve` through it, the served vLLM's own (vLLM's CPU build has no working `vllm` script).
+    None for `vllm serve ...` (the CLI is on PATH) or a word the host would still expand (`$VAR`, `~`)."""
+    for i, arg in enumerate(argv):
+        if arg == "-m" and 0 < i and i + 1 < len(argv) and argv[i + 1] in (_API_SERVER, _CLI_MAIN):
+            python = argv[i - 1]
+            name = os.path.basename(python)
+            if name.startswith("python") and "=" not in python and not python.startswith(("$", "~")) \
+                    and "$" not in python:
+                return python
+            return None
+    return None
+
+
 def read_serve_argv(argv: Sequence[str]) -> ServeSettings:
     args, model_tag = serve_args(argv)
     values: dict[str, str] = {}

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from backend.bench.acceptance_gap import AcceptanceGap, acceptance_gap
+from backend.bench import PAIR_STAGE
 from backend.bench.compare import MAX_LABEL, MAX_ROWS, CompareError, Row, comparison_from_dict, reference_from_dict
+from backend.kit.acceptance_gap import (AcceptanceGap, acceptance_gap, drafter_run_id, gap_of_count,
+                                         reported_count)
 from backend.bench.results import BenchResultError, LevelResult
 from backend.contract.numbers import count, finite
 from backend.verify.report import K_MAX
@@ -149,6 +151,23 @@ def bench_view(run: RunInfo) -> BenchView:
         return replace(base, label=label, error=f"unreadable bench summary: {exc}")
 
 
+def _drafter_levels(summary: dict[str, Any], k: int, runs: Sequence[RunInfo]) -> list[LevelResult] | None:
+    """The levels of a finished pair's bench of our drafter at K (one K benched: "drafter"; several:
+    "drafter_k<K>"), read from the run book; None when that bench is not there or does not read."""
+    drafter_id = drafter_run_id(summary, k)
+    drafter = next((r for r in runs if r.run_id == drafter_id and r.state == "done"), None)
+    if drafter is None:
+        return None
+    result = finish_summary(drafter.last_event).get("result")
+    raw = result.get("levels") if isinstance(result, dict) else None
+    if not isinstance(raw, list):
+        return None
+    try:
+        return [LevelResult.from_dict(x) for x in raw[:MAX_ROWS]]
+    except (BenchResultError, TypeError, ValueError):
+        return None
+
+
 def gap_of(summary: Any, runs: Sequence[RunInfo]) -> tuple[str, AcceptanceGap] | None:
     """A finished bench pair's offline-vs-online acceptance: the drafter bench run's levels (vLLM's counts)
     next to the completed verify run that verified the benched checkpoint (its prediction at the same K).
@@ -161,18 +180,27 @@ def gap_of(summary: Any, runs: Sequence[RunInfo]) -> tuple[str, AcceptanceGap] |
     if not verified or not isinstance(checkpoint, str):
         return None
     verify = max(verified, key=lambda r: r.started or 0)
-    # one K benched: "drafter"; several: "drafter_k<K>", of which the verify run's K is the comparable one
-    drafter_id = summary["runs"].get("drafter") or summary["runs"].get(f"drafter_k{count((verify.last_event or {}).get('k'))}")
-    drafter = next((r for r in runs if r.run_id == drafter_id and r.state == "done"), None)
-    if drafter is None:
-        return None
-    result = finish_summary(drafter.last_event).get("result")
-    raw = result.get("levels") if isinstance(result, dict) else None
-    if not isinstance(raw, list):
-        return None
-    try:
-        levels = [LevelResult.from_dict(x) for x in raw[:MAX_ROWS]]
-    except (BenchResultError, TypeError, ValueError):
-        return None
-    gap = acceptance_gap(verify.last_event, levels)
+    levels = _drafter_levels(summary, count((verify.last_event or {}).get("k")), runs)
+    gap = acceptance_gap(verify.last_event, levels) if levels is not None else None
     return (verify.run_id, gap) if gap is not None else None
+
+
+def counted_for(verify: RunInfo, runs: Sequence[RunInfo]) -> tuple[str, AcceptanceGap] | None:
+    """A finished verify run's prediction beside vLLM's count of the same checkpoint at the same K: the
+    newest finished bench pair of that checkpoint in the run book, else the count its report carries (a
+    bench that ran before it, backend/verify/online.py). (the bench pair's run id, the gap), or None."""
+    event = verify.last_event if isinstance(verify.last_event, dict) else {}
+    checkpoint, k = event.get("checkpoint"), count(event.get("k"))
+    if verify.state != "done" or not isinstance(checkpoint, str) or not k:
+        return None
+    pairs = sorted((r for r in runs if r.stage == PAIR_STAGE and r.state == "done"
+                    and finish_summary(r.last_event).get("checkpoint") == checkpoint),
+                   key=lambda r: r.started or 0, reverse=True)
+    for pair in pairs:
+        levels = _drafter_levels(finish_summary(pair.last_event), k, runs)
+        gap = acceptance_gap(event, levels) if levels is not None else None
+        if gap is not None:
+            return pair.run_id, gap
+    reported = reported_count(event)
+    gap = gap_of_count(event, reported[:2]) if reported is not None else None
+    return (reported[2], gap) if gap is not None and reported is not None else None

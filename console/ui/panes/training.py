@@ -16,6 +16,7 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual_plotext import PlotextPlot
 
+from console.telemetry.bench_view import counted_for
 from console.telemetry.progress import TrainPoint, TrainProgress, train_view, verify_view
 from console.snapshot import RunInfo, Snapshot
 from console.ui.panes.base import Pane, Text, lines, markup
@@ -136,8 +137,10 @@ def training_markup(run_id: str, state: str, eta_s: float | None, h: TrainHistor
     )
 
 
-def verify_markup(run: RunInfo) -> Content:
-    """verify's table once it has finished (its typed view reads the report in its finish summary)."""
+def verify_markup(run: RunInfo, runs: Sequence[RunInfo] = ()) -> Content:
+    """verify's table once it has finished (its typed view reads the report in its finish summary), and
+    beside its prediction vLLM's count of the same checkpoint (the newest bench of it in `runs`, else the
+    count the report carries) with the gap and its tolerance."""
     v = verify_view(run)
     if not v.finished:
         return markup("verify   [b]$run[/b]  [dim]$state[/]", run=v.run_id, state=v.state)
@@ -157,7 +160,20 @@ def verify_markup(run: RunInfo) -> Content:
         rows.append(f"         {name:<10} {cells}{num(a and a.mean_accepted, '{:<9.2f}')} "
                     f"{num(a and a.mean_acceptance_length, '{:.2f}')}")
     k_line = _k_line(v.k_table)
-    return lines(*rows, *([k_line] if k_line else []))
+    online = _online_line(run, runs)
+    return lines(*rows, *([k_line] if k_line else []), *([online] if online else []))
+
+
+def _online_line(run: RunInfo, runs: Sequence[RunInfo]) -> Content | None:
+    """verify's predicted acceptance length beside the one vLLM counted while a bench served the drafter."""
+    found = counted_for(run, runs)
+    if found is None:
+        return None
+    bench, gap = found
+    verdict = (f"[green]within ±{gap.tolerance:.2f}[/]" if gap.within
+               else f"[red]OUTSIDE ±{gap.tolerance:.2f}: serves unlike it verified[/]")
+    return markup(f"vLLM     counted {gap.online.length:.2f} ({gap.drafts} drafts, bench [b]$bench[/b])   "
+                  f"predicted {gap.offline.length:.2f}   gap {gap.gap:+.2f} {verdict}", bench=bench)
 
 
 def _k_line(table: Any) -> Content | None:
@@ -193,7 +209,7 @@ class TrainingPane(Pane):
         verify = pick_run(snapshot.runs, "verify")
         body = self.query_one("#training-body", Text)
         plot = self.query_one("#loss-plot", PlotextPlot)
-        verify_text = verify_markup(verify) if verify is not None else None
+        verify_text = verify_markup(verify, snapshot.runs) if verify is not None else None
         if run is None:
             body.show(lines("[dim]no training run[/]", verify_text) if verify_text else "[dim]no training run[/]")
             plot.set_class(False, "-shown")
