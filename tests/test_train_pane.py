@@ -13,6 +13,7 @@ from console.telemetry.progress import train_view
 from console.telemetry.runs import RunBook
 from console.ui.app import ConsoleApp
 from console.ui.panes.training import TrainHistory, training_markup, verify_markup
+from harness.app_snapshots import settle
 from harness.fake_controller import SERVER_UNIT, FakeController, base_snapshot
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("utc")]  # times shown in UTC
@@ -42,15 +43,6 @@ def test_the_real_run_reads_into_a_full_view():
     assert "epoch 4/4" in text and f"step {s['step'] + 1}/{s['total']}" in text and "best /data/eagle3" in text
     table = verify_markup(verify).plain
     assert "checks 5 ok" in table and "trained" in table and "untrained" in table
-
-
-async def settle(pilot) -> None:
-    app = pilot.app
-    for _ in range(100):
-        if app.last_snapshot is not None and app.query_one("#journal").unit:
-            break
-        await pilot.pause(0.02)
-    await pilot.pause(0.2)
 
 
 def test_training_pane_on_a_real_run(snap_compare):

@@ -209,9 +209,10 @@ def check_driver(report: PreflightReport, built: str | None, driver: str | None)
                 f"this driver supports")
 
 
-def listeners(port: int, proc: str = "/proc") -> list[int]:
-    """The pids with a socket listening on TCP `port` (v4 or v6), from /proc/net/tcp* and /proc/PID/fd."""
-    inodes: set[str] = set()
+def _listening_rows(port: int, proc: str = "/proc") -> list[list[str]]:
+    """The rows of /proc/net/tcp and tcp6 (v4 and v6) of sockets listening on TCP `port`, split in cells:
+    local_address is HEXIP:HEXPORT, state 0A is LISTEN, the inode is the 10th cell."""
+    found: list[list[str]] = []
     for table in ("tcp", "tcp6"):
         try:
             with open(f"{proc}/net/{table}") as fh:
@@ -220,9 +221,14 @@ def listeners(port: int, proc: str = "/proc") -> list[int]:
             continue
         for row in rows:
             cells = row.split()
-            # local_address is HEXIP:HEXPORT, state 0A is LISTEN, inode the 10th column
-            if len(cells) > 9 and cells[3] == "0A" and int(cells[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cells[9])
+            if len(cells) > 3 and cells[3] == "0A" and int(cells[1].rsplit(":", 1)[1], 16) == port:
+                found.append(cells)
+    return found
+
+
+def listeners(port: int, proc: str = "/proc") -> list[int]:
+    """The pids with a socket listening on TCP `port` (v4 or v6), from /proc/net/tcp* and /proc/PID/fd."""
+    inodes = {cells[9] for cells in _listening_rows(port, proc) if len(cells) > 9}
     pids: list[int] = []
     if not inodes:
         return pids
@@ -296,17 +302,7 @@ def unit_of(pid: int, proc: str = "/proc") -> str | None:
 
 def port_listening(port: int, proc: str = "/proc") -> bool:
     """Whether any socket listens on TCP `port` (the tables are readable whoever owns the socket)."""
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"{proc}/net/{table}") as fh:
-                rows = fh.read(8 << 20).splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cells = row.split()
-            if len(cells) > 3 and cells[3] == "0A" and int(cells[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
+    return bool(_listening_rows(port, proc))
 
 
 def leftover_on_port(port: int, *, units: Iterable[str] | None, servers_down: bool | None,
