@@ -74,7 +74,15 @@ def test_run_refuses_a_second_run_of_a_running_stage(tmp_path):
         assert "already running" in second.stderr and "first" in second.stderr
         assert not (work / "runs" / "second").exists()
         # another stage on the running run's id: refused, naming the program that holds the run (by the
-        # console when it has seen the run, else by the host's run lock, which --wait reports)
+        # console when it has seen the run, else by the host's run lock, which --wait reports). generate's
+        # run is listed as running from its start event, written after its preflight and throughput smoke
+        # (up to 25 s): until then another stage's input lookup can refuse first, so wait to see it listed
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            listed = json.loads(cli("status", "--profile", profile, "--json").stdout or "{}").get("runs") or []
+            if any(r.get("run_id") == "first" and r.get("state") == "running" for r in listed):
+                break
+            time.sleep(1)
         third = cli("run", "prepare", "--profile", profile, "--run-id", "first", "--wait")
         assert third.returncode == 1, third.stdout + third.stderr
         assert "in use by" in third.stderr and "generate" in third.stderr, third.stderr
