@@ -11,8 +11,8 @@
 `train()` is a plain AdamW loop over speculators' own model and loss on rows given in memory, for the GPU
 benchmark (benchmarks/bench_real_engine.py --device cuda), which trains on rows its generation run produced.
 
-The tiny verifier is the session's one build at `<basetemp>/xdg` (as harness/drafter_support.py and
-harness/train_support.py place it), so a merged suite builds it once.
+The drafters and their tiny verifier are built once per test run under the workers' shared directory
+(harness/run_shared.py), `<run>/drafters/xdg` holding the verifier as harness/drafter_support.py places it.
 """
 from __future__ import annotations
 
@@ -152,15 +152,29 @@ def stage_drafter(verifier: Path, root: Path, env_vars: dict[str, str], *, epoch
 
 
 def make_drafters(tmp_path_factory) -> Drafters:
+    """Built once per test run, whatever the number of workers (harness/run_shared.py): a minute or more
+    of CPU each time, and no test changes them."""
+    import json
+
     import pytest  # a fixture's helper: only the test session builds these
+
+    from harness.run_shared import FixedTemp, held, run_root
 
     for mod in ("torch", "transformers", "tokenizers", "speculators"):
         pytest.importorskip(mod)
     from harness.drafter_support import tiny_verifier
 
-    verifier = tiny_verifier(tmp_path_factory)
-    root = tmp_path_factory.mktemp("drafters")
-    untrained = dry_run(verifier, root / "untrained", env(tmp_path_factory))
-    trained, losses = stage_drafter(verifier, root / "trained", env(tmp_path_factory))
-    return Drafters(verifier=verifier, untrained=untrained, trained=trained, xdg=xdg_home(tmp_path_factory),
-                    losses=losses)
+    at = FixedTemp(run_root(tmp_path_factory) / "drafters")
+    record = at.root / "drafters.json"
+    with held(at.root.with_suffix(".lock")):
+        if record.is_file():
+            made = json.loads(record.read_text())
+            return Drafters(**{k: Path(v) for k, v in made.items() if k != "losses"}, losses=tuple(made["losses"]))
+        verifier = tiny_verifier(at)
+        root = at.mktemp("made")
+        untrained = dry_run(verifier, root / "untrained", env(at))
+        trained, losses = stage_drafter(verifier, root / "trained", env(at))
+        drafters = Drafters(verifier=verifier, untrained=untrained, trained=trained, xdg=xdg_home(at), losses=losses)
+        record.write_text(json.dumps({k: str(v) if isinstance(v, Path) else list(v)
+                                      for k, v in vars(drafters).items()}))
+        return drafters

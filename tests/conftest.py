@@ -104,13 +104,41 @@ def _is_slow(item: pytest.Item) -> bool:
     return any(_starts_programs(f.__code__, f.__globals__, seen) for f in funcs)
 
 
+# Work units for the test command's workers (scripts/test.sh: pytest-xdist, --dist loadgroup): a test module
+# stays on one worker (its module fixtures are built once), and so do all the tests of a session fixture
+# that owns something the machine has one of: the booted systemd rig (root namespaces, its own sshd port)
+# and the demo host on vLLM's CPU build (gigabytes of memory, one compile cache).
+_SHARED_GROUPS = (("engine", ("engine_demo_dir",)), ("systemd-rig", ("systemd_rig",)))
+
+
+def _work_unit(item: pytest.Item) -> str:
+    if item.get_closest_marker("engine"):
+        return "engine"
+    for group, fixtures in _SHARED_GROUPS:
+        if any(f in item.fixturenames for f in fixtures):
+            return group
+    return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """`slow`, by rule: a test that starts a program, a demo host or a rig, or loads the training stack
     (itself, through a fixture, or through a helper of tests/ or harness/), or carries the rig, packaging or engine
-    marker; the fast lane (`./scripts/test.sh --fast`) runs the rest."""
+    marker; the fast lane (`./scripts/test.sh --fast`) runs the rest.
+
+    Each test also gets its work unit (an xdist_group), and the units are ordered longest first, as far
+    as a rule can tell: the engine, then the systemd rig, then modules with slow tests, then the rest (the
+    workers take units in this order, so the long ones never start last)."""
+    rank: dict[str, int] = {}
     for item in items:
-        if _is_slow(item):
+        slow = _is_slow(item)
+        if slow:
             item.add_marker(pytest.mark.slow)
+        unit = _work_unit(item)
+        item.add_marker(pytest.mark.xdist_group(unit))
+        order = 0 if unit == "engine" else 1 if unit == "systemd-rig" else 2 if slow else 3
+        rank[unit] = min(rank.get(unit, order), order)
+    items.sort(key=lambda item: rank[_work_unit(item)])  # stable: a module keeps its own order
 
 
 def _start_sshd(workdir: Path) -> SshdServer:
