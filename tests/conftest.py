@@ -112,11 +112,11 @@ _SHARED_GROUPS = (("engine", ("engine_demo_dir",)), ("systemd-rig", ("systemd_ri
 
 
 def _work_unit(item: pytest.Item) -> str:
-    if item.get_closest_marker("engine"):
-        return "engine"
     for group, fixtures in _SHARED_GROUPS:
         if any(f in item.fixturenames for f in fixtures):
             return group
+    if item.get_closest_marker("engine"):
+        return "engine-own"  # the engine tier's tests that start engines of their own: beside the demo host's
     return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
@@ -136,7 +136,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         unit = _work_unit(item)
         item.add_marker(pytest.mark.xdist_group(unit))
-        order = 0 if unit == "engine" else 1 if unit == "systemd-rig" else 2 if slow else 3
+        order = 0 if unit.startswith("engine") else 1 if unit == "systemd-rig" else 2 if slow else 3
         rank[unit] = min(rank.get(unit, order), order)
     items.sort(key=lambda item: rank[_work_unit(item)])  # stable: a module keeps its own order
 

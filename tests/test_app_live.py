@@ -89,6 +89,12 @@ def pids(*needles: str) -> list[int]:
     return found
 
 
+def drafter_servers(profile: Profile, checkpoint: str) -> list[int]:
+    """This demo host's stand-ins serving the checkpoint (other workers' tests serve the same shared drafters
+    on their own ports)."""
+    return pids("sim.vllm_server", checkpoint, "--port", str(profile.server.port))
+
+
 def servers(profile: Profile) -> list[int]:
     """The stand-in processes serving this demo host's port (baseline or drafter server)."""
     return pids("sim.vllm_server", "--port", str(profile.server.port))
@@ -402,7 +408,7 @@ async def test_v_b_serve_the_drafter_and_the_baseline_and_m_benches_them(host, t
             [baseline] = servers(host)
         assert result.ok, result.message + "\n" + drafter_log_tail(host)
         assert verify_run in result.message
-        drafter = await wait(pilot, lambda: pids("sim.vllm_server", checkpoint), "the drafter server", 60)
+        drafter = await wait(pilot, lambda: drafter_servers(host, checkpoint), "the drafter server", 60)
         await wait(pilot, lambda: not alive(baseline), "the baseline to stop", 60)
         await wait(pilot, lambda: answering(host), "the drafter server to answer", 180)
         assert servers(host) == drafter
@@ -417,7 +423,7 @@ async def test_v_b_serve_the_drafter_and_the_baseline_and_m_benches_them(host, t
         assert result.ok, result.message
         await wait(pilot, lambda: not any(alive(p) for p in drafter), "the drafter server to stop", 60)
         await wait(pilot, lambda: servers(host) and answering(host), "the baseline to answer", 180)
-        assert not pids("sim.vllm_server", checkpoint)
+        assert not drafter_servers(host, checkpoint)
         await wait(pilot, lambda: app.last_snapshot.server.phase == "ready", "ready", 120)
         await switch_done(pilot, session)
 

@@ -30,7 +30,10 @@ class Screen:
     def __init__(self, tmp: Path, command: list[str], env: dict[str, str]):
         self.socket = f"e3test-{os.getpid()}-{tmp.name[-16:]}"
         self.env = {**os.environ, **env}
-        self.env.pop("TMUX", None)
+        # the pane's size is the app's: Textual takes COLUMNS and LINES over the terminal's, and a test
+        # worker (pytest-xdist) has them set to 80x24
+        for name in ("TMUX", "COLUMNS", "LINES"):
+            self.env.pop(name, None)
         self.tmux("new-session", "-d", "-s", "app", "-x", "170", "-y", "50",
                   " ".join(subprocess.list2cmdline([c]) for c in command))
 
@@ -100,10 +103,11 @@ def test_demo_app_end_to_end(tmp_path):
         text = screen.wait_for(r"phase\s+ready", 120)  # the first use builds the tiny verifier
         # the ready line's immediate check asks /health and /v1/models only, so the model's details and
         # what the stand-in serves (header: a tiny real model with the train extra, or canned text) arrive
-        # with the next full tick
-        text = screen.wait_for(r"max_model_len \d+", 10)
+        # with the next full tick (on a busy machine, with the test command's other workers, a tick can
+        # take longer than its interval)
+        text = screen.wait_for(r"max_model_len \d+", 30)
         assert "kimi-k2.5-int4" in text
-        screen.wait_for(r"SIMULATED: (tiny language model|canned text)", 10)
+        screen.wait_for(r"SIMULATED: (tiny language model|canned text)", 30)
 
         # stop asks first; Enter answers the focused default, which is No
         screen.keys("x")
