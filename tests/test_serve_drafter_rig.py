@@ -4,8 +4,10 @@ command line; the telemetry follows it (its unit, its journal: the drafter was l
 back stops it and starts the operator's unit again."""
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import time
 
 import pytest
 
@@ -72,6 +74,12 @@ async def test_serve_drafter_and_back_on_systemd(systemd_rig, rig_ssh, tmp_path)
             assert not (await session.restart_server()).ok
             assert (await sh(rig_ssh, 'systemctl is-active "$1" || true', unit.name)).strip() == "inactive"
 
+            # the detached switch lets go of the server lock a moment after its server answers (on a busy
+            # machine, seconds): a switch back asked before then is refused, as it should be
+            deadline = time.monotonic() + 60
+            while not await session.switch_finished():
+                assert time.monotonic() < deadline, "the server switch still holds the lock"
+                await asyncio.sleep(0.2)
             back = await session.serve_baseline()
             assert back.ok, back
             assert (await sh(rig_ssh, 'systemctl is-active "$1" || true', drafter)).strip() in ("inactive", "unknown")
