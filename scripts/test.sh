@@ -4,7 +4,7 @@
 # with a CPU torch, the console and its extras, the demo's tiny verifier), then runs pytest in that venv.
 # Extra arguments go to pytest. Used by .ci/run.
 #
-#   ./scripts/test.sh --fast [pytest args]   the fast lane: `-m "not slow"` (no program, demo host or
+#   ./scripts/test.sh --fast [pytest args]   the fast lane: `-m "not slow"` on two workers (no program, demo host or
 #                                            rig is started) after a lighter install (the console and the
 #                                            test extra: no torch, no tiny model, no apt packages)
 set -euo pipefail
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--fast" ]; then
     shift
     e3_install fast || exit 1
-    exec "$E3_PY" -m pytest -m "not slow" "$@"
+    exec "$E3_PY" -m pytest -n "${E3_TEST_WORKERS:-2}" --dist loadgroup -m "not slow" "$@"
 fi
 
 bash scripts/install-system-deps.sh
