@@ -130,15 +130,16 @@ def pytest_collection_modifyitems(config, items):
     as a rule can tell: the engine, then the systemd rig, then modules with slow tests, then the rest (the
     workers take units in this order, so the long ones never start last)."""
     rank: dict[str, int] = {}
+    units: dict[str, str] = {}
     for item in items:
         slow = _is_slow(item)
         if slow:
             item.add_marker(pytest.mark.slow)
-        unit = _work_unit(item)
+        unit = units[item.nodeid] = _work_unit(item)
         item.add_marker(pytest.mark.xdist_group(unit))
         order = 0 if unit.startswith("engine") else 1 if unit == "systemd-rig" else 2 if slow else 3
         rank[unit] = min(rank.get(unit, order), order)
-    items.sort(key=lambda item: rank[_work_unit(item)])  # stable: a module keeps its own order
+    items.sort(key=lambda item: rank[units[item.nodeid]])  # stable: a module keeps its own order
 
 
 def _start_sshd(workdir: Path) -> SshdServer:
