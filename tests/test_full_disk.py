@@ -61,15 +61,16 @@ def verify_case(tmp: Path, kit: Kit, request) -> Case:
     work = tmp / "work"
     storage = tmp / "hs-storage"
     storage.mkdir()
+    tiny = kit["tiny"]  # in the stand-in's cache before it starts: a build under load outlasts its start
     sim = SimServer(tmp, "--served-model-name", "tiny", "--text-backend", "tinylm", "--stats-interval", "60",
                     *extraction_flags(ASKED, storage), env=kit["env"]).start()
     request.addfinalizer(sim.kill)
-    sim.wait_ready(timeout=90)
+    sim.wait_ready(timeout=120)
     copy_runs(kit["prepared"], work, ("gen", "prep"))
     prep = json.loads((work / "runs" / "prep" / "summary.json").read_text())
     completed_run(work, "train", "tr", {"heldout_data": prep["outputs"]["heldout_data"],
                                         "checkpoint": str(kit["checkpoint"])},
-                  verifier=str(kit["tiny"]), speculative_tokens=3, aux_layer_ids=LAYERS)
+                  verifier=str(tiny), speculative_tokens=3, aux_layer_ids=LAYERS)
     return Case(py("backend.verify", "--work-dir", str(work), "--run-id", "v", "--input-run", "tr", "--samples",
                    "4", "--vllm-endpoint", f"{sim.url}/v1", "--served-model", "tiny"), work, "v", env=kit["env"])
 
