@@ -113,6 +113,23 @@ def test_sigterm_stops_the_running_stage_cleanly(tmp_path):
     assert chain(tmp_path, path).wait(60) == 0  # and the same id goes on from there
 
 
+def test_a_stop_that_lands_while_a_stage_is_being_started_reaches_it(tmp_path):
+    """The chain says which stage is next, then starts it: a SIGTERM in between found no child to forward
+    to, and the chain waited for the stage to end by itself (seen as a 120 s stop on a loaded machine)."""
+    from backend.chain.plan import PlannedStage
+    from backend.chain.runner import Chain
+
+    (tmp_path / "work").mkdir()
+    nap = PlannedStage("generate", "c-generate", (sys.executable, "-c", "import time; time.sleep(120)"))
+    c = Chain(str(tmp_path / "work"), "c", [nap])
+    c._forward("SIGTERM")  # before the child exists
+    c.ctx = type("Ctx", (), {"emit": staticmethod(lambda *a, **k: None)})()  # the events are not the point
+    started = time.monotonic()
+    outcome = c._run_stage(nap, 0)
+    assert time.monotonic() - started < 30, outcome
+    assert outcome["exit"] == -signal.SIGTERM  # the stage got the stop (this one has no handler: it dies)
+
+
 @pytest.mark.parametrize("data, message", [
     ({}, "non-empty list `stages`"),
     ({"stages": [{"stage": "nap", "run_id": "a", "argv": ["x"]}]}, "stages[0].stage: expected one of"),

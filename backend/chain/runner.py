@@ -52,12 +52,14 @@ class Chain:
                              progress=self._switch_progress, emit=self._switch_emit) if hold else None
         self.index = 0
         self.held = False  # the chain stopped the baseline and has not started it again
+        self.stop_signal: str | None = None  # the stop asked for, to forward to a stage started after it
 
     @property
     def stopping(self) -> bool:
         return bool(self.ctx and self.ctx.stopping)
 
     def _forward(self, name: str) -> None:
+        self.stop_signal = name
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(getattr(signal, name))  # the stage stops cleanly and leaves itself resumable
 
@@ -203,6 +205,8 @@ class Chain:
                                           pass_fds=self.lock.pass_fds() if self.lock is not None else ())
         except OSError as exc:
             return {**result, "status": "failed", "error": f"{planned.stage} could not start: {exc.strerror}"}
+        if self.stop_signal is not None:  # asked while the stage was being started: it never got the signal
+            self._forward(self.stop_signal)
         code = self.child.wait()
         self.child = None
         try:
