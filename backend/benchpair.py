@@ -29,8 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,6 +39,7 @@ from backend.bench.compare import MAX_RESULTS, CompareError, best, compare, load
 from backend.contract.lookup import InputError, completed_run, last_finish
 from backend.contract.plans import PlanError, argv_list, read_plan
 from backend.contract.runs import Manifest, run_path, write_json_atomic
+from backend.kit.child import Child
 from backend.kit.lifecycle import StageFailed, StageRun, refuse
 from backend.kit.secret_files import check_secret_file, remove_secret_file
 from backend.kit.switch import Switch, SwitchFailed, SwitchPlan, SwitchPlanError, SwitchStopped, switch_from_dict
@@ -129,7 +128,7 @@ def load_plan(path: str) -> PairPlan:
 class BenchPair:
     def __init__(self, work_dir: str, run_id: str, plan: PairPlan):
         self.work_dir, self.run_id, self.plan = work_dir, run_id, plan
-        self.child: subprocess.Popen | None = None
+        self.child = Child()  # the running bench: it stops cleanly, keeping the levels it measured
         self.ctx: StageRun | None = None
         self.steps: list[dict[str, Any]] = []
         self.step_names = plan.steps
@@ -139,10 +138,6 @@ class BenchPair:
     @property
     def stopping(self) -> bool:
         return bool(self.ctx and self.ctx.stopping)
-
-    def _forward(self, name: str) -> None:
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(getattr(signal, name))  # a bench stops cleanly, keeping the levels it measured
 
     def say(self, text: str) -> None:
         print(f"benchpair: {text}", file=sys.stderr, flush=True)
@@ -186,11 +181,9 @@ class BenchPair:
             argv += ["--server-command", json.dumps(command)]
         self.say(f"bench {which} ({spec.run_id}): {' '.join(spec.argv)}")
         try:
-            self.child = subprocess.Popen(argv)
+            code = self.child.run(argv)
         except OSError as exc:
             return f"bench {which} could not start: {exc.strerror}"
-        code = self.child.wait()
-        self.child = None
         finish = last_finish(run_path(self.work_dir, spec.run_id)) or {}
         summary = finish.get("summary") if isinstance(finish.get("summary"), dict) else None
         try:
@@ -214,7 +207,7 @@ class BenchPair:
                     **({"k_values": [c.k for c in plan.ours]} if len(plan.ours) > 1 else {})}
         ctx = self.ctx = StageRun(STAGE, self.run_id, work_dir=self.work_dir, fresh=fresh, mode="flag", prog="benchpair",
                                   manifest=Manifest(stage=STAGE, run_id=self.run_id, identity=identity))
-        ctx.on_stop(self._forward)
+        ctx.on_stop(self.child.forward)
         ctx.server_commands = {s.name: s.command for s in (plan.switch.home, *plan.switch.away) if s.command}
         ctx.summarize = self._summarize
         ctx.stop_note = "the running bench stops, then the baseline is served again"

@@ -122,7 +122,7 @@ def test_a_stop_that_lands_while_a_stage_is_being_started_reaches_it(tmp_path):
     (tmp_path / "work").mkdir()
     nap = PlannedStage("generate", "c-generate", (sys.executable, "-c", "import time; time.sleep(120)"))
     c = Chain(str(tmp_path / "work"), "c", [nap])
-    c._forward("SIGTERM")  # before the child exists
+    c.child.forward("SIGTERM")  # before the child exists
     c.ctx = type("Ctx", (), {"emit": staticmethod(lambda *a, **k: None)})()  # the events are not the point
     started = time.monotonic()
     outcome = c._run_stage(nap, 0)

@@ -5,8 +5,6 @@ import argparse
 import asyncio
 import dataclasses
 import os
-import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -15,6 +13,7 @@ from backend.chain.plan import PLAN_FILE, ChainPlan, Hold, PlanError, PlannedSta
 from backend.chain.requirements import check_plan
 from backend.contract.lookup import InputError, completed_run, last_finish
 from backend.contract.runs import Manifest, run_path
+from backend.kit.child import Child
 from backend.kit.lifecycle import StageFailed, StageRun, refuse
 from backend.kit.secret_files import check_secret_file, remove_secret_file
 from backend.kit.serverlock import LockHeld, ServerLock
@@ -41,7 +40,7 @@ class Chain:
         self.work_dir = work_dir
         self.run_id = run_id
         self.stages = stages
-        self.child: subprocess.Popen | None = None
+        self.child = Child()  # the running stage: it stops cleanly and leaves itself resumable
         self.ctx: StageRun | None = None
         self.results: list[dict[str, Any]] = []
         self.started = time.monotonic()
@@ -52,16 +51,10 @@ class Chain:
                              progress=self._switch_progress, emit=self._switch_emit) if hold else None
         self.index = 0
         self.held = False  # the chain stopped the baseline and has not started it again
-        self.stop_signal: str | None = None  # the stop asked for, to forward to a stage started after it
 
     @property
     def stopping(self) -> bool:
         return bool(self.ctx and self.ctx.stopping)
-
-    def _forward(self, name: str) -> None:
-        self.stop_signal = name
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(getattr(signal, name))  # the stage stops cleanly and leaves itself resumable
 
     def _switch_progress(self, phase: str, force: bool = False, **extra: Any) -> None:
         if self.ctx is not None and (force or "baseline" in extra):
@@ -101,7 +94,7 @@ class Chain:
         identity = {"stages": [[s.stage, s.run_id] for s in self.stages]}
         ctx = self.ctx = StageRun(STAGE, self.run_id, work_dir=self.work_dir, fresh=fresh, mode="flag",
                                   manifest=Manifest(stage=STAGE, run_id=self.run_id, identity=identity))
-        ctx.on_stop(self._forward)
+        ctx.on_stop(self.child.forward)
         ctx.summarize = self._summarize
         ctx.stop_note = "the running stage is stopped; it resumes when the pipeline is started again"
         return ctx.run(self._body)
@@ -201,14 +194,10 @@ class Chain:
         if self.held:
             env[BASELINE_HELD_ENV] = "1"  # the chain starts the baseline after the hold's last stage
         try:
-            self.child = subprocess.Popen(list(planned.argv), env=env,
-                                          pass_fds=self.lock.pass_fds() if self.lock is not None else ())
+            code = self.child.run(list(planned.argv), env=env,
+                                  pass_fds=self.lock.pass_fds() if self.lock is not None else ())
         except OSError as exc:
             return {**result, "status": "failed", "error": f"{planned.stage} could not start: {exc.strerror}"}
-        if self.stop_signal is not None:  # asked while the stage was being started: it never got the signal
-            self._forward(self.stop_signal)
-        code = self.child.wait()
-        self.child = None
         try:
             completed_run(self.work_dir, planned.run_id, planned.stage)
             emit("progress", done=index + 1, total=len(self.stages), current=planned.stage,
