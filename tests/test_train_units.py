@@ -55,6 +55,33 @@ def test_host_device_and_autocast_fall_back_to_the_cpu():
     assert adapters.host_device(3) == torch.device("cpu") and adapters.autocast_device_type() == "cpu"
 
 
+def test_the_cpu_computes_in_float32_and_autocast_says_nothing_about_it():
+    """auto: bfloat16 on GPUs (speculators' default), float32 on the CPU; an explicit choice stands. torch's
+    CPU autocast to float32 runs without autocast, and its warning that it does is silenced on the CPU."""
+    import warnings
+
+    from backend.train.config import resolved_dtype
+    from backend.train.plan import speculators_argv
+
+    assert [resolved_dtype("auto", cpu) for cpu in (True, False)] == ["float32", "bfloat16"]
+    assert resolved_dtype("bfloat16", True) == "bfloat16" and resolved_dtype("float32", False) == "float32"
+    with pytest.raises(ConfigError, match="auto, bfloat16 or float32"):
+        parse_config(["--verifier", "/v", "--hidden-states-dtype", "float16"]).validate()
+    c = parse_config(["--verifier", "/v"])
+    for cpu, dtype in ((True, "float32"), (False, "bfloat16")):
+        argv = speculators_argv(c, train_data="d", hidden_states="h", save_path="s", layer_ids=[1, 2, 3],
+                                vocab=None, remote_code=False, cpu=cpu, num_workers=0, log_dir="l", cache_dir="c")
+        assert argv[argv.index("--hidden-states-dtype") + 1] == dtype
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with adapters.no_accelerator(), torch.autocast("cpu", dtype=torch.float32):
+            torch.ones(2, 2) @ torch.ones(2, 2)
+        assert not [w for w in caught if "autocast" in str(w.message)], [str(w.message) for w in caught]
+        with torch.autocast("cpu", dtype=torch.float32):  # outside the adapter torch says it
+            pass
+        assert [w for w in caught if "autocast" in str(w.message)]
+
+
 # ---- metrics capture ------------------------------------------------------------------------------------
 def _record(msg, **extra) -> logging.LogRecord:
     record = logging.LogRecord("speculators.metrics", logging.INFO, __file__, 1, msg, None, None)

@@ -16,6 +16,9 @@ Device (applied ONLY when torch reports no accelerator; on a GPU host speculator
      -> `speculators.train.checkpointer.get_current_device` answers "cpu" inside `no_accelerator()`.
   4. `Trainer` autocasts with `device_type="cuda"` when there is no accelerator.
      -> `HostTrainer` sets `device_type` to `autocast_device_type()` ("cpu").
+     On the CPU the stage computes in float32 (backend/train/config.py: resolved_dtype), and torch's CPU
+     autocast then warns at each autocast site that float32 is not an autocast dtype and runs without
+     autocast, which is what is asked: `no_accelerator()` silences that one warning.
   Also on CPU the stage passes `--draft-attn-impl sdpa` (FlexAttention has no CPU backward) and
   `--loss-implementation eager` (the fused loss needs Triton): flags, not patches.
 
@@ -101,15 +104,19 @@ def _replaced(module: Any, name: str, value: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def no_accelerator() -> Iterator[list[str]]:
-    """Device adapters 1 and 3 while the block runs, only when there is no accelerator (yields the names
-    of what was applied, for the log; empty on a GPU host)."""
+    """Device adapters 1 and 3, and 4's float32 warning silenced, while the block runs, only when there is
+    no accelerator (yields the names of what was applied, for the log; empty on a GPU host)."""
     if accelerator_present():
         yield []
         return
+    import warnings
+
     from speculators.train import checkpointer, trainer
 
     with _replaced(trainer, "_StepTimer", _step_timer_class()), \
-            _replaced(checkpointer, "get_current_device", lambda: "cpu"):
+            _replaced(checkpointer, "get_current_device", lambda: "cpu"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="In CPU autocast, but the target dtype is not supported",
+                                category=UserWarning)
         yield ["step timer without accelerator synchronize", "checkpoint map_location cpu"]
 
 

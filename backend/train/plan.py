@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backend.contract.runs import write_json_atomic
-from backend.train.config import TrainStageConfig, check_extra_args
+from backend.train.config import TrainStageConfig, check_extra_args, resolved_dtype
 
 PLAN_FILE = "train_plan.json"
 STATUS_FILE = "train_status.json"  # written by rank 0 when training returns: completed | stopped
@@ -65,7 +65,8 @@ def speculators_argv(c: TrainStageConfig, *, train_data: str, hidden_states: str
             "--lr", repr(c.lr), "--ttt-steps", str(c.speculative_tokens), "--total-seq-len", str(c.seq_length),
             "--optimizer", c.optimizer, "--seed", str(c.seed),
             "--checkpoint-freq", repr(c.checkpoint_freq), "--log-freq", str(c.log_freq),
-            "--num-workers", str(num_workers), "--hidden-states-dtype", c.hidden_states_dtype,
+            "--num-workers", str(num_workers),
+            "--hidden-states-dtype", resolved_dtype(c.hidden_states_dtype, cpu),
             "--train-data-ratio", repr(c.train_data_ratio), "--logger", "", "--log-dir", log_dir]
     if c.max_steps is not None:
         argv += ["--max-steps", str(c.max_steps)]

@@ -28,7 +28,7 @@ from backend.kit.swap_plan import PlanError, SwapPlan, check_server_layers, load
 from backend.train import launch
 from backend.kit.hostfacts import check_host
 from backend.train import preflight as pf
-from backend.train.config import ConfigError, TrainStageConfig
+from backend.train.config import ConfigError, TrainStageConfig, resolved_dtype
 from backend.train.plan import CHECKPOINTS_DIR, VOCAB_DIR, TrainPlan, read_status, speculators_argv
 from backend.train.vocab import VocabChoice
 from backend.train.warm_start import WarmStart, WarmStartError
@@ -130,16 +130,22 @@ def choose_vocab(c: TrainStageConfig, inputs: "Inputs") -> "VocabChoice":
     return vb.by_coverage(freq, vocab, c.vocab_coverage, c.vocab_floor)
 
 
-def identity_of(c: TrainStageConfig, inputs: Inputs) -> dict[str, Any]:
-    """What makes two train runs the same run: changing any of these refuses a resume."""
+def identity_of(c: TrainStageConfig, inputs: Inputs, cpu: bool) -> dict[str, Any]:
+    """What makes two train runs the same run: changing any of these refuses a resume (the dtype as it
+    resolves, so a run started with an explicit bfloat16 on GPUs resumes under auto)."""
     return {"input_run": inputs.run.run_id, "input_stage": inputs.run.stage, "verifier": inputs.info.path,
             "verifier_fingerprint": inputs.info.fingerprint, "aux_layer_ids": inputs.layer_ids,
             "epochs": c.epochs, "lr": c.lr, "speculative_tokens": c.speculative_tokens,
             "draft_vocab_size": c.draft_vocab_size, "seq_length": c.seq_length, "draft_layers": c.draft_layers,
-            "optimizer": c.optimizer, "seed": c.seed, "hidden_states_dtype": c.hidden_states_dtype,
+            "optimizer": c.optimizer, "seed": c.seed,
+            "hidden_states_dtype": resolved_dtype(c.hidden_states_dtype, cpu),
             "train_data_ratio": c.train_data_ratio, "max_steps": c.max_steps, "online": c.online,
             "extra_args": c.extra_args,
             **({"from_pretrained": inputs.warm.checkpoint} if inputs.warm else {})}
+
+
+def on_cpu(c: TrainStageConfig, processes: int) -> bool:
+    return processes == 0 or c.simulated_gpus  # simulated GPUs are checked, never computed on
 
 
 def gpu_count() -> int:
@@ -292,7 +298,7 @@ class Stage:
             report = self.preflight(inputs, processes, available, run_path(c.work_dir, c.run_id))
             print(json.dumps(report.to_dict(), indent=2))
             return exitcodes.COMPLETED if report.ok else exitcodes.FAILED
-        manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs),
+        manifest = Manifest(stage=STAGE, run_id=c.run_id, identity=identity_of(c, inputs, on_cpu(c, processes)),
                             settings={"gpus": processes, "vllm_endpoint": c.vllm_endpoint, "plan": c.plan,
                                       "served_model": c.served_model,
                                       "checkpoint_freq": c.checkpoint_freq, "log_freq": c.log_freq,
@@ -336,7 +342,7 @@ class Stage:
             from backend.train import warm_start
 
             staged = warm_start.stage(inputs.warm, run_dir.path, inputs.info)
-        cpu = processes == 0 or c.simulated_gpus  # simulated GPUs are checked, never computed on
+        cpu = on_cpu(c, processes)
         workers = c.num_workers if c.num_workers is not None else (0 if cpu else 4)
         plan = TrainPlan(run_id=c.run_id, run_dir=run_dir.path, events_path=run_dir.events_path,
                          verifier=inputs.info.path, save_path=save_path, processes=max(1, processes),

@@ -152,6 +152,8 @@ def train(plan: TrainPlan, stop_check: Callable[[], bool] | None = None) -> str:
             d2t, t2d, draft_vocab_size = parse_vocab_mappings(args)
             model_class = SpeculatorModel.registry["eagle3"]
             draft = build_draft_model(args, model_class, t2d, d2t, draft_vocab_size)
+            if dtype == torch.float32:  # computed without autocast: a warm start's bfloat16 weights are cast once
+                draft.float()
             hidden_size = draft.config.transformer_layer_config.hidden_size
             transfer = HiddenStatesBackend.registry[args.hidden_states_backend].from_train_args(args, args.data_path)
             train_loader, val_loader = create_train_val_loaders(
