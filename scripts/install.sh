@@ -84,7 +84,9 @@ e3_install() {
         echo "install: $venv is up to date ($mode)" >&2
     else
         rm -f "$stamp_file"
-        local pip=("$py" -m pip install -q --disable-pip-version-check)
+        # --no-compile: pip byte-compiles every module it installs (torch alone: 28 CPU-s, 10 without);
+        # python compiles only what is imported, once, on first use
+        local pip=("$py" -m pip install -q --disable-pip-version-check --no-compile)
         if [ "$mode" = full ]; then
             # CPU torch first, alone, from the wheel on disk: asked for indirectly (as a dependency of
             # speculators), pip would fetch a multi-GB CUDA build; pinned again in the next call for the same reason.

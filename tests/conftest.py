@@ -26,7 +26,7 @@ if _REPO_ROOT not in sys.path:
 from harness.generate_support import StandIn  # noqa: E402
 from harness.rig.availability import rig_unavailable  # noqa: E402
 from harness.rig.rootfs import RigUnavailable  # noqa: E402
-from harness.rig.sshd import SshdServer  # noqa: E402
+from harness.rig.sshd import SshdServer, clear_stale_pyenv_lock  # noqa: E402
 
 from console import demo  # noqa: E402
 
@@ -154,11 +154,18 @@ def _start_sshd(workdir: Path) -> SshdServer:
 
 
 @pytest.fixture(scope="session")
-def sshd_server(tmp_path_factory):
-    """A real sshd on 127.0.0.1 for the whole session; tests that kill it must start() it again."""
+def _sshd_session(tmp_path_factory):
     server = _start_sshd(tmp_path_factory.mktemp("sshd"))
     yield server
     server.kill_all()
+
+
+@pytest.fixture
+def sshd_server(_sshd_session):
+    """A real sshd on 127.0.0.1 for the whole session; tests that kill it must start() it again. Before
+    each test a pyenv lock that an earlier test's killed login left is cleared (harness/rig/sshd.py)."""
+    clear_stale_pyenv_lock()
+    return _sshd_session
 
 
 @pytest.fixture

@@ -92,3 +92,22 @@ def test_rig_unavailable_skips_locally_and_fails_under_ci(monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="under CI: no debootstrap"):
         rig_unavailable("no debootstrap")
+
+
+def test_a_stale_pyenv_rehash_lock_is_cleared_and_a_live_one_kept(tmp_path, monkeypatch):
+    """What a login killed mid-rehash leaves (every later login to the test sshd then says "pyenv: cannot
+    rehash" on stderr): older than pyenv's own 60 s wait, nothing holds it."""
+    import os
+    import time
+
+    from harness.rig.sshd import PYENV_STALE_S, clear_stale_pyenv_lock
+
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    assert clear_stale_pyenv_lock() is None  # no pyenv, or no lock: nothing to do
+    lock = tmp_path / "shims" / ".pyenv-shim"
+    lock.parent.mkdir()
+    lock.touch()
+    assert clear_stale_pyenv_lock() is None and lock.exists()  # a rehash under way holds it
+    old = time.time() - PYENV_STALE_S - 5
+    os.utime(lock, (old, old))
+    assert clear_stale_pyenv_lock() == str(lock) and not lock.exists()

@@ -12,6 +12,24 @@ from pathlib import Path
 from . import keys, procs
 from .rootfs import RigUnavailable
 
+PYENV_STALE_S = 60.0  # pyenv's own default wait for its rehash lock (PYENV_REHASH_TIMEOUT)
+
+
+def clear_stale_pyenv_lock() -> str | None:
+    """Every login to the test sshd runs root's shell rc; where that runs `pyenv init -`, each login
+    rehashes under a lock file that a session killed mid-login (the drop and kill tests) leaves behind, and
+    every later login then prints "pyenv: cannot rehash: couldn't acquire lock" into the command's stderr.
+    A lock older than pyenv's own timeout is one no rehash holds: removed, and said (the path, or None)."""
+    lock = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "shims" / ".pyenv-shim"
+    try:
+        if time.time() - lock.stat().st_mtime < PYENV_STALE_S:
+            return None
+        lock.unlink()
+    except OSError:
+        return None
+    print(f"rig sshd: removed pyenv's stale rehash lock {lock} (a login killed mid-rehash left it)")
+    return str(lock)
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -85,6 +103,7 @@ class SshdServer:
         """Start (or restart) sshd on the same port with the same host key; wait until it accepts."""
         if self.proc is not None and self.proc.poll() is None:
             return
+        clear_stale_pyenv_lock()
         check = subprocess.run([SSHD, "-t", "-f", str(self.workdir / "sshd_config")],
                                capture_output=True, text=True, timeout=30)
         if check.returncode != 0:
