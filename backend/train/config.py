@@ -29,8 +29,10 @@ OWNED_FLAGS = ("--speculator-type", "--verifier-name-or-path", "--data-path", "-
 
 def resolved_dtype(requested: str, cpu: bool) -> str:
     """The dtype a run computes in. On the CPU, speculators' bfloat16 autocast is emulated where the CPU has
-    no bfloat16 units (AVX2): the demo's drafter trained in 14.6 s in float32 against 20.2 s in bfloat16, to
-    the same acceptance. The weights are float32 either way (autocast casts per op)."""
+    no bfloat16 units (AVX2): a small demo training took 14.5 CPU-s in float32 against 20.0 in bfloat16
+    (about 9 of each is imports), to the same acceptance. The draft's own weights are float32 either way
+    (autocast casts per op); a warm start's bfloat16 weights are cast when it computes in float32
+    (backend/train/worker.py)."""
     if requested != "auto":
         return requested
     return "float32" if cpu else "bfloat16"
