@@ -71,6 +71,15 @@ def test_telemetry_and_control_never_import_the_ui():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_headless_commands_import_no_host_program_libraries():
+    """Scripts and tests call `eagle3-console status` / `wait-ready` hundreds of times: importing the
+    generate stage's HTTP client (aiohttp) or torch with it cost each call 0.2 CPU-s or more for nothing."""
+    code = ("import sys, console.cli; heavy = ('aiohttp', 'torch', 'transformers', 'datasets', 'speculators'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_backend_imports_nothing_of_the_operator_side():
     graph = module_imports()
     for mod, deps in graph.items():

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from backend.bench import PAIR_STAGE
 from backend.contract import stages as host_stages
 from backend.contract.runs import RUN_ID_PATTERN
-from backend.generate.preflight import human_bytes
+from backend.kit.preflight import human_bytes
 from console import exitcodes
 from console.commands.server_cmd import load_or_exit
 from console.control.disk import DiskError, PrunePlan, RunSpace, parse_duration, prune, selection_args, survey
