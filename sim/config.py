@@ -138,8 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-num-seqs", type=int, default=256)
     a("--access-log", action="store_true", help="uvicorn-style access lines (off: the benchmark is loud)")
     a("--text-backend", choices=("canned", "tinylm", "auto"), default="canned",
-      help="canned: instant canned text (default); tinylm: a tiny local model built at first use (needs torch, "
-           "transformers, tokenizers); auto: tinylm when those import, else canned")
+      help="canned: instant canned text (default); tinylm: a tiny local model built at first use (building it "
+           "needs torch, transformers, tokenizers; plain serving runs it in numpy, a drafter or hidden-state "
+           "extraction in torch); auto: tinylm when it can run, else canned")
     a("--fault", action="append", default=[], metavar="KIND[:VALUE]")
     a("--attention-backend", help="CPU_ATTN: serve as vLLM's CPU build does, which starts with any head size "
       "and dies at the first request when its kernel lacks the model's (the --model directory's config.json); "

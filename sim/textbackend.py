@@ -1,9 +1,9 @@
 """Where the stand-in's text comes from: `canned` (textgen: instant, toy tokenizer) or `tinylm` (a real
 tiny model, tinylm_text), chosen by `--text-backend canned|tinylm|auto`.
 
-`auto` takes tinylm when torch, transformers and tokenizers import, else canned, and says why. Resolving
-tinylm may build the model (first use, seconds) and always imports torch, so `resolve` is blocking: the
-server runs it in a thread while it prints the load sequence.
+`auto` takes tinylm when it can run (built, or buildable: torch, transformers and tokenizers import), else
+canned, and says why. Resolving tinylm may build the model (first use, seconds) and imports numpy or torch,
+so `resolve` is blocking: the server runs it in a thread while it prints the load sequence.
 """
 from __future__ import annotations
 
@@ -92,18 +92,22 @@ class TextBackendError(RuntimeError):
     pass
 
 
-def resolve(mode: str, *, response_tokens: int | None = None, model_dir: Path | None = None) -> Resolved:
-    """The backend for `--text-backend mode`; for tinylm, builds the tiny verifier when not cached.
-    An explicit `tinylm` that cannot run raises TextBackendError; `auto` falls back to canned."""
+def resolve(mode: str, *, response_tokens: int | None = None, model_dir: Path | None = None,
+            torch: bool = False) -> Resolved:
+    """The backend for `--text-backend mode`; for tinylm, builds the tiny verifier when not cached (which
+    needs torch and transformers). `torch`: the served model must be transformers' (a drafter decodes
+    against it, or hidden states are extracted from it); otherwise a built model is served by the numpy
+    forward pass where it covers the checkpoint. An explicit `tinylm` that cannot run raises
+    TextBackendError; `auto` falls back to canned."""
     if mode not in MODES:
         raise TextBackendError(f"unknown text backend {mode!r} (choose from {', '.join(MODES)})")
     if mode == "canned":
         return Resolved(CannedText(response_tokens), mode, "")
     try:
-        tinylm.check_available()
+        tinylm.check_available(torch=torch)
         directory = model_dir or tinylm.ensure_model()
         from sim.tinylm_text import TinyText
-        return Resolved(TinyText(directory), mode, "")
+        return Resolved(TinyText(directory, engine=_engine(directory, torch)), mode, "")
     except tinylm.TinyLMUnavailable as exc:
         if mode == "tinylm":
             raise TextBackendError(f"--text-backend tinylm needs torch, transformers and tokenizers (the "
@@ -111,13 +115,27 @@ def resolve(mode: str, *, response_tokens: int | None = None, model_dir: Path | 
         return Resolved(CannedText(response_tokens), mode, f"auto: tiny model unavailable: {exc}")
 
 
-def start_resolve(mode: str, *, response_tokens: int | None = None) -> "asyncio.Future[Resolved]":
+def _engine(directory: Path, torch: bool) -> str:
+    """numpy unless torch is asked for or the checkpoint is beyond the numpy forward pass (then torch,
+    checked importable: TinyLMUnavailable otherwise)."""
+    import json
+
+    from sim.tinylm_numpy import supports
+
+    if not torch and supports(json.loads((directory / "config.json").read_text())) is None:
+        return "numpy"
+    tinylm.check_available(torch=True)
+    return "torch"
+
+
+def start_resolve(mode: str, *, response_tokens: int | None = None,
+                  torch: bool = False) -> "asyncio.Future[Resolved]":
     """`resolve` on a daemon thread, as a future of the running loop."""
     if mode == "canned":  # nothing to import or build: no thread
         fut: asyncio.Future[Resolved] = asyncio.get_running_loop().create_future()
         fut.set_result(resolve(mode, response_tokens=response_tokens))
         return fut
-    return in_daemon_thread(lambda: resolve(mode, response_tokens=response_tokens), "text-backend")
+    return in_daemon_thread(lambda: resolve(mode, response_tokens=response_tokens, torch=torch), "text-backend")
 
 
 def in_daemon_thread(fn: Callable[[], T], name: str) -> "asyncio.Future[T]":

@@ -98,14 +98,21 @@ class TinyLMUnavailable(RuntimeError):
 DISABLE_ENV = "EAGLE3_SIM_NO_TINYLM"  # set to 1 to act as if the `train` extra were not installed
 
 
-def check_available() -> None:
-    """Import what the tiny model needs; raise TinyLMUnavailable with the reason otherwise."""
+def check_available(*, torch: bool = True) -> None:
+    """Import what the tiny model needs (to build it or run it with torch: torch and transformers; to
+    serve a built one with the numpy forward pass: numpy, jinja2, safetensors); raise TinyLMUnavailable
+    with the reason otherwise."""
     if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
         raise TinyLMUnavailable(f"turned off by {DISABLE_ENV}={os.environ[DISABLE_ENV]}")
     try:
         import tokenizers  # noqa: F401
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
+        if torch:
+            import torch as _torch  # noqa: F401
+            import transformers  # noqa: F401
+        else:
+            import jinja2  # noqa: F401
+            import numpy  # noqa: F401
+            import safetensors.numpy  # noqa: F401
     except Exception as exc:  # a broken install raises more than ImportError (e.g. torchvision ops)
         raise TinyLMUnavailable(f"{type(exc).__name__}: {exc}") from None
     try:

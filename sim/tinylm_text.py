@@ -12,6 +12,7 @@ Generation runs in a worker thread, one request at a time, so the event loop kee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -57,30 +58,72 @@ def sampling_from(body: dict[str, Any]) -> Sampling:
     return s
 
 
+ENGINES = ("numpy", "torch")
+
+
+def chat_template_renderer(template: str) -> Callable[..., str]:
+    """The checkpoint's chat template compiled as transformers' apply_chat_template compiles it (a sandboxed
+    jinja2 environment, trim_blocks and lstrip_blocks, loop controls, its tojson and raise_exception),
+    which is also what vLLM renders with; tests/test_sim_tinylm.py checks the two agree."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render
+
+
 class TinyText:
+    """The tiny verifier serving text. `engine`: "numpy" (sim/tinylm_numpy.py: no torch or transformers, what
+    a stand-in that only generates uses) or "torch" (transformers' model: what a drafter decodes against and
+    hidden states are extracted from). The tokenizer and chat template are the same either way."""
     name = "tinylm"
 
-    def __init__(self, directory: Path):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
+    def __init__(self, directory: Path, *, engine: str = "torch"):
+        from tokenizers import Tokenizer
 
-        hf_logging.disable_progress_bar()  # its bars would land in the server log between vLLM's lines
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r} (choose from {', '.join(ENGINES)})")
         self.model_dir = str(directory)
-        self._torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(directory)
-        self._fast = self.tokenizer.backend_tokenizer  # the `tokenizers` object: encode/decode without overhead
-        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        self.engine = engine
+        self._fast = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        tok_config = json.loads((directory / "tokenizer_config.json").read_text())
+        self._render = chat_template_renderer(tok_config["chat_template"])
+        # transformers hands the template the special tokens too (bos_token, eos_token, ...)
+        self._template_vars = {k: v for k, v in tok_config.items() if k.endswith("_token") and isinstance(v, str)}
+        config = json.loads((directory / "config.json").read_text())
+        if engine == "numpy":
+            from sim.tinylm_numpy import NumpyLlama
+
+            self._torch: Any = None
+            self.model: Any = NumpyLlama(directory)
+        else:
+            import torch
+            from transformers import AutoModelForCausalLM
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # its bars would land in the server log between vLLM's lines
+            self._torch = torch
+            self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
         gen = json.loads((directory / "generation_config.json").read_text())
         self.default_temperature = float(gen.get("temperature", 1.0)) if gen.get("do_sample", True) else 0.0
         self.default_top_p = float(gen.get("top_p", 1.0))
         self.vocab_size = self._fast.get_vocab_size()
-        self.max_positions = int(self.model.config.max_position_embeddings)
+        self.max_positions = int(config["max_position_embeddings"])
         self.eos_id = self._fast.token_to_id(tinylm.EOS)
         self.think_id = self._fast.token_to_id(tinylm.THINK)
         self.end_think_id = self._fast.token_to_id(tinylm.END_THINK)
         self.special_ids = {self._fast.token_to_id(t) for t in tinylm.SPECIAL_TOKENS}
-        self.layers = int(self.model.config.num_hidden_layers)
+        self.layers = int(config["num_hidden_layers"])
         self.max_model_len: int | None = self.max_positions
         self._lock = threading.Lock()
         self.drafter: Any = None  # sim/specdec.Eagle3Drafter when served with --speculative-config
@@ -88,13 +131,13 @@ class TinyText:
         self.synthetic: Any = None
 
     def describe(self) -> str:
-        return f"{self.model_dir}, {self.layers} layers, vocab {self.vocab_size}"
+        return f"{self.model_dir}, {self.layers} layers, vocab {self.vocab_size}, {self.engine} forward pass"
 
     # ---- prompts ---------------------------------------------------------------------------------
     def chat_prompt(self, messages: list[dict[str, Any]], *, thinking: bool, add_generation_prompt: bool = True) -> list[int]:
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, thinking=thinking,
-                                                      add_generation_prompt=add_generation_prompt)
+            text = self._render(**self._template_vars, messages=messages, thinking=thinking,
+                                add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # jinja errors on odd message shapes: the caller answers 400
             raise ValueError(f"cannot render the chat template: {exc}") from None
         return self.encode(text)
@@ -110,6 +153,8 @@ class TinyText:
     def use_drafter(self, drafter: Any, k: int, synthetic: Any = None) -> None:
         """Decode speculatively with `drafter` (sim/specdec.py), proposing `k` tokens per step; `synthetic`:
         the conditional rates of vLLM's synthetic sampler (the acceptance is set, not the draft's)."""
+        if self._torch is None:
+            raise ValueError("a drafter decodes against the torch model: load the tiny verifier with engine='torch'")
         self.drafter, self.spec_k, self.synthetic = drafter, k, synthetic
 
     def budget(self, prompt_len: int, max_tokens: int) -> int:
@@ -183,10 +228,12 @@ class TinyText:
         so concurrent requests take turns step by step (as a batch advances together), not request by
         request."""
         torch = self._torch
-        steps = self._steps(prompt_ids, max_tokens, sampling, counts)
+        steps = (self._steps(prompt_ids, max_tokens, sampling, counts) if torch is not None else
+                 self._numpy_steps(prompt_ids, max_tokens, sampling))
         while stop is None or not stop.is_set():
-            with self._lock, torch.inference_mode():
-                torch.set_num_threads(1)
+            with self._lock, (torch.inference_mode() if torch is not None else contextlib.nullcontext()):
+                if torch is not None:
+                    torch.set_num_threads(1)
                 tokens = next(steps, None)
             if tokens is None:
                 return
@@ -232,11 +279,36 @@ class TinyText:
             step = self.model(input_ids=torch.tensor([[token]]), past_key_values=step.past_key_values,
                               use_cache=True)
 
+    def _numpy_steps(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling) -> Iterator[list[int]]:
+        """What `_steps` does without a drafter, on the numpy forward pass: one token per step."""
+        import numpy as np
+
+        from sim.tinylm_numpy import draw, sampling_probs
+
+        budget = self.budget(len(prompt_ids), max_tokens)
+        temperature = sampling.temperature if sampling.temperature is not None else self.default_temperature
+        top_p = sampling.top_p if sampling.top_p is not None else self.default_top_p
+        rng = np.random.default_rng(sampling.seed)  # no seed: fresh entropy, as torch's gen.seed()
+        if budget <= 0:
+            return
+        cache = self.model.new_cache(len(prompt_ids) + budget)
+        logits = self.model.forward(prompt_ids, cache)[-1]
+        for made in range(1, budget + 1):
+            token = (int(np.argmax(logits)) if temperature == 0 else
+                     draw(sampling_probs(logits, temperature, top_p, sampling.top_k), rng))
+            yield [token]
+            if token == self.eos_id or made == budget:
+                return
+            logits = self.model.forward([token], cache)[-1]
+
     def hidden_states(self, prompt_ids: list[int], layer_ids: Any) -> Any:
         """The prompt's hidden states, one per layer id given (sim/hidden_states.py), computed under the
         same lock as generation: one forward pass at a time on this model."""
         from sim import hidden_states
 
+        if self._torch is None:
+            raise ValueError("hidden states are extracted from the torch model: load the tiny verifier with "
+                             "engine='torch'")
         with self._lock:
             self._torch.set_num_threads(1)
             return hidden_states.compute(self.model, prompt_ids, layer_ids)

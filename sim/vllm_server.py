@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import random
 import signal
 import socket
@@ -125,7 +126,9 @@ class Server:
                 return 0
             except asyncio.TimeoutError:
                 pass
-        text = start_resolve(cfg.text_backend, response_tokens=cfg.response_tokens)
+        # a drafter decodes against the torch model, and hidden states come from it; plain text is numpy's
+        text = start_resolve(cfg.text_backend, response_tokens=cfg.response_tokens,
+                             torch=cfg.drafter_mode == "real" or bool(cfg.extract_layers))
         loader = Loader(cfg, sink, self.gpus, text)
         load = asyncio.create_task(loader.run())
         stopper = asyncio.create_task(self.stop.wait())
@@ -200,6 +203,9 @@ class Server:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the tiny model's numpy forward pass on one BLAS thread, as its torch one is held to one thread (read
+    # when numpy first loads, which is later, in the text backend's thread)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     cfg = parse_args(argv)
     sink = LogSink(cfg.traits(), log_file=cfg.log_file)
     return asyncio.run(Server(cfg, sink).run())

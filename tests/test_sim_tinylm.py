@@ -17,6 +17,7 @@ import pytest
 
 from sim import textbackend, tinycorpus, tinylm
 from sim.chat import CONTENT, REASONING
+from sim.tinylm_text import Sampling
 from harness.drafter_support import tiny_verifier, xdg_home
 from harness.sim_support import SimServer
 
@@ -151,6 +152,105 @@ def test_template_render_is_prefix_stable(tiny_text):
         assert tiny_text.chat_prompt(done, thinking=thinking, add_generation_prompt=False) == tiny_text.encode(turn.text)
 
 
+# ---- the numpy forward pass against transformers' model -----------------------------------------------
+@pytest.fixture(scope="module")
+def numpy_text(tiny_dir):
+    from sim.tinylm_text import TinyText
+    return TinyText(tiny_dir, engine="numpy")
+
+
+def test_the_numpy_forward_pass_computes_transformers_logits(tiny_dir, tiny_text, numpy_text):
+    import numpy as np
+    import torch
+
+    ids = tiny_text.chat_prompt(ASK, thinking=True) + list(range(9, 300))
+    with torch.no_grad():
+        want = tiny_text.model(input_ids=torch.tensor([ids])).logits[0].numpy()
+    model = numpy_text.model
+    whole = model.forward(ids, model.new_cache(len(ids)))
+    # and in pieces through the cache, as generation feeds it: a prompt, then one token at a time
+    cache = model.new_cache(len(ids))
+    pieces = np.concatenate([model.forward(ids[:40], cache), *(model.forward([t], cache) for t in ids[40:60]),
+                             model.forward(ids[60:], cache)])
+    scale = float(np.abs(want).max())
+    assert np.abs(whole - want).max() < 1e-5 * scale and np.abs(pieces - want).max() < 1e-5 * scale
+
+
+def test_the_numpy_forward_pass_decodes_what_the_torch_model_decodes(tiny_text, numpy_text):
+    for messages, thinking in ((ASK, True), (ASK, False),
+                               ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a heap?"}],
+                                True)):
+        prompt = tiny_text.chat_prompt(messages, thinking=thinking)
+        assert numpy_text.chat_prompt(messages, thinking=thinking) == prompt
+        assert numpy_text._generate(prompt, 300, Sampling(temperature=0)) == \
+            tiny_text._generate(prompt, 300, Sampling(temperature=0))
+    # seeded sampling repeats, unseeded varies; the budget and EOS end it as the torch loop does
+    prompt = numpy_text.chat_prompt(ASK, thinking=True)
+    seeded = Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=5)
+    assert numpy_text._generate(prompt, 60, seeded) == numpy_text._generate(prompt, 60, seeded)
+    assert len({tuple(numpy_text._generate(prompt, 60, Sampling(temperature=1.0))) for _ in range(4)}) > 1
+    assert len(numpy_text._generate(prompt, 7, Sampling(temperature=0))) == 7
+    assert numpy_text._generate(prompt, 0, Sampling(temperature=0)) == []
+
+
+def test_the_numpy_sampling_distribution_is_the_torch_one(tiny_text):
+    import numpy as np
+    import torch
+
+    from sim.tinylm_numpy import draw, sampling_probs
+
+    rng = np.random.default_rng(1)
+    for temperature, top_p, top_k in ((0.6, 0.95, None), (1.0, 1.0, None), (1.3, 0.5, 20), (0.7, 1.0, 1), (1.0, 0.9, -1)):
+        logits = rng.normal(0, 3, 512).astype(np.float32)
+        want = tiny_text._probs(torch.from_numpy(logits), temperature, top_p, top_k).numpy()
+        got = sampling_probs(logits, temperature, top_p, top_k)
+        assert np.allclose(got, want, atol=1e-6) and ((got > 0) == (want > 0)).all(), (temperature, top_p, top_k)
+    probs = np.array([0.0, 0.25, 0.0, 0.75, 0.0], np.float32)
+    counts = np.bincount([draw(probs, rng) for _ in range(4000)], minlength=5)
+    assert counts[[0, 2, 4]].sum() == 0 and 0.2 < counts[1] / 4000 < 0.3
+
+
+def test_the_chat_template_and_tokenizer_are_transformers_own(tiny_dir, numpy_text):
+    """TinyText renders the template and encodes without transformers; vLLM uses transformers' for both."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    conversations = [ASK, [{"role": "system", "content": "S."}, *ASK, {"role": "assistant", "content": "A.",
+                                                                      "reasoning": "R."}],
+                     [{"role": "user", "content": [{"type": "text", "text": "part one, "}, {"type": "text", "text": "two"}]}],
+                     [{"role": "user", "content": ""}, {"role": "assistant", "content": "x", "reasoning_content": "y"}],
+                     [{"role": "tool", "content": "é ✓ 漢字 {\"k\": 1}"}]]
+    for messages in conversations:
+        for thinking in (True, False):
+            for gen in (True, False):
+                want = tok.apply_chat_template(messages, tokenize=False, thinking=thinking, add_generation_prompt=gen)
+                assert numpy_text.chat_prompt(messages, thinking=thinking, add_generation_prompt=gen) == \
+                    tok(want, add_special_tokens=False)["input_ids"], (messages, thinking, gen)
+    odd = [{"role": "user", "content": 5}]  # a shape the template cannot render: both refuse it
+    with pytest.raises(Exception):
+        tok.apply_chat_template(odd, tokenize=False)
+    with pytest.raises(ValueError, match="cannot render the chat template"):
+        numpy_text.chat_prompt(odd, thinking=True)
+
+
+def test_checkpoints_beyond_the_numpy_pass_are_served_by_torch(tiny_dir, tmp_path):
+    from sim.textbackend import _engine
+    from sim.tinylm_numpy import NumpyLlama, supports
+
+    config = json.loads((tiny_dir / "config.json").read_text())
+    assert supports(config) is None
+    assert "scaled rotary" in supports({**config, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})
+    assert "biased" in supports({**config, "attention_bias": True})
+    assert "not LlamaForCausalLM" in supports({**config, "architectures": ["Qwen3ForCausalLM"]})
+    other = tmp_path / "m"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
+    assert _engine(other, torch=False) == "torch" and _engine(tiny_dir, torch=False) == "numpy"
+    assert _engine(tiny_dir, torch=True) == "torch"
+    with pytest.raises(ValueError, match="does not cover it .biased projections."):
+        NumpyLlama(other)
+
+
 # ---- the corpus and the demo's questions -----------------------------------------------------------
 def test_corpus_is_documentation_prose_in_the_chat_layout():
     sections = tinycorpus.doc_sections()
@@ -264,7 +364,7 @@ def test_sampling_parameters_checked():
 
 
 # ---- auto and its fallback ------------------------------------------------------------------------
-def test_auto_falls_back_when_transformers_does_not_import(monkeypatch):
+def test_auto_falls_back_when_transformers_does_not_import(monkeypatch, tmp_path):
     real_import = builtins.__import__
 
     def no_transformers(name, *args, **kwargs):
@@ -274,6 +374,8 @@ def test_auto_falls_back_when_transformers_does_not_import(monkeypatch):
 
     monkeypatch.delenv(tinylm.DISABLE_ENV, raising=False)
     monkeypatch.setattr(builtins, "__import__", no_transformers)
+    # nothing built yet: building needs transformers
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     resolved = textbackend.resolve("auto")
     assert resolved.backend.name == "canned" and "transformers" in resolved.note
     assert resolved.info() == {"simulated": True, "text_backend": "canned", "model_dir": None,
@@ -283,6 +385,27 @@ def test_auto_falls_back_when_transformers_does_not_import(monkeypatch):
         textbackend.resolve("tinylm")
     with pytest.raises(textbackend.TextBackendError, match="unknown text backend"):
         textbackend.resolve("gpt")
+
+
+def test_a_built_model_serves_without_torch_or_transformers(tiny_dir, monkeypatch):
+    """The numpy forward pass serves a built model with neither importable; a drafter or hidden states
+    need the torch model, which then cannot be had."""
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delenv(tinylm.DISABLE_ENV, raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    resolved = textbackend.resolve("tinylm", model_dir=tiny_dir)
+    assert resolved.backend.engine == "numpy" and resolved.log_line().endswith(", numpy forward pass)")
+    out = resolved.backend.to_output(resolved.backend._generate(resolved.backend.chat_prompt(ASK, thinking=True), 40,
+                                                                Sampling(temperature=0)), thinking=True)
+    assert out.ids[0] == resolved.backend.think_id
+    with pytest.raises(textbackend.TextBackendError, match="--text-backend tinylm needs torch"):
+        textbackend.resolve("tinylm", model_dir=tiny_dir, torch=True)
 
 
 def test_stand_in_auto_without_train_extra_serves_canned(tmp_path):
