@@ -65,9 +65,16 @@ def test_run_refuses_a_second_run_of_a_running_stage(tmp_path):
     started = cli("demo-host", "start", "--dir", str(work), "--speed", "10")
     assert started.returncode == 0, started.stderr
     profile = started.stdout.strip()
+    from console.profile import load_profile, write_profile
+
+    # one request at a time: 200 records outlast the commands below even on a loaded machine (16 at a time
+    # the tiny model answers 150 in about 15 s)
+    edited = load_profile(profile)
+    edited.generate.concurrency = 1
+    write_profile(edited, profile, overwrite=True)
     try:
         assert cli("wait-ready", "--profile", profile, "--timeout", "60").returncode == 0
-        first = cli("run", "generate", "--profile", profile, "--run-id", "first", "--limit", "150")
+        first = cli("run", "generate", "--profile", profile, "--run-id", "first", "--limit", "200")
         assert first.returncode == 0, first.stderr
         second = cli("run", "generate", "--profile", profile, "--run-id", "second", "--limit", "2")
         assert second.returncode == 1
