@@ -24,6 +24,6 @@ installed=$SECONDS
 # the slowest tests named at the end of every full run: where the suite's time goes; then the whole
 # command's time (pytest's own line leaves out the installs)
 rc=0
-"$E3_PY" -m pytest -n "${E3_TEST_WORKERS:-3}" --dist loadgroup --no-loadscope-reorder --durations=15 "$@" || rc=$?
+"$E3_PY" -m pytest -n "${E3_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder --durations=15 "$@" || rc=$?
 echo "test.sh: $((SECONDS / 60)) min $((SECONDS % 60)) s in all: installs $installed s, pytest $((SECONDS - installed)) s"
 exit "$rc"
