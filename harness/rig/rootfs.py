@@ -6,6 +6,7 @@ renamed into place only when debootstrap succeeds, so a killed build is never mi
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -69,13 +70,24 @@ def check_prerequisites() -> None:
 
 
 def ensure_rootfs() -> Path:
-    """Return the cached root filesystem, building it first if needed (about a minute, needs the mirror)."""
+    """Return the cached root filesystem, building it first if needed (about a minute, needs the mirror).
+
+    One build at a time: the test command starts one in the background while it installs the console
+    (scripts/test.sh), and the rig's fixture waits for it here instead of building a second tree."""
     check_prerequisites()
     root = CACHE_DIR / cache_key()
     if (root / "lib/systemd/systemd").exists():
         return root
-    mirror = find_mirror()
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / f"{cache_key()}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / "lib/systemd/systemd").exists():
+            return root
+        return _build(root)
+
+
+def _build(root: Path) -> Path:
+    mirror = find_mirror()
     tmp = Path(tempfile.mkdtemp(prefix=f"{cache_key()}.building-", dir=CACHE_DIR))
     argv = ["debootstrap", f"--variant={VARIANT}", f"--include={','.join(PACKAGES)}",
             SUITE, str(tmp), mirror]
