@@ -42,6 +42,10 @@ installed=$SECONDS
 # need. The train stage on 64 records, 4 epochs, in a loaded run: 123 CPU-s with the default pool, 29 with
 # one thread, the same losses. vLLM's CPU engine binds its own threads (VLLM_CPU_OMP_THREADS_BIND).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# bytecode caches written: the run starts ~1,500 Python processes, and with PYTHONDONTWRITEBYTECODE set (as
+# some CI images set it) each compiled what it imported from source again, and each of the four workers
+# rewrote every test module's assertions again
+unset PYTHONDONTWRITEBYTECODE
 # the slowest tests named at the end of every full run: where the suite's time goes; then the whole
 # command's time (pytest's own line leaves out the installs)
 rc=0
