@@ -175,12 +175,20 @@ class TinyText:
 
     async def chat(self, messages: list[dict[str, Any]], prompt_ids: list[int], *, thinking: bool, max_tokens: int,
                    sampling: Sampling) -> Output:
-        ids = await asyncio.to_thread(self._generate, prompt_ids, max_tokens, sampling)
+        ids = await self._generated(prompt_ids, max_tokens, sampling)
         return self.to_output(ids, thinking=thinking)
 
     async def complete(self, prompt_ids: list[int], *, max_tokens: int, sampling: Sampling) -> Output:
-        ids = await asyncio.to_thread(self._generate, prompt_ids, max_tokens, sampling)
+        ids = await self._generated(prompt_ids, max_tokens, sampling)
         return self.to_output(ids, thinking=False)
+
+    def _generated(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling) -> "asyncio.Future[list[int]]":
+        # a daemon thread, as a streamed request's: vLLM ends at SIGTERM with requests in flight, and the
+        # default executor's threads are joined at exit (a drafter's long answer under load held the stand-in
+        # past its stop for more than 10 s)
+        from sim.textbackend import in_daemon_thread
+
+        return in_daemon_thread(lambda: self._generate(prompt_ids, max_tokens, sampling), "tinylm-request")
 
     def _generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, counts: Any = None) -> list[int]:
         out: list[int] = []

@@ -580,3 +580,23 @@ def test_generate_fits_prompts_to_the_tiny_models_context(tiny_server, tiny_text
     assert recs[1]["prompt_tokens"] == tokens(rows[1])  # /tokenize counted exactly what generation saw
     skipped = json.loads((run / "skipped.jsonl").read_text())
     assert skipped["index"] == 2 and skipped["prompt_tokens"] == tokens(rows[2])
+
+
+def test_an_answer_is_computed_on_a_daemon_thread(tiny_text, monkeypatch):
+    """vLLM ends at SIGTERM with requests in flight; the default executor's threads are joined at exit, so a
+    long answer (a drafter's, under load) held the stand-in past its stop (a CI-like run: over 10 s)."""
+    import asyncio
+    import threading
+
+    threads: list[threading.Thread] = []
+
+    def generate(prompt_ids, max_tokens, sampling, counts=None):
+        threads.append(threading.current_thread())
+        return [tiny_text.eos_id]
+
+    monkeypatch.setattr(tiny_text, "_generate", generate)
+    prompt = tiny_text.chat_prompt(ASK, thinking=False)
+    sampling = Sampling(0.0, None, None, None)
+    asyncio.run(tiny_text.chat(ASK, prompt, thinking=False, max_tokens=8, sampling=sampling))
+    asyncio.run(tiny_text.complete(prompt, max_tokens=8, sampling=sampling))
+    assert len(threads) == 2 and all(t.daemon and t is not threading.main_thread() for t in threads)
