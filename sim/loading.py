@@ -13,7 +13,8 @@ from sim import loadlog, tinylm
 from sim.config import SimConfig
 from sim.gpu_state import GpuState, write_state
 from sim.loadlog import API, ENGINE, WORKER, LogSink
-from sim.textbackend import Resolved, TextBackendError, in_daemon_thread
+from sim.daemon_thread import in_daemon_thread
+from sim.textbackend import Resolved, TextBackendError
 
 CONTEXT_GIB = 0.5  # CUDA context + NCCL buffers before any weight
 ACTIVATION_GIB = 3.0  # peak activations vLLM reserves when profiling

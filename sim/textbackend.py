@@ -8,15 +8,14 @@ so `resolve` is blocking: the server runs it in a thread while it prints the loa
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol
 
 from sim import chat, textgen, tinylm
+from sim.daemon_thread import in_daemon_thread
 
 MODES = ("canned", "tinylm", "auto")
-T = TypeVar("T")
 
 
 class TextBackend(Protocol):
@@ -136,31 +135,3 @@ def start_resolve(mode: str, *, response_tokens: int | None = None,
         fut.set_result(resolve(mode, response_tokens=response_tokens))
         return fut
     return in_daemon_thread(lambda: resolve(mode, response_tokens=response_tokens, torch=torch), "text-backend")
-
-
-def in_daemon_thread(fn: Callable[[], T], name: str) -> "asyncio.Future[T]":
-    """`fn()` on a daemon thread, as a future of the running loop. Not `to_thread`: the executor is
-    joined at exit, so a SIGTERM during a first build (or a slow import) would wait for it to finish."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
-
-    def work() -> None:
-        try:
-            result = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(settle, None, exc)
-            return
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(settle, result, None)
-
-    threading.Thread(target=work, name=name, daemon=True).start()
-    return fut

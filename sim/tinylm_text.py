@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from sim import tinylm
+from sim.daemon_thread import in_daemon_thread
 from sim.chat import CONTENT, REASONING, Output
 
 
@@ -183,11 +184,8 @@ class TinyText:
         return self.to_output(ids, thinking=False)
 
     def _generated(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling) -> "asyncio.Future[list[int]]":
-        # a daemon thread, as a streamed request's: vLLM ends at SIGTERM with requests in flight, and the
-        # default executor's threads are joined at exit (a drafter's long answer under load held the stand-in
-        # past its stop for more than 10 s)
-        from sim.textbackend import in_daemon_thread
-
+        # as a streamed request's: a drafter's long answer under load held the stand-in past SIGTERM for
+        # more than 10 s on the default executor
         return in_daemon_thread(lambda: self._generate(prompt_ids, max_tokens, sampling), "tinylm-request")
 
     def _generate(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, counts: Any = None) -> list[int]:
