@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from sim import tinylm
-from sim.daemon_thread import in_daemon_thread
 from sim.chat import CONTENT, REASONING, Output
+from sim.daemon_thread import in_daemon_thread
 
 
 @dataclass

@@ -103,7 +103,7 @@ def _build(root: Path) -> Path:
     try:
         tmp.rename(root)
     except OSError:
-        # Another process finished the same build first; theirs is as good as ours.
+        # a build that took no lock (an older checkout) finished first; theirs is as good as ours
         shutil.rmtree(tmp, ignore_errors=True)
         if not (root / "lib/systemd/systemd").exists():
             raise
