@@ -18,6 +18,12 @@ if [ "${1:-}" = "--fast" ]; then
     exec "$E3_PY" -m pytest -n "${E3_TEST_WORKERS:-2}" --dist loadgroup -m "not slow" "$@"
 fi
 
+# bytecode caches written: the run starts ~1,500 Python processes, and with PYTHONDONTWRITEBYTECODE set (as
+# some CI images set it) each compiled what it imported from source again, and each of the four workers
+# rewrote every test module's assertions again. Unset before the installs: they install with pip's
+# --no-compile, and their import checks compile what the programs import first.
+unset PYTHONDONTWRITEBYTECODE
+
 # Three installs overlap the console's (pip works on one core): the system packages (apt), then, as root,
 # the systemd rig's root filesystem (debootstrap, from those packages), and under CI=true (elsewhere the
 # engine tier skips without it) vLLM's CPU build. The last two would otherwise be built inside pytest on a
@@ -50,10 +56,6 @@ installed=$SECONDS
 # need. The train stage on 64 records, 4 epochs, in a loaded run: 123 CPU-s with the default pool, 29 with
 # one thread, the same losses. vLLM's CPU engine binds its own threads (VLLM_CPU_OMP_THREADS_BIND).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# bytecode caches written: the run starts ~1,500 Python processes, and with PYTHONDONTWRITEBYTECODE set (as
-# some CI images set it) each compiled what it imported from source again, and each of the four workers
-# rewrote every test module's assertions again
-unset PYTHONDONTWRITEBYTECODE
 # the slowest tests named at the end of every full run: where the suite's time goes; then the whole
 # command's time (pytest's own line leaves out the installs)
 rc=0
