@@ -41,12 +41,12 @@ def _rope(config: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Layer:
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
+    """One decoder layer's weights, transposed for `x @ w`. The projections that read the same input are
+    joined (q|k|v, gate|up): a decode step is one token, and a numpy call's fixed cost outweighs its
+    arithmetic at this width, so fewer, wider products halve the step."""
+    qkv: np.ndarray
     o: np.ndarray
-    gate: np.ndarray
-    up: np.ndarray
+    gate_up: np.ndarray
     down: np.ndarray
     input_norm: np.ndarray
     post_norm: np.ndarray
@@ -80,15 +80,20 @@ class NumpyLlama:
         self.embed = w["model.embed_tokens.weight"]
         self.lm_head = w["lm_head.weight"] if "lm_head.weight" in w else self.embed  # tied embeddings
         self.norm = w["model.norm.weight"]
-        p = "model.layers.{}."
-        self.layers = [Layer(*(w[p.format(i) + name + ".weight"].T.copy() for name in (
-            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")),
-            w[p.format(i) + "input_layernorm.weight"], w[p.format(i) + "post_attention_layernorm.weight"])
-            for i in range(int(c["num_hidden_layers"]))]
+        self.group = self.heads // self.kv_heads  # query heads per key/value head
+        self.layers = [self._layer(w, f"model.layers.{i}.") for i in range(int(c["num_hidden_layers"]))]
         theta = float(_rope(c)["rope_theta"])
         self.inv_freq = (1.0 / theta ** (np.arange(0, self.head_dim, 2, dtype=np.int64).astype(np.float32)
                                           / self.head_dim)).astype(np.float32)
+
+    @staticmethod
+    def _layer(w: dict[str, np.ndarray], p: str) -> Layer:
+        def t(*names: str) -> np.ndarray:
+            return np.ascontiguousarray(np.concatenate([w[p + name + ".weight"].T for name in names], axis=1))
+
+        return Layer(t("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), t("self_attn.o_proj"),
+                     t("mlp.gate_proj", "mlp.up_proj"), t("mlp.down_proj"),
+                     w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"])
 
     def new_cache(self, capacity: int) -> Cache:
         return Cache(self, min(capacity, self.max_positions))
@@ -96,33 +101,39 @@ class NumpyLlama:
     def forward(self, ids: list[int], cache: Cache) -> np.ndarray:
         """Logits [len(ids), vocab] of `ids` placed after what `cache` holds, which then holds them too."""
         start, n = cache.length, len(ids)
+        heads, kv_heads, group, d = self.heads, self.kv_heads, self.group, self.head_dim
+        q_width, kv_width = heads * d, kv_heads * d
         x = self.embed[np.asarray(ids, dtype=np.int64)]
         cos, sin = self._rotary(np.arange(start, start + n, dtype=np.int64))
-        mask = np.triu(np.full((n, start + n), -np.inf, np.float32), k=start + 1)
+        # one token sees every earlier position: no mask. The query heads that share a key/value head are
+        # stacked as rows of one product with it (grouped-query attention without copying the cache).
+        mask = None if n == 1 else np.tile(np.triu(np.full((n, start + n), -np.inf, np.float32), k=start + 1),
+                                           (group, 1))
+        scale = np.float32(d ** -0.5)
         for layer, k_all, v_all in zip(self.layers, cache.k, cache.v):
-            h = self._rms(x, layer.input_norm)
-            q = (h @ layer.q).reshape(n, self.heads, self.head_dim).transpose(1, 0, 2)
-            k = (h @ layer.k).reshape(n, self.kv_heads, self.head_dim).transpose(1, 0, 2)
-            v = (h @ layer.v).reshape(n, self.kv_heads, self.head_dim).transpose(1, 0, 2)
-            k_all[:, start:start + n] = k * cos + _rotate_half(k) * sin
-            v_all[:, start:start + n] = v
-            q = q * cos + _rotate_half(q) * sin
-            keys, values = k_all[:, :start + n], v_all[:, :start + n]
-            if self.kv_heads != self.heads:
-                keys = np.repeat(keys, self.heads // self.kv_heads, axis=0)
-                values = np.repeat(values, self.heads // self.kv_heads, axis=0)
-            scores = q @ keys.transpose(0, 2, 1) * np.float32(self.head_dim ** -0.5) + mask
+            qkv = self._rms(x, layer.input_norm) @ layer.qkv
+            # rotary on the query and key heads together: [heads + kv heads, n, d]
+            qk = qkv[:, :q_width + kv_width].reshape(n, heads + kv_heads, d).transpose(1, 0, 2)
+            qk = qk * cos + _rotate_half(qk) * sin
+            k_all[:, start:start + n] = qk[heads:]
+            v_all[:, start:start + n] = qkv[:, q_width + kv_width:].reshape(n, kv_heads, d).transpose(1, 0, 2)
+            q = qk[:heads].reshape(kv_heads, group * n, d)
+            scores = q @ k_all[:, :start + n].transpose(0, 2, 1) * scale
+            if mask is not None:
+                scores += mask
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            attn = (scores / scores.sum(axis=-1, keepdims=True)) @ values
-            x = x + attn.transpose(1, 0, 2).reshape(n, self.heads * self.head_dim) @ layer.o
-            h = self._rms(x, layer.post_norm)
-            gate = h @ layer.gate
-            x = x + ((gate / (1.0 + np.exp(-gate))) * (h @ layer.up)) @ layer.down
+            attn = (scores / scores.sum(axis=-1, keepdims=True)) @ v_all[:, :start + n]
+            x = x + attn.reshape(heads, n, d).transpose(1, 0, 2).reshape(n, q_width) @ layer.o
+            gate_up = self._rms(x, layer.post_norm) @ layer.gate_up
+            gate, up = gate_up[:, :gate_up.shape[1] // 2], gate_up[:, gate_up.shape[1] // 2:]
+            x = x + ((gate / (1.0 + np.exp(-gate))) * up) @ layer.down
         cache.length = start + n
         return self._rms(x, self.norm) @ self.lm_head.T
 
     def _rms(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return weight * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(self.eps)))
+        # np.mean's own arithmetic (a float32 sum, then the division) without its Python-level wrapper
+        mean = np.add.reduce(x * x, axis=-1, keepdims=True) / np.float32(x.shape[-1])
+        return weight * (x / np.sqrt(mean + np.float32(self.eps)))
 
     def _rotary(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         freqs = np.outer(positions.astype(np.float32), self.inv_freq)
