@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
+from harness import unit_times  # noqa: E402
 from harness.generate_support import StandIn  # noqa: E402
 from harness.rig.availability import rig_unavailable  # noqa: E402
 from harness.rig.rootfs import RigUnavailable  # noqa: E402
@@ -120,16 +122,26 @@ def _work_unit(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
+# What a module's test is expected to take when tests/unit_times.json does not list the module (a new one):
+# enough to start a slow unit early rather than last
+_UNLISTED_SLOW_S, _UNLISTED_FAST_S = 20.0, 0.1
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """`slow`, by rule: a test that starts a program, a demo host or a rig, or loads the training stack
     (itself, through a fixture, or through a helper of tests/ or harness/), or carries the rig, packaging or engine
     marker; the fast lane (`./scripts/test.sh --fast`) runs the rest.
 
-    Each test also gets its work unit (an xdist_group), and the units are ordered longest first, as far
-    as a rule can tell: the engine, then the systemd rig, then modules with slow tests, then the rest (the
-    workers take units in this order, so the long ones never start last)."""
+    Each test also gets its work unit (an xdist_group), and the units are ordered longest first: the workers
+    take units in this order, so the last ones taken are short and no worker runs alone at the end. A unit's
+    time is its tests' share of their modules' seconds in a recorded full run (tests/unit_times.json,
+    harness/unit_times.py); without a record, the rule that ranks the engine, then the systemd rig, then
+    modules with slow tests, then the rest."""
+    recorded = unit_times.load()
+    per_module = Counter(unit_times.module_of(item.nodeid) for item in items)
     rank: dict[str, int] = {}
+    seconds: Counter[str] = Counter()
     units: dict[str, str] = {}
     for item in items:
         slow = _is_slow(item)
@@ -139,7 +151,12 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(unit))
         order = 0 if unit.startswith("engine") else 1 if unit == "systemd-rig" else 2 if slow else 3
         rank[unit] = min(rank.get(unit, order), order)
-    items.sort(key=lambda item: rank[units[item.nodeid]])  # stable: a module keeps its own order
+        module = unit_times.module_of(item.nodeid)
+        seconds[unit] += (recorded[module] / per_module[module] if module in recorded else
+                          _UNLISTED_SLOW_S if slow else _UNLISTED_FAST_S)
+    # stable: a module keeps its own order
+    items.sort(key=lambda item: (-seconds[units[item.nodeid]], rank[units[item.nodeid]]) if recorded
+               else rank[units[item.nodeid]])
 
 
 def _start_sshd(workdir: Path) -> SshdServer:
