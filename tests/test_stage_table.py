@@ -252,7 +252,7 @@ def test_run_stop_then_resume_with_wait_on_the_demo_host(tmp_path):
     profile = started.stdout.strip()
     from console.profile import load_profile, write_profile
 
-    # one request at a time, as an operator throttles a shared server: 200 records last about a minute on a
+    # one request at a time, as an operator throttles a shared server: 120 records take about 25 s on a
     # quiet machine and the stop lands about 25 in (16 at a time, 120 took 13 s, and on a loaded machine
     # `run stop` came after the last one)
     edited = load_profile(profile)
@@ -260,7 +260,7 @@ def test_run_stop_then_resume_with_wait_on_the_demo_host(tmp_path):
     write_profile(edited, profile, overwrite=True)
     try:
         assert _cli("wait-ready", "--profile", profile, "--timeout", "120").returncode == 0
-        run = _cli("run", "generate", "--profile", profile, "--run-id", "g1", "--limit", "200")
+        run = _cli("run", "generate", "--profile", profile, "--run-id", "g1", "--limit", "120")
         assert run.returncode == 0, run.stderr
         deadline = time.monotonic() + 120
         while (state := _run_state(profile, "g1")) is None or state["state"] != "running" or state["done"] < 1:
@@ -270,14 +270,14 @@ def test_run_stop_then_resume_with_wait_on_the_demo_host(tmp_path):
         assert stop.returncode == 0, stop.stderr
         assert "stopped e3-generate-g1" in stop.stdout and "stopped:" in stop.stdout
         stopped = _run_state(profile, "g1")
-        assert stopped["state"] == "stopped" and stopped["done"] < 200
+        assert stopped["state"] == "stopped" and stopped["done"] < 120
         again = _cli("run", "stop", "--run-id", "g1", "--profile", profile)
         assert again.returncode == 1 and "not running (stopped)" in again.stderr
         # the documented recovery: the same command again resumes, and --wait follows that run
-        resumed = _cli("run", "generate", "--profile", profile, "--run-id", "g1", "--limit", "200", "--wait",
+        resumed = _cli("run", "generate", "--profile", profile, "--run-id", "g1", "--limit", "120", "--wait",
                        "--interval", "0.5", timeout=400)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        assert "done: 200/200" in resumed.stdout and "stopped:" not in resumed.stdout
+        assert "done: 120/120" in resumed.stdout and "stopped:" not in resumed.stdout
     finally:
         _cli("demo-host", "stop", "--dir", str(work))
 
