@@ -119,7 +119,7 @@ def _work_unit(item: pytest.Item) -> str:
             return group
     if item.get_closest_marker("engine"):
         return "engine-own"  # the engine tier's tests that start engines of their own: beside the demo host's
-    return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return unit_times.module_of(item.nodeid)
 
 
 # What a module's test is expected to take when tests/unit_times.json does not list the module (a new one):
