@@ -138,13 +138,17 @@ def test_session_names_tmux_would_misread_are_refused(name):
 def test_a_stop_never_removes_a_session_started_after_its_program_exited(tmp_path, tmux_env):
     """The app lets the operator start the server again as soon as its pane is dead, while the stop
     command may still be running: the stop's clean-up must remove the session it stopped, never the new
-    one of the same name (that killed the freshly started server with SIGHUP). A slow `tmux
-    kill-session` (a shim first on the stop's PATH) holds the stop at the worst moment."""
+    one of the same name (that killed the freshly started server with SIGHUP). The worst moment, made
+    certain: a shim first on the stop's PATH marks the stop's last tmux command (the removal) and holds it
+    a second, and the start runs inside that second. A removal asked after a separate check took the new
+    session there (a loaded CI run hit the same order by chance)."""
     import shutil
     shim = tmp_path / "shim"
     shim.mkdir()
     real = shutil.which("tmux")
-    (shim / "tmux").write_text(f'#!/bin/sh\n[ "$1" = kill-session ] && sleep 1\nexec {real} "$@"\n')
+    removing = tmp_path / "removing"
+    (shim / "tmux").write_text(f'#!/bin/sh\ncase $1 in kill-session|if-shell) touch {removing}; sleep 1;; esac\n'
+                               f'exec {real} "$@"\n')
     (shim / "tmux").chmod(0o755)
     slow_env = {**tmux_env, "PATH": f"{shim}:{tmux_env['PATH']}"}
     log = str(tmp_path / "w" / "logs" / "e3t-race.log")
@@ -154,11 +158,12 @@ def test_a_stop_never_removes_a_session_started_after_its_program_exited(tmp_pat
     stop = subprocess.Popen(tmux_stop_argv("e3t-race", 10), env=slow_env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
-    while True:  # start again the moment the old program is gone, as an impatient operator does
-        res = sh(tmux_start_argv("e3t-race", ["sleep", "60"], log), tmux_env)
-        if res.returncode == 0:
-            break
-        assert res.returncode == 3 and time.monotonic() < deadline, res.stderr
+    while not removing.exists():
+        assert stop.poll() is None and time.monotonic() < deadline, "the stop never reached its removal"
+        time.sleep(0.02)
+    res = sh(tmux_start_argv("e3t-race", ["sleep", "60"], log), tmux_env)
+    assert res.returncode == 0, res.stderr
+    assert stop.poll() is None, "the start ran after the stop's removal, not inside it"
     _, stop_err = stop.communicate(timeout=30)
     panes = sh(["tmux", "list-panes", "-t", "=e3t-race", "-F", "#{pane_dead}"], tmux_env)
     assert panes.stdout.split() == ["0"], (panes.stdout, panes.stderr, stop_err)

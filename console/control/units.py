@@ -199,7 +199,9 @@ def tmux_stop_argv(session: str, timeout_s: float) -> list[str]:
         f'  {dead} || {{ echo "did not exit in {timeout_s:g} s: SIGKILL" >&2;',
         '    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid"; }',
         "fi",
-        f'case {ours} in "$pid "*) tmux kill-session -t "$sid" 2>/dev/null;; esac',
+        # asked and done in one command of the tmux server: between a check here and a kill-session after
+        # it, a start could remove this session and make a new one under the same id
+        'tmux if-shell -F -t "$sid" "#{==:#{pane_pid},$pid}" "kill-session -t \'$sid\'" 2>/dev/null',
         "exit 0",
     ])
     return ["sh", "-c", script]
