@@ -42,13 +42,16 @@ def tiny_verifier(tmp_path_factory) -> Path:
 
 
 def _copy_the_installed_build(root: Path) -> None:
-    """Put the build that the install step made in the user cache (scripts/install.sh: `python -m sim.tinylm`)
-    into the session's cache instead of building it again (a minute or more of CPU per session). The build
-    is deterministic (one seed): the install's and a session's model.safetensors are byte-identical, and its
-    directory name holds the recipe and the corpus digest. Copied beside, then renamed, as a build is."""
-    installed = tinylm.model_dir()
-    target = root / installed.name
-    if target.exists() or installed.resolve() == target.resolve() or not (installed / "config.json").is_file():
+    """Put the build in the user cache (the install step's, `python -m sim.tinylm`, which scripts/test.sh runs
+    beside pytest's start: waited for through its lock; built here when there is none) into the session's
+    cache instead of building it a second time (a minute or more of CPU). The build is deterministic (one
+    seed): the install's and a session's model.safetensors are byte-identical, and its directory name holds
+    the recipe and the corpus digest. Copied beside, then renamed, as a build is."""
+    target = root / tinylm.model_dir().name
+    if target.exists():
+        return
+    installed = tinylm.ensure_model()
+    if installed.resolve() == target.resolve():
         return
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{installed.name}.", dir=root))

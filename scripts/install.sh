@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The one install step of scripts/demo.sh and scripts/test.sh: a project-local venv with the console.
 #
-#   scripts/install.sh [full|fast]      (or, sourced: e3_install full|fast, which sets E3_PY)
+#   scripts/install.sh [full|fast]      (or, sourced: e3_install full|fast [later], which sets E3_PY)
 #
 # full: a CPU torch, then the console with the test, train and host extras, then the stand-in's tiny
-#       verifier built once into ~/.cache/eagle3-console (what the demo's pipeline and the whole suite need).
+#       verifier built once into ~/.cache/eagle3-console (what the demo's pipeline and the whole suite need);
+#       `later` leaves that build to the caller (scripts/test.sh runs it beside pytest's first minutes).
 # fast: the console with the test extra only (scripts/test.sh --fast: no torch, no tiny model).
 #
 # The venv is $E3_VENV, default .venv in the checkout; it is made with $PYTHON (default python3), never
@@ -46,8 +47,9 @@ print(json.dumps([project.get("dependencies"), project.get("optional-dependencie
 }
 
 e3_install() {
-    local mode=${1:-full}
+    local mode=${1:-full} model=${2:-now}
     case "$mode" in full|fast) ;; *) _e3_die "unknown mode '$mode' (full or fast)"; return 1;; esac
+    case "$model" in now|later) ;; *) _e3_die "unknown model build '$model' (now or later)"; return 1;; esac
     local venv=${E3_VENV:-$_E3_ROOT/.venv}
     local base=${PYTHON:-python3}
     local py="$venv/bin/python"
@@ -131,7 +133,7 @@ for name in ("torchvision", "torchaudio"):
         fi
         echo "$want" > "$stamp_file"
     fi
-    if [ "$mode" = full ]; then
+    if [ "$mode" = full ] && [ "$model" = now ]; then
         # The stand-in's tiny verifier, built once into the user cache with progress on the terminal
         # (about a minute of CPU on first use); seconds when it is already there.
         "$py" -m sim.tinylm || { _e3_die "building the tiny verifier failed"; return 1; }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh machine (apt packages, then through
 # scripts/install.sh, the one install step it shares with scripts/demo.sh: a venv, .venv or $E3_VENV,
-# with a CPU torch, the console and its extras, the demo's tiny verifier), then runs pytest in that venv.
+# with a CPU torch, the console and its extras; the demo's tiny verifier is built beside pytest's start),
+# then runs pytest in that venv.
 # Extra arguments go to pytest. Used by .ci/run.
 #
 #   ./scripts/test.sh --fast [pytest args]   the fast lane: `-m "not slow"` on two workers (no program, demo host or
@@ -43,7 +44,12 @@ if [ "${CI:-}" = true ]; then
     background+=($!)
 fi
 echo "test.sh: system packages, the rig's root filesystem and vLLM's CPU build (under CI) install in the background; logs in $builds" >&2
-e3_install full || exit 1
+e3_install full later || exit 1
+# The tiny verifier's first build (a fresh machine: ~90 CPU-s on one thread, the rest of the install done,
+# so one core idle for a minute and a half) runs beside pytest's start: the workers start and collect, and
+# the tests that need the model wait for it (sim/tinylm.py ensure_model takes the build's lock).
+"$E3_PY" -m sim.tinylm > "$builds/tiny-verifier.log" 2>&1 &
+background+=($!)
 while [ ! -e "$builds/system-deps.done" ] && kill -0 "$system" 2>/dev/null; do sleep 1; done
 if [ ! -e "$builds/system-deps.done" ]; then
     cat "$builds/system-deps.log" >&2
