@@ -145,24 +145,46 @@ PREPARED_ROWS = 24
 
 def prepared_work(tmp_path_factory, tiny: Path) -> Path:
     """A work dir holding a completed generation run `gen` (24 samples with exact token ids) and its
-    prepare run `prep` (20 train, 4 held-out rows, seq length 512), made once per session; tests add their
-    own runs beside them, never change these two."""
+    prepare run `prep` (20 train, 4 held-out rows, seq length 512); tests add their own runs beside them,
+    never change these two. Built once per test run, whatever the number of workers (harness/run_shared.py:
+    the prepare stage's start is ~12 CPU-s, and three modules on three workers asked for it), then copied
+    into each worker's session, naming that worker's copy of the verifier as its own build would."""
+    from harness.run_shared import FixedTemp, held, run_root
+
     work = tmp_path_factory.getbasetemp() / "prepared-work"
     if (work / "runs" / "prep" / "summary.json").exists():
         return work
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    tok = Tokenizer(tiny)
-    write_generate_run(work, "gen", [sample_record(tok, i) for i in range(PREPARED_ROWS)])
-    res = run_stage("backend.prepare", "--work-dir", str(work), "--run-id", "prep", "--input-run", "gen",
-                    "--verifier", str(tiny), "--seq-length", "512", env=stage_env(tmp_path_factory))
-    assert res.returncode == 0, res.stderr
+    at = FixedTemp(run_root(tmp_path_factory) / "prepared")
+    built = at.root / "work"
+    with held(at.root.with_suffix(".lock")):
+        verifier_record = at.root / "verifier"
+        if not (built / "runs" / "prep" / "summary.json").exists():
+            shutil.rmtree(built, ignore_errors=True)
+            built.mkdir(parents=True)
+            tok = Tokenizer(tiny)
+            write_generate_run(built, "gen", [sample_record(tok, i) for i in range(PREPARED_ROWS)])
+            res = run_stage("backend.prepare", "--work-dir", str(built), "--run-id", "prep", "--input-run", "gen",
+                            "--verifier", str(tiny), "--seq-length", "512", env=stage_env(tmp_path_factory))
+            assert res.returncode == 0, res.stderr
+            verifier_record.write_text(str(tiny))
+        copy_runs(built, work, replace={verifier_record.read_text(): str(tiny)})
     return work
 
 
-def copy_runs(src: Path, dst: Path, runs: tuple[str, ...] = ("gen", "prep")) -> None:
-    """Runs of one work dir in another (their summaries name absolute paths, rewritten to the new place)."""
+def copy_runs(src: Path, dst: Path, runs: tuple[str, ...] = ("gen", "prep"), *,
+              replace: dict[str, str] | None = None) -> None:
+    """Runs of one work dir in another (the paths their summaries, manifests and events name, rewritten to
+    the new place; `replace`: more paths to rewrite, as {old: new})."""
+    swaps = {str(src) + "/": str(dst) + "/", **(replace or {})}
     for run in runs:
         shutil.copytree(src / "runs" / run, dst / "runs" / run)
-        path = dst / "runs" / run / "summary.json"
-        path.write_text(path.read_text().replace(str(src) + "/", str(dst) + "/"))
+        for name in ("summary.json", "manifest.json", "events.jsonl"):
+            path = dst / "runs" / run / name
+            if path.is_file():
+                text = path.read_text()
+                for old, new in swaps.items():
+                    text = text.replace(old, new)
+                path.write_text(text)
+
+
