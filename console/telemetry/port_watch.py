@@ -10,7 +10,11 @@ fast restarts were those where an ask left over from the previous run's own late
 
 The watch reads /proc/net/tcp{,6} (the same LISTEN test as the probe's, console/telemetry/probe.py) every
 20 ms with the host's python: no connection to the port (a refused connect through the forward costs a
-channel and a line in sshd's log each time), no process per poll. It ends on its own after `max_s`.
+channel and a line in sshd's log each time), no process per poll. It ends on its own after `max_s`, and
+as soon as nobody reads what it would say: its output (the SSH channel's terminal, or a pipe) hung up. A
+console that quit or lost the link during a load whose server never listened left one polling 50 times a
+second for the whole `max_s` on a rig host (a loaded CI run: 244 CPU-s over 16 minutes, its SIGHUP never
+seen); the wait between looks is a poll of stdout for that hang-up.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ WATCH_MAX_S = 3 * 3600.0  # longer than any load; the session starts another for
 
 # argv[1]: the port, argv[2]: seconds to watch, argv[3]: seconds between looks. Prints `listening`, `timeout` or `unknown` (no /proc/net).
 _SCRIPT = """\
-import sys, time
+import select, sys, time
 port, end, gap = "%04X" % int(sys.argv[1]), time.monotonic() + float(sys.argv[2]), float(sys.argv[3])
 def listening():
     seen = False
@@ -34,6 +38,8 @@ def listening():
         except OSError:
             pass
     return None if not seen else False
+out = select.poll()
+out.register(sys.stdout.fileno(), 0)  # no events asked: only a hang-up or an error is reported
 while time.monotonic() < end:
     state = listening()
     if state is None:
@@ -42,7 +48,8 @@ while time.monotonic() < end:
     if state:
         print("listening", flush=True)
         sys.exit(0)
-    time.sleep(gap)
+    if out.poll(gap * 1000):
+        sys.exit(0)  # the reader is gone
 print("timeout", flush=True)
 """
 
