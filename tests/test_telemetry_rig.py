@@ -146,7 +146,9 @@ async def test_load_phases_progress_and_eta(systemd_rig, rig_ssh, tmp_path, vers
 
 
 async def test_second_load_uses_history_status_json_and_stop(systemd_rig, rig_ssh, tmp_path):
-    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=3.0)
+    # 6 s: the later loads are watched from after `restart-server` returns and a new session connects, which
+    # a loaded run once took past the whole of a 3 s load (no snapshot while loading)
+    unit = await install_unit(rig_ssh, systemd_rig, tmp_path, load_seconds=6.0)
     try:
         first, _ = await observe(unit.profile_path)
         assert first.snaps[-1].server.phase == "ready"
