@@ -118,13 +118,7 @@ fi
 # which no server ever imports; the smoke import below compiles what vLLM's start needs, once
 "$VENV/bin/python" -m pip install --no-compile "$@"
 
-extra=$("$VENV/bin/python" -c 'import importlib.metadata as m
-for name in ("torchvision", "torchaudio", "torchcodec"):
-    try:
-        m.version(name)
-        print(name)
-    except m.PackageNotFoundError:
-        pass')
+extra=$("$VENV/bin/python" "$(dirname "$0")/installed_of.py" torchvision torchaudio torchcodec)
 if [ -n "$extra" ]; then
     echo "$me: removing $(echo $extra) (CUDA builds beside the CPU torch; vLLM's text serving never imports them)"
     # shellcheck disable=SC2086  # one package name a line

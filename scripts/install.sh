@@ -109,13 +109,7 @@ e3_install() {
             # picks do not match the CPU torch and break `import transformers` (operator torchvision::nms
             # does not exist). Removed here, once: the stamp keeps later runs from installing them again.
             local extra
-            extra=$("$py" -c 'import importlib.metadata as m
-for name in ("torchvision", "torchaudio"):
-    try:
-        m.version(name)
-        print(name)
-    except m.PackageNotFoundError:
-        pass')
+            extra=$("$py" "$_E3_ROOT/scripts/installed_of.py" torchvision torchaudio)
             if [ -n "$extra" ]; then
                 # shellcheck disable=SC2086  # one package name a line
                 "$py" -m pip uninstall -q -y $extra || { _e3_die "pip uninstall $extra failed"; return 1; }
