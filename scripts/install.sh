@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The one install step of scripts/demo.sh and scripts/test.sh: a project-local venv with the console.
 #
-#   scripts/install.sh [full|fast]      (or, sourced: e3_install full|fast [later], which sets E3_PY)
+#   scripts/install.sh [full|fast]      (or, sourced: e3_install full|fast [now|background LOG], which
+#                                        sets E3_PY)
 #
 # full: a CPU torch, then the console with the test, train and host extras, then the stand-in's tiny
 #       verifier built once into ~/.cache/eagle3-console (what the demo's pipeline and the whole suite need);
-#       `later` leaves that build to the caller (scripts/test.sh runs it beside pytest's first minutes).
+#       `background LOG` starts that build as soon as the packages are in, beside the import check, with its
+#       output in LOG and its pid in E3_MODEL_PID (scripts/test.sh: it runs on through pytest's first minutes).
 # fast: the console with the test extra only (scripts/test.sh --fast: no torch, no tiny model).
 #
 # The venv is $E3_VENV, default .venv in the checkout; it is made with $PYTHON (default python3), never
@@ -46,10 +48,17 @@ print(json.dumps([project.get("dependencies"), project.get("optional-dependencie
       cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -d' ' -f1
 }
 
+# The tiny verifier's build in the background (e3_install's `background LOG`): one core for a minute and a
+# half on a fresh machine, started as soon as its packages are in.
+_e3_build_model() {
+    "$1" -m sim.tinylm > "$2" 2>&1 &
+    E3_MODEL_PID=$!
+}
 e3_install() {
-    local mode=${1:-full} model=${2:-now}
+    local mode=${1:-full} model=${2:-now} model_log=${3:-/dev/null}
     case "$mode" in full|fast) ;; *) _e3_die "unknown mode '$mode' (full or fast)"; return 1;; esac
-    case "$model" in now|later) ;; *) _e3_die "unknown model build '$model' (now or later)"; return 1;; esac
+    case "$model" in now|background) ;; *) _e3_die "unknown model build '$model' (now or background)"; return 1;; esac
+    E3_MODEL_PID=""
     local venv=${E3_VENV:-$_E3_ROOT/.venv}
     local base=${PYTHON:-python3}
     local py="$venv/bin/python"
@@ -118,8 +127,12 @@ e3_install() {
             echo "install: installing the console with the test extra into $venv (fast lane: no torch)" >&2
             "${pip[@]}" -e "$_E3_ROOT[test]" || { _e3_die "pip install -e '.[test]' failed"; return 1; }
         fi
+        # the build imports torch and transformers only: it need not wait for the check's ~20 CPU-s
+        # (speculators and the console compiled on first import), which now overlap its first minute
+        if [ "$mode" = full ] && [ "$model" = background ]; then _e3_build_model "$py" "$model_log"; fi
         local why
         if ! why=$("$py" -I -c "$check" "$_E3_ROOT" 2>&1); then
+            if [ -n "$E3_MODEL_PID" ]; then kill "$E3_MODEL_PID" 2>/dev/null; E3_MODEL_PID=""; fi
             _e3_die "the $mode install in $venv does not import:"
             echo "$why" | tail -n 15 >&2
             echo "install: remove $venv and run again; if it fails the same way, report it with the lines above" >&2
@@ -131,7 +144,10 @@ e3_install() {
         # The stand-in's tiny verifier, built once into the user cache with progress on the terminal
         # (about a minute of CPU on first use); seconds when it is already there.
         "$py" -m sim.tinylm || { _e3_die "building the tiny verifier failed"; return 1; }
+    elif [ "$mode" = full ] && [ "$model" = background ] && [ -z "$E3_MODEL_PID" ]; then
+        _e3_build_model "$py" "$model_log"  # an install found up to date: seconds when the model is there
     fi
+    export E3_MODEL_PID
     E3_PY=$py
     # as `activate` does: programs the tests and the demo host start by name (python3 -m sim...) are the venv's
     VIRTUAL_ENV=$venv

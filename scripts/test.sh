@@ -44,12 +44,11 @@ if [ "${CI:-}" = true ]; then
     background+=($!)
 fi
 echo "test.sh: system packages, the rig's root filesystem and vLLM's CPU build (under CI) install in the background; logs in $builds" >&2
-e3_install full later || exit 1
-# The tiny verifier's first build (a fresh machine: ~90 CPU-s on one thread, the rest of the install done,
-# so one core idle for a minute and a half) runs beside pytest's start: the workers start and collect, and
-# the tests that need the model wait for it (sim/tinylm.py ensure_model takes the build's lock).
-"$E3_PY" -m sim.tinylm > "$builds/tiny-verifier.log" 2>&1 &
-background+=($!)
+# The tiny verifier's first build (a fresh machine: ~90 CPU-s on one thread) starts as soon as the
+# packages are in and runs on beside pytest's start: the workers start and collect, and the tests that need
+# the model wait for it (sim/tinylm.py ensure_model takes the build's lock).
+e3_install full background "$builds/tiny-verifier.log" || exit 1
+[ -n "$E3_MODEL_PID" ] && background+=("$E3_MODEL_PID")
 while [ ! -e "$builds/system-deps.done" ] && kill -0 "$system" 2>/dev/null; do sleep 1; done
 if [ ! -e "$builds/system-deps.done" ]; then
     cat "$builds/system-deps.log" >&2
