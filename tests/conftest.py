@@ -113,13 +113,19 @@ def _is_slow(item: pytest.Item) -> bool:
 _SHARED_GROUPS = (("engine", ("engine_demo_dir",)), ("systemd-rig", ("systemd_rig",)))
 
 
-def _work_unit(item: pytest.Item) -> str:
+# The modules whose tests load the training stack in the worker itself (the `torch` fixture below) share one
+# worker too: the import costs ~11 CPU-s a process, paid once there instead of in each worker that takes one.
+_TRAINING_STACK = "training-stack"
+
+
+def _work_unit(item: pytest.Item, in_worker: set[str]) -> str:
     for group, fixtures in _SHARED_GROUPS:
         if any(f in item.fixturenames for f in fixtures):
             return group
     if item.get_closest_marker("engine"):
         return "engine-own"  # the engine tier's tests that start engines of their own: beside the demo host's
-    return unit_times.module_of(item.nodeid)
+    module = unit_times.module_of(item.nodeid)
+    return _TRAINING_STACK if module in in_worker else module
 
 
 # What a module's test is expected to take when tests/unit_times.json does not list the module (a new one):
@@ -143,11 +149,12 @@ def pytest_collection_modifyitems(config, items):
     rank: dict[str, int] = {}
     seconds: Counter[str] = Counter()
     units: dict[str, str] = {}
+    in_worker = {unit_times.module_of(item.nodeid) for item in items if "torch" in item.fixturenames}
     for item in items:
         slow = _is_slow(item)
         if slow:
             item.add_marker(pytest.mark.slow)
-        unit = units[item.nodeid] = _work_unit(item)
+        unit = units[item.nodeid] = _work_unit(item, in_worker)
         item.add_marker(pytest.mark.xdist_group(unit))
         order = 0 if unit.startswith("engine") else 1 if unit == "systemd-rig" else 2 if slow else 3
         rank[unit] = min(rank.get(unit, order), order)
@@ -157,6 +164,17 @@ def pytest_collection_modifyitems(config, items):
     # stable: a module keeps its own order
     items.sort(key=lambda item: (-seconds[units[item.nodeid]], rank[units[item.nodeid]]) if recorded
                else rank[units[item.nodeid]])
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """torch, for the tests that use it (or speculators, or transformers) in the worker itself: imported
+    when the first of them runs, not at collection, where a module-level import cost each of the four
+    workers ~11 CPU-s (torch, transformers and speculators) whether it ran such a test or not. Slow by rule:
+    the fast lane's venv has no torch."""
+    import torch
+
+    return torch
 
 
 def _start_sshd(workdir: Path) -> SshdServer:

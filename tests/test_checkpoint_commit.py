@@ -70,11 +70,7 @@ def test_recovery_of_a_clean_or_missing_save_root_does_nothing(tmp_path):
     assert (tmp_path / ".replaced-x").is_dir()
 
 
-# ---- the trainer's catch-up measurement ----------------------------------------------------------------
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("speculators")
-
+# ---- the trainer's catch-up measurement (speculators' Trainer: the `torch` fixture) --------------------
 
 class _Selector:
     """Records what was measured; `measured` epochs are already in acceptance.json."""
@@ -110,12 +106,14 @@ def _resumed_trainer(tmp_path: Path, selector: _Selector, local_step: int = 0, e
     return t
 
 
+@pytest.mark.usefixtures("torch")
 def test_a_restart_at_an_epoch_end_measures_the_epoch_a_kill_left_unmeasured(tmp_path):
     sel = _Selector(measured={0})
     _resumed_trainer(tmp_path, sel).run_training()
     assert sel.calls == [(1, 8, 0.5)]  # epoch 1 saved, its val loss on disk, never measured
 
 
+@pytest.mark.usefixtures("torch")
 def test_a_measured_epoch_is_not_measured_again_and_its_stop_holds(tmp_path):
     sel = _Selector(measured={0, 1}, stop=True)
     t = _resumed_trainer(tmp_path, sel, epochs=4)
@@ -123,6 +121,7 @@ def test_a_measured_epoch_is_not_measured_again_and_its_stop_holds(tmp_path):
     assert sel.calls == [] and t.stopped_early  # patience ran out before the kill: no epoch more
 
 
+@pytest.mark.usefixtures("torch")
 def test_a_mid_epoch_restart_measures_nothing_before_training(tmp_path):
     from backend.train.trainer import HostTrainer
 

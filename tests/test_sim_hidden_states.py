@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("speculators")
-
-from sim import hidden_states as hs  # noqa: E402
-
 LAYERS = [1, 2, 3]
 ASKED = [1, 2, 3, 4]  # what speculators asks vLLM for: the aux ids, then the final layer of the 4
 
 
 @pytest.fixture(scope="module")
-def llama():
+def hs(torch):
+    from sim import hidden_states
+
+    return hidden_states
+
+
+@pytest.fixture(scope="module")
+def llama(torch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -27,7 +28,7 @@ def llama():
     return LlamaForCausalLM(config).eval()
 
 
-def test_exactly_the_states_asked_for_and_nothing_appended(llama):
+def test_exactly_the_states_asked_for_and_nothing_appended(llama, hs, torch):
     ids = [5, 9, 17, 3, 42, 8]
     assert hs.speculators_ids(LAYERS, hs.num_layers(llama)) == ASKED
     assert hs.compute(llama, ids, LAYERS).shape == (len(ids), len(LAYERS), 32)  # vLLM adds no final state
@@ -59,7 +60,7 @@ def test_exactly_the_states_asked_for_and_nothing_appended(llama):
         torch.testing.assert_close(llama.lm_head(llama.model.norm(last)), full.logits[0])
 
 
-def test_saved_file_passes_speculators_loader_and_check(llama, tmp_path):
+def test_saved_file_passes_speculators_loader_and_check(llama, hs, torch, tmp_path):
     from hs_connectors.transfer import FileTransfer
     from speculators.data_generation.offline import (check_hidden_states, find_corrupt_hidden_state_indices,
                                                      get_existing_hidden_state_indices)
@@ -79,7 +80,7 @@ def test_saved_file_passes_speculators_loader_and_check(llama, tmp_path):
     assert transfer.get_cached(2) is None
 
 
-def test_bad_layer_ids_and_shapes_are_clear_errors(llama, tmp_path):
+def test_bad_layer_ids_and_shapes_are_clear_errors(llama, hs, torch, tmp_path):
     with pytest.raises(ValueError, match=r"out of range .* 4 decoder layers \(valid: 0\.\.3, .* or 4, the final"):
         hs.compute(llama, [1, 2], [1, 5])
     with pytest.raises(ValueError, match="no layer ids"):

@@ -12,18 +12,15 @@ import json
 import pytest
 
 from harness.sim_support import SimServer
-
-torch = pytest.importorskip("torch")
-
-from sim import specdec  # noqa: E402
-from sim.config import parse_args  # noqa: E402
+from sim import specdec
+from sim.config import parse_args
 
 pytestmark = pytest.mark.timeout(300)
 ASK = [{"role": "user", "content": "Explain B-trees to a new engineer."}]
 
 
 # ---- acceptance rules (pure) ---------------------------------------------------------------------------
-def test_greedy_acceptance_stops_at_the_first_mismatch():
+def test_greedy_acceptance_stops_at_the_first_mismatch(torch):
     logits = torch.full((4, 6), -1.0)
     for row, best in enumerate([2, 3, 5, 1]):
         logits[row, best] = 1.0
@@ -33,7 +30,7 @@ def test_greedy_acceptance_stops_at_the_first_mismatch():
     assert specdec.accept_greedy(logits[:1], []) == (0, 2)
 
 
-def test_sampled_acceptance_keeps_the_verifier_distribution():
+def test_sampled_acceptance_keeps_the_verifier_distribution(torch):
     """A point-mass draft accepted with probability p(d), else a sample from p without d: whatever the
     draft proposes, the first emitted token is distributed as p."""
     p = torch.tensor([0.5, 0.3, 0.15, 0.05])
@@ -51,7 +48,7 @@ def test_sampled_acceptance_keeps_the_verifier_distribution():
         assert abs(accepted / n - float(p[draft])) < 0.025  # accepted exactly as often as p(d)
 
 
-def test_sampled_rejection_never_repeats_the_rejected_token():
+def test_sampled_rejection_never_repeats_the_rejected_token(torch):
     gen = torch.Generator().manual_seed(1)
     probs = torch.tensor([[0.0, 0.0, 1.0], [1 / 3, 1 / 3, 1 / 3]])
     for _ in range(200):
@@ -108,7 +105,7 @@ def _drafter(path, tiny):
     return specdec.Eagle3Drafter.load(str(path), tiny.model_dir, tiny.model.config)
 
 
-def test_stepwise_draft_equals_speculators_forward(tiny_drafters, tiny):
+def test_stepwise_draft_equals_speculators_forward(tiny_drafters, tiny, torch):
     """Step 0 over a prefix, then one speculative step fed the true next token, give the logits
     speculators' own (teacher-forced) forward gives at that anchor for TTT steps 0 and 1."""
     from transformers import DynamicCache
@@ -140,6 +137,8 @@ def assert_top(logits, token):
 
 
 def _decode(tiny, drafter, prompt, budget=300):
+    import torch
+
     counts = specdec.SpecCounts(3)
     verifier = specdec.Verifier(tiny.model, tiny.eos_id, tiny.max_positions)
     with torch.inference_mode():
@@ -163,7 +162,7 @@ def test_greedy_output_is_the_verifiers_and_training_pays(tiny_drafters, tiny):
     assert trained.per_pos == sorted(trained.per_pos, reverse=True)
 
 
-def test_the_synthetic_sampler_sets_the_acceptance_whatever_the_draft(tiny_drafters, tiny):
+def test_the_synthetic_sampler_sets_the_acceptance_whatever_the_draft(tiny_drafters, tiny, torch):
     """vLLM's rejection_sample_method "synthetic" (the bench's self-test): the untrained draft, accepted
     ~never on its own, is accepted at the set rates; a whole length is exact on every draft."""
     prompt = tiny.chat_prompt(ASK, thinking=True)

@@ -6,25 +6,24 @@ import json
 import logging
 from pathlib import Path
 
+from typing import Any
+
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("speculators")
-
-from backend.drafter import adapters
-from backend.drafter.acceptance import Acceptance, chain_accepted  # noqa: E402
-from backend.kit.preflight import PreflightReport  # noqa: E402
-from backend.train import preflight  # noqa: E402
-from backend.train.config import ConfigError, parse_config  # noqa: E402
-from backend.train.metrics import MetricsHandler, positional  # noqa: E402
-from console.telemetry.train_view import TrainSeries  # noqa: E402
+from backend.kit.preflight import PreflightReport
+from backend.train import preflight
+from backend.train.config import ConfigError, parse_config
+from backend.train.metrics import MetricsHandler, positional
+from console.telemetry.train_view import TrainSeries
 
 SAMPLES = Path(__file__).parent / "samples" / "nvidia_smi"
 
 
 # ---- device adapters ------------------------------------------------------------------------------------
-def test_device_adapters_apply_only_without_an_accelerator_and_are_undone(monkeypatch):
+def test_device_adapters_apply_only_without_an_accelerator_and_are_undone(monkeypatch, torch):
     from speculators.train import checkpointer, trainer
+
+    from backend.drafter import adapters
 
     timer, device = trainer._StepTimer, checkpointer.get_current_device
     assert not adapters.accelerator_present()  # this machine: CPU only
@@ -42,8 +41,10 @@ def test_device_adapters_apply_only_without_an_accelerator_and_are_undone(monkey
         assert applied == [] and trainer._StepTimer is timer  # on a GPU host speculators runs untouched
 
 
-def test_an_adapter_names_what_moved_when_speculators_changes(monkeypatch):
+def test_an_adapter_names_what_moved_when_speculators_changes(monkeypatch, torch):
     from speculators.train import checkpointer
+
+    from backend.drafter import adapters
 
     monkeypatch.delattr(checkpointer, "get_current_device")
     with pytest.raises(adapters.AdapterError, match="get_current_device is gone"):
@@ -51,15 +52,18 @@ def test_an_adapter_names_what_moved_when_speculators_changes(monkeypatch):
             pass
 
 
-def test_host_device_and_autocast_fall_back_to_the_cpu():
+def test_host_device_and_autocast_fall_back_to_the_cpu(torch):
+    from backend.drafter import adapters
+
     assert adapters.host_device(3) == torch.device("cpu") and adapters.autocast_device_type() == "cpu"
 
 
-def test_the_cpu_computes_in_float32_and_autocast_says_nothing_about_it():
+def test_the_cpu_computes_in_float32_and_autocast_says_nothing_about_it(torch):
     """auto: bfloat16 on GPUs (speculators' default), float32 on the CPU; an explicit choice stands. torch's
     CPU autocast to float32 runs without autocast, and its warning that it does is silenced on the CPU."""
     import warnings
 
+    from backend.drafter import adapters
     from backend.train.config import resolved_dtype
     from backend.train.plan import speculators_argv
 
@@ -170,7 +174,9 @@ def test_flags_parse_and_bad_values_are_one_line_errors():
 
 
 # ---- acceptance counting --------------------------------------------------------------------------------
-def test_chain_acceptance_counts_leading_accepted_tokens_only():
+def test_chain_acceptance_counts_leading_accepted_tokens_only(torch):
+    from backend.drafter.acceptance import Acceptance, chain_accepted
+
     targets = torch.tensor([5, 6, 7, 8, 9])
     # step j at anchor i proposes for position i + j
     proposals = torch.tensor([[5, 0, 7, 8, 0],    # step 0 (for position i): right at anchors 0, 2
@@ -206,8 +212,8 @@ def test_train_series_drops_superseded_steps_and_decimates():
 
 
 # ---- checkpoint checks ----------------------------------------------------------------------------------
-def _fake_checkpoint(path: Path, *, d2t: torch.Tensor | None, t2d: torch.Tensor | None, ids=(1, 2, 3),
-                     draft_vocab=4) -> Path:
+def _fake_checkpoint(path: Path, *, d2t: Any, t2d: Any, ids=(1, 2, 3), draft_vocab=4) -> Path:
+    import torch
     from safetensors.torch import save_file
 
     path.mkdir()
@@ -225,7 +231,7 @@ def _fake_checkpoint(path: Path, *, d2t: torch.Tensor | None, t2d: torch.Tensor 
     return path
 
 
-def test_checks_catch_a_bad_mapping_out_of_range_layers_and_a_missing_verifier(tmp_path):
+def test_checks_catch_a_bad_mapping_out_of_range_layers_and_a_missing_verifier(tmp_path, torch):
     from backend.drafter import checks
     from backend.drafter.verifier import VerifierInfo
 
