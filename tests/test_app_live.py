@@ -167,7 +167,13 @@ async def live(profile: Profile):
 
 
 async def confirmation(app, pilot) -> ConfirmScreen:
-    return await wait(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen, "a confirmation", 60)
+    """The confirmation once composed: a pushed screen is app.screen before its widgets exist (a loaded run
+    read an empty dialog there); its No button has the focus once its on_mount ran."""
+    def shown():
+        screen = app.screen
+        return isinstance(screen, ConfirmScreen) and getattr(screen.focused, "id", None) == "no" and screen
+
+    return await wait(pilot, shown, "a confirmation", 60)
 
 
 def screen_text(screen) -> str:
