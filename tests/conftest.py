@@ -143,35 +143,27 @@ def pytest_collection_modifyitems(config, items):
     take units in this order, so the last ones taken are short and no worker runs alone at the end. A unit's
     time is its tests' share of their modules' seconds in a recorded full run (tests/unit_times.json,
     harness/unit_times.py); without a record, the rule that ranks the engine, then the systemd rig, then
-    modules with slow tests, then the rest. Before all of them, the units with an `installs` test: their
-    first minutes are pip on one core, needing no tiny verifier, while on a fresh machine most other units
-    wait for its build on the other core (measured: a core idle for a minute and a half at pytest's start)."""
+    modules with slow tests, then the rest."""
     recorded = unit_times.load()
     per_module = Counter(unit_times.module_of(item.nodeid) for item in items)
     rank: dict[str, int] = {}
     seconds: Counter[str] = Counter()
     units: dict[str, str] = {}
     in_worker = {unit_times.module_of(item.nodeid) for item in items if "torch" in item.fixturenames}
-    first: set[str] = set()
     for item in items:
         slow = _is_slow(item)
         if slow:
             item.add_marker(pytest.mark.slow)
         unit = units[item.nodeid] = _work_unit(item, in_worker)
         item.add_marker(pytest.mark.xdist_group(unit))
-        if item.get_closest_marker("installs"):
-            first.add(unit)
         order = 0 if unit.startswith("engine") else 1 if unit == "systemd-rig" else 2 if slow else 3
         rank[unit] = min(rank.get(unit, order), order)
         module = unit_times.module_of(item.nodeid)
         seconds[unit] += (recorded[module] / per_module[module] if module in recorded else
                           _UNLISTED_SLOW_S if slow else _UNLISTED_FAST_S)
     # stable: a module keeps its own order
-    def key(item: pytest.Item) -> tuple:
-        unit = units[item.nodeid]
-        return (unit not in first, -seconds[unit], rank[unit]) if recorded else (unit not in first, rank[unit])
-
-    items.sort(key=key)
+    items.sort(key=lambda item: (-seconds[units[item.nodeid]], rank[units[item.nodeid]]) if recorded
+               else rank[units[item.nodeid]])
 
 
 @pytest.fixture(scope="session")

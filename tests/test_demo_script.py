@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.timeout(2500), pytest.mark.installs]
+pytestmark = pytest.mark.timeout(2500)
 
 
 def test_demo_script_check_from_a_fresh_venv(tmp_path):

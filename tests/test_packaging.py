@@ -34,7 +34,6 @@ from console.control.launch import backend_bundle
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
     pytest.mark.packaging,
-    pytest.mark.installs,
     pytest.mark.timeout(900),
     pytest.mark.skipif(shutil.which("tmux") is None and os.environ.get("CI") != "true",
                        reason="tmux is not installed (scripts/install-system-deps.sh installs it)"),
