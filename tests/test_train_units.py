@@ -20,10 +20,15 @@ SAMPLES = Path(__file__).parent / "samples" / "nvidia_smi"
 
 
 # ---- device adapters ------------------------------------------------------------------------------------
-def test_device_adapters_apply_only_without_an_accelerator_and_are_undone(monkeypatch, torch):
-    from speculators.train import checkpointer, trainer
-
+@pytest.fixture
+def adapters(torch):
     from backend.drafter import adapters
+
+    return adapters
+
+
+def test_device_adapters_apply_only_without_an_accelerator_and_are_undone(monkeypatch, adapters):
+    from speculators.train import checkpointer, trainer
 
     timer, device = trainer._StepTimer, checkpointer.get_current_device
     assert not adapters.accelerator_present()  # this machine: CPU only
@@ -41,10 +46,8 @@ def test_device_adapters_apply_only_without_an_accelerator_and_are_undone(monkey
         assert applied == [] and trainer._StepTimer is timer  # on a GPU host speculators runs untouched
 
 
-def test_an_adapter_names_what_moved_when_speculators_changes(monkeypatch, torch):
+def test_an_adapter_names_what_moved_when_speculators_changes(monkeypatch, adapters):
     from speculators.train import checkpointer
-
-    from backend.drafter import adapters
 
     monkeypatch.delattr(checkpointer, "get_current_device")
     with pytest.raises(adapters.AdapterError, match="get_current_device is gone"):
@@ -52,18 +55,15 @@ def test_an_adapter_names_what_moved_when_speculators_changes(monkeypatch, torch
             pass
 
 
-def test_host_device_and_autocast_fall_back_to_the_cpu(torch):
-    from backend.drafter import adapters
-
+def test_host_device_and_autocast_fall_back_to_the_cpu(adapters, torch):
     assert adapters.host_device(3) == torch.device("cpu") and adapters.autocast_device_type() == "cpu"
 
 
-def test_the_cpu_computes_in_float32_and_autocast_says_nothing_about_it(torch):
+def test_the_cpu_computes_in_float32_and_autocast_says_nothing_about_it(adapters, torch):
     """auto: bfloat16 on GPUs (speculators' default), float32 on the CPU; an explicit choice stands. torch's
     CPU autocast to float32 runs without autocast, and its warning that it does is silenced on the CPU."""
     import warnings
 
-    from backend.drafter import adapters
     from backend.train.config import resolved_dtype
     from backend.train.plan import speculators_argv
 
